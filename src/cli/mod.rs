@@ -1,0 +1,61 @@
+//! The `colloquy` command line: `serve` (the default), the store commands, `send`.
+
+mod serve;
+mod store_commands;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "colloquy", version, about = "A2A conversation engine: multi-turn A2A with one actor per contextId")]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: serve::ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve A2A JSON-RPC (the default when no subcommand is given).
+    Serve(serve::ServeArgs),
+    /// List stored conversations, newest first (on a stopped server's data folder).
+    Conversations(store_commands::ListArgs),
+    /// Show one conversation's messages.
+    History(store_commands::HistoryArgs),
+    /// Delete one conversation and its tasks.
+    Delete(store_commands::DeleteArgs),
+}
+
+/// Where the store commands find the data folder.
+#[derive(Args, Debug, Clone)]
+pub struct StoreArgs {
+    /// Data folder (default: from the config, else ./colloquy-data).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// The principal whose conversations to show (default: anonymous, the principal without auth).
+    #[arg(long, default_value = crate::engine::ANONYMOUS)]
+    principal: String,
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => serve::run(cli.serve),
+        Some(Command::Serve(args)) => serve::run(args),
+        Some(Command::Conversations(args)) => store_commands::list(args),
+        Some(Command::History(args)) => store_commands::history(args),
+        Some(Command::Delete(args)) => store_commands::delete(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("colloquy: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! Configuration, layered: defaults < TOML file (`--config`) < environment (`COLLOQUY_*`) < flags.
+//!
+//! Environment keys are the TOML keys upper-cased, nested with `__`: `COLLOQUY_HISTORY__LIMIT=10`.
+
+use crate::engine::EngineConfig;
+use crate::history::{HistoryLimits, MAX_LIMIT};
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+impl From<figment::Error> for ConfigError {
+    fn from(e: figment::Error) -> Self {
+        ConfigError::Invalid(e.to_string())
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: String,
+    /// Folder of the embedded sled store.
+    pub data: PathBuf,
+    /// The URL clients should use, for the agent card; default: from the request's Host.
+    pub public_url: Option<String>,
+    /// Listen on a non-loopback address without any token configured.
+    pub allow_unauthenticated: bool,
+    /// `pretty` or `json`.
+    pub log_format: String,
+    /// HTTP worker threads (0 = one per core).
+    pub workers: usize,
+    pub agent: AgentConfig,
+    pub history: HistoryConfig,
+    pub contexts: ContextsConfig,
+    pub limits: LimitsConfig,
+    pub card: CardConfig,
+    pub streaming: StreamingConfig,
+    pub store: StoreConfig,
+    pub shutdown: ShutdownConfig,
+    pub auth: AuthConfig,
+    pub peers: BTreeMap<String, PeerConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:8080".into(),
+            data: PathBuf::from("./colloquy-data"),
+            public_url: None,
+            allow_unauthenticated: false,
+            log_format: "pretty".into(),
+            workers: 0,
+            agent: AgentConfig::default(),
+            history: HistoryConfig::default(),
+            contexts: ContextsConfig::default(),
+            limits: LimitsConfig::default(),
+            card: CardConfig::default(),
+            streaming: StreamingConfig::default(),
+            store: StoreConfig::default(),
+            shutdown: ShutdownConfig::default(),
+            auth: AuthConfig::default(),
+            peers: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// `echo`, `exec`, `openai` or `a2a`.
+    pub kind: String,
+    /// A turn whose agent has not finished by then fails.
+    pub timeout_secs: u64,
+    pub echo: EchoConfig,
+    /// exec: the program and its arguments (never run through a shell).
+    pub command: Vec<String>,
+    /// exec: names of environment variables passed through to the program.
+    pub env: Vec<String>,
+    /// openai: base URL, e.g. `http://127.0.0.1:11434/v1`.
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    /// Name of the environment variable holding the API key (the key never sits in config).
+    pub api_key_env: Option<String>,
+    pub system_prompt: Option<String>,
+    pub retries: u32,
+    /// a2a: the peer agent's URL.
+    pub peer_url: Option<String>,
+    /// a2a: name of the environment variable holding the peer's bearer token.
+    pub token_env: Option<String>,
+    /// a2a: delegated turns allowed per conversation (anti-loop).
+    pub max_turns_per_context: u64,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            kind: "echo".into(),
+            timeout_secs: 600,
+            echo: EchoConfig::default(),
+            command: Vec::new(),
+            env: Vec::new(),
+            base_url: None,
+            model: None,
+            api_key_env: None,
+            system_prompt: None,
+            retries: 3,
+            peer_url: None,
+            token_env: None,
+            max_turns_per_context: 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct EchoConfig {
+    /// Characters per streamed chunk (0 = one chunk).
+    pub chunk_chars: usize,
+    /// Pause before each chunk, in milliseconds.
+    pub delay_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistoryConfig {
+    /// Earlier messages shown to the agent (0 turns injection off, at most 200).
+    pub limit: usize,
+    /// Characters of each earlier message shown; longer ones are cut and end in `…`.
+    pub max_chars: usize,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        let defaults = HistoryLimits::default();
+        HistoryConfig {
+            limit: defaults.limit,
+            max_chars: defaults.max_chars,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContextsConfig {
+    /// A conversation's actor stops after this many idle seconds (its state stays on disk).
+    pub idle_timeout_secs: u64,
+    /// Arbiter threads hosting conversation actors (0 = one per core).
+    pub arbiters: usize,
+}
+
+impl Default for ContextsConfig {
+    fn default() -> Self {
+        ContextsConfig {
+            idle_timeout_secs: 300,
+            arbiters: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest request body.
+    pub body_bytes: usize,
+    pub parts_per_message: usize,
+    /// Total text bytes in one message.
+    pub text_bytes: usize,
+    pub context_id_bytes: usize,
+    /// Turns running at once; beyond, sends get an overload error with a retry hint.
+    pub running_turns: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            body_bytes: 1024 * 1024,
+            parts_per_message: 64,
+            text_bytes: 256 * 1024,
+            context_id_bytes: 256,
+            running_turns: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CardConfig {
+    pub name: String,
+    /// Default: the agent backend's own description.
+    pub description: Option<String>,
+    pub version: String,
+    /// `both` (default), `1.0` or `0.3`: which versions' fields the card carries.
+    pub versions: String,
+    pub skills: Vec<SkillConfig>,
+}
+
+impl Default for CardConfig {
+    fn default() -> Self {
+        CardConfig {
+            name: "colloquy".into(),
+            description: None,
+            version: env!("CARGO_PKG_VERSION").into(),
+            versions: "both".into(),
+            skills: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SkillConfig {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamingConfig {
+    /// Events a stream may fall behind before it is closed with an error.
+    pub subscriber_buffer: usize,
+}
+
+impl Default for StreamingConfig {
+    fn default() -> Self {
+        StreamingConfig {
+            subscriber_buffer: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// sled's page cache.
+    pub cache_bytes: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            cache_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownConfig {
+    /// Seconds running turns get to finish after SIGTERM / SIGINT.
+    pub grace_secs: u64,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig { grace_secs: 30 }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// principal -> bearer token.
+    pub tokens: BTreeMap<String, String>,
+    /// A file of `principal:sha256-hex-of-token` lines.
+    pub tokens_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    pub url: String,
+    #[serde(default)]
+    pub token_env: Option<String>,
+}
+
+impl Config {
+    /// Defaults < `file` < `COLLOQUY_*` environment < `overrides` (from flags).
+    pub fn load(file: Option<&Path>, overrides: impl Serialize) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Invalid(format!(
+                    "config file {} does not exist",
+                    file.display()
+                )));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        let env = Env::prefixed("COLLOQUY_")
+            .split("__")
+            .ignore(&["tokens", "home", "config"])
+            .map(|key| key.as_str().replace("__", ".").into());
+        figment = figment.merge(env).merge(Serialized::globals(overrides));
+        let config: Config = figment.extract()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.history.limit > MAX_LIMIT {
+            return Err(ConfigError::Invalid(format!(
+                "history.limit is {}, at most {MAX_LIMIT} is allowed",
+                self.history.limit
+            )));
+        }
+        if !["both", "1.0", "0.3"].contains(&self.card.versions.as_str()) {
+            return Err(ConfigError::Invalid(format!(
+                "card.versions is {:?}; use \"both\", \"1.0\" or \"0.3\"",
+                self.card.versions
+            )));
+        }
+        if !["pretty", "json"].contains(&self.log_format.as_str()) {
+            return Err(ConfigError::Invalid(format!(
+                "log_format is {:?}; use \"pretty\" or \"json\"",
+                self.log_format
+            )));
+        }
+        if self.limits.body_bytes == 0 || self.limits.context_id_bytes == 0 {
+            return Err(ConfigError::Invalid(
+                "limits.body_bytes and limits.context_id_bytes must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn engine(&self) -> EngineConfig {
+        let defaults = EngineConfig::default();
+        EngineConfig {
+            history: HistoryLimits {
+                limit: self.history.limit,
+                max_chars: self.history.max_chars,
+            },
+            idle_timeout: Duration::from_secs(self.contexts.idle_timeout_secs.max(1)),
+            agent_timeout: Duration::from_secs(self.agent.timeout_secs.max(1)),
+            subscriber_buffer: self.streaming.subscriber_buffer,
+            arbiters: match self.contexts.arbiters {
+                0 => defaults.arbiters,
+                n => n,
+            },
+            max_running_turns: self.limits.running_turns.max(1),
+            max_context_id_bytes: self.limits.context_id_bytes,
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! `AgentActor`: runs the backend for the conversations of its arbiter.
+//!
+//! Each call runs in a task of its own, so a backend that panics or hangs fails only its task:
+//! the panic is caught at the task boundary, a hang ends at the timeout, a cancel aborts it.
+
+use crate::agent::{AgentEvent, AgentRequest, AgentSink, SharedAgent};
+use crate::engine::hub::TaskHub;
+use crate::model::{Message, TaskState, TaskStatus};
+use actix::prelude::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Why a turn was stopped from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    Canceled,
+    ShuttingDown,
+}
+
+/// How the agent ended a turn.
+#[derive(Debug, Clone)]
+pub struct TurnOutcome {
+    pub state: TaskState,
+    pub status_text: Option<String>,
+    /// A plain-message answer (the agent produced nothing else).
+    pub message: Option<Message>,
+    pub agent_state: Option<serde_json::Value>,
+}
+
+#[derive(Message)]
+#[rtype(result = "TurnOutcome")]
+pub struct RunTurn {
+    pub request: AgentRequest,
+    pub hub: Arc<TaskHub>,
+    pub stop: oneshot::Receiver<StopReason>,
+    pub timeout: Duration,
+}
+
+pub struct AgentActor {
+    agent: SharedAgent,
+}
+
+impl AgentActor {
+    pub fn new(agent: SharedAgent) -> Self {
+        AgentActor { agent }
+    }
+}
+
+impl Actor for AgentActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<RunTurn> for AgentActor {
+    type Result = ResponseFuture<TurnOutcome>;
+
+    fn handle(&mut self, turn: RunTurn, _: &mut Context<Self>) -> Self::Result {
+        Box::pin(drive(self.agent.clone(), turn))
+    }
+}
+
+/// Holds back an incomplete UTF-8 sequence at the end of a byte chunk until the next one.
+#[derive(Default)]
+struct Utf8Assembler {
+    pending: Vec<u8>,
+}
+
+impl Utf8Assembler {
+    fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let valid_up_to = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            // Invalid (not merely incomplete) bytes: replace them rather than stall.
+            Err(_) => {
+                let text = String::from_utf8_lossy(&self.pending).into_owned();
+                self.pending.clear();
+                return text;
+            }
+        };
+        let rest = self.pending.split_off(valid_up_to);
+        let text = String::from_utf8(std::mem::replace(&mut self.pending, rest));
+        text.unwrap_or_default()
+    }
+
+    fn finish(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        text
+    }
+}
+
+struct Progress {
+    outcome: TurnOutcome,
+    utf8: Utf8Assembler,
+    produced_output: bool,
+    may_answer_with_message: bool,
+}
+
+impl Progress {
+    fn apply(&mut self, event: AgentEvent, hub: &TaskHub) {
+        match event {
+            AgentEvent::Text(text) => self.append(hub, &text),
+            AgentEvent::Bytes(bytes) => {
+                let text = self.utf8.push(&bytes);
+                self.append(hub, &text);
+            }
+            AgentEvent::Artifact(artifact) => {
+                self.produced_output = true;
+                hub.add_artifact(artifact);
+            }
+            AgentEvent::Status { state, text } if !state.ends_turn() => {
+                hub.status(TaskStatus::new(
+                    state,
+                    text.map(|t| Message::agent_text(t, &hub.snapshot().context_id, None)),
+                ));
+            }
+            AgentEvent::Status { state, text } => {
+                self.outcome.state = state;
+                self.outcome.status_text = text;
+            }
+            AgentEvent::Message(message) => {
+                if self.may_answer_with_message
+                    && !self.produced_output
+                    && self.outcome.message.is_none()
+                {
+                    self.outcome.message = Some(message);
+                } else {
+                    self.append(hub, &message.text());
+                }
+            }
+            AgentEvent::State(state) => self.outcome.agent_state = Some(state),
+        }
+    }
+
+    fn append(&mut self, hub: &TaskHub, text: &str) {
+        self.produced_output = true;
+        if let Some(message) = self.outcome.message.take() {
+            // A message is only a plain answer when it is the sole output.
+            hub.append_text(&message.text());
+        }
+        if !text.is_empty() {
+            hub.append_text(text);
+        }
+    }
+}
+
+async fn drive(agent: SharedAgent, turn: RunTurn) -> TurnOutcome {
+    let RunTurn {
+        request,
+        hub,
+        mut stop,
+        timeout,
+    } = turn;
+    let kind = agent.kind();
+    let started = Instant::now();
+    let (sink, mut events) = AgentSink::channel(64);
+    let mut run = actix_rt::spawn(agent.run(request, sink));
+    let mut progress = Progress {
+        outcome: TurnOutcome {
+            state: TaskState::Completed,
+            status_text: None,
+            message: None,
+            agent_state: None,
+        },
+        utf8: Utf8Assembler::default(),
+        produced_output: false,
+        may_answer_with_message: agent.may_answer_with_message(),
+    };
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let mut stop_open = true;
+    let mut stopped: Option<(TaskState, String)> = None;
+    loop {
+        tokio::select! {
+            event = events.recv() => match event {
+                Some(event) => progress.apply(event, &hub),
+                None => break,
+            },
+            reason = &mut stop, if stop_open => {
+                stop_open = false;
+                let text = match reason {
+                    Ok(StopReason::Canceled) => "canceled by the client",
+                    Ok(StopReason::ShuttingDown) => "the server shut down before the agent finished",
+                    Err(_) => continue,
+                };
+                let state = match reason {
+                    Ok(StopReason::Canceled) => TaskState::Canceled,
+                    _ => TaskState::Failed,
+                };
+                stopped = Some((state, text.to_owned()));
+                break;
+            },
+            _ = &mut deadline => {
+                stopped = Some((
+                    TaskState::Failed,
+                    format!("the agent did not finish within {} s", timeout.as_secs_f64()),
+                ));
+                break;
+            }
+        }
+    }
+    let rest = progress.utf8.finish();
+    progress.append(&hub, &rest);
+    let mut outcome = progress.outcome;
+    if let Some((state, text)) = stopped {
+        run.abort();
+        outcome.state = state;
+        outcome.status_text = Some(text);
+        outcome.message = None;
+    } else {
+        let result = (&mut run).await;
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                outcome.state = TaskState::Failed;
+                outcome.status_text = Some(format!("the agent failed: {e}"));
+                outcome.message = None;
+            }
+            Err(e) => {
+                outcome.state = TaskState::Failed;
+                outcome.status_text = Some(format!("the agent crashed: {}", panic_text(e)));
+                outcome.message = None;
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    metrics::histogram!("colloquy_agent_seconds", "backend" => kind).record(elapsed);
+    if outcome.state == TaskState::Failed {
+        metrics::counter!("colloquy_agent_errors_total", "backend" => kind).increment(1);
+    }
+    outcome
+}
+
+fn panic_text(error: tokio::task::JoinError) -> String {
+    if !error.is_panic() {
+        return "its task was aborted".into();
+    }
+    let payload = error.into_panic();
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Utf8Assembler;
+
+    #[test]
+    fn split_characters_are_reassembled() {
+        let text = "añ€😀b";
+        let bytes = text.as_bytes();
+        for cut in 0..=bytes.len() {
+            let mut asm = Utf8Assembler::default();
+            let mut out = asm.push(&bytes[..cut]);
+            out.push_str(&asm.push(&bytes[cut..]));
+            out.push_str(&asm.finish());
+            assert_eq!(out, text, "cut at {cut}");
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! `ContextActor`: one per live conversation. Serialises its turns, rejects a second while one
+//! runs, persists first, and stops when idle (its state lives on disk).
+
+use super::agent_actor::{AgentActor, RunTurn, StopReason, TurnOutcome};
+use super::directory::Directory;
+use super::error::{EngineError, EngineResult};
+use super::hub::TaskHub;
+use super::turn::{self, BegunTurn, TurnStart};
+use crate::model::{Message, SendResult, Task};
+use crate::store::ConversationKey;
+use actix::prelude::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Start a turn with `message`; `continuing` names the (waiting) task it answers.
+#[derive(Message, Clone)]
+#[rtype(result = "EngineResult<Arc<TaskHub>>")]
+pub struct StartTurn {
+    pub message: Message,
+    pub task_id: Option<String>,
+}
+
+#[derive(Message, Clone)]
+#[rtype(result = "EngineResult<CancelOutcome>")]
+pub struct CancelTask {
+    pub task_id: String,
+}
+
+pub enum CancelOutcome {
+    /// The task was running: its hub reports the canceled state once it is stored.
+    Running(Arc<TaskHub>),
+    /// The task is still being stored: its hub comes once the turn has started.
+    Starting(oneshot::Receiver<Arc<TaskHub>>),
+    Done(Task),
+}
+
+#[derive(Message, Clone)]
+#[rtype(result = "EngineResult<bool>")]
+pub struct DeleteConversation;
+
+/// Ends the running turn (if any) as failed: the server is going down.
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+struct RunningTurn {
+    task_id: String,
+    stop: Option<oneshot::Sender<StopReason>>,
+    hub: Option<Arc<TaskHub>>,
+    /// Cancels that arrived while the turn was still being stored.
+    hub_waiters: Vec<oneshot::Sender<Arc<TaskHub>>>,
+}
+
+pub struct ContextActor {
+    key: ConversationKey,
+    principal: Arc<str>,
+    context_id: Arc<str>,
+    generation: u64,
+    directory: Arc<Directory>,
+    agent: Addr<AgentActor>,
+    running: Option<RunningTurn>,
+    last_activity: Instant,
+}
+
+impl ContextActor {
+    pub fn new(
+        key: ConversationKey,
+        principal: &str,
+        context_id: &str,
+        generation: u64,
+        directory: Arc<Directory>,
+        agent: Addr<AgentActor>,
+    ) -> Self {
+        ContextActor {
+            key,
+            principal: principal.into(),
+            context_id: context_id.into(),
+            generation,
+            directory,
+            agent,
+            running: None,
+            last_activity: Instant::now(),
+        }
+    }
+
+    fn schedule_idle_check(&self, ctx: &mut Context<Self>, after: Duration) {
+        ctx.run_later(after, |act, ctx| {
+            let timeout = act.directory.config().idle_timeout;
+            let idle_for = act.last_activity.elapsed();
+            if act.running.is_none() && idle_for >= timeout {
+                metrics::counter!("colloquy_context_evictions_total").increment(1);
+                ctx.stop();
+            } else {
+                act.schedule_idle_check(ctx, timeout.saturating_sub(idle_for).max(Duration::from_millis(10)));
+            }
+        });
+    }
+
+    fn busy_error(&self) -> Option<EngineError> {
+        self.running.as_ref().map(|running| EngineError::ContextBusy {
+            context_id: self.context_id.to_string(),
+            task_id: running.task_id.clone(),
+        })
+    }
+
+    /// Runs the agent, stores the outcome, then frees the context and answers every waiter.
+    fn run_agent(&mut self, begun: BegunTurn, hub: Arc<TaskHub>, stop: oneshot::Receiver<StopReason>, ctx: &mut Context<Self>) {
+        let shared = self.directory.shared().clone();
+        let run = RunTurn {
+            request: begun.request.clone(),
+            hub: hub.clone(),
+            stop,
+            timeout: shared.config.agent_timeout,
+        };
+        let agent = self.agent.clone();
+        let finish_hub = hub.clone();
+        let work = async move {
+            let outcome = agent.send(run).await.unwrap_or_else(|_| TurnOutcome {
+                state: crate::model::TaskState::Failed,
+                status_text: Some("the agent runner stopped".into()),
+                message: None,
+                agent_state: None,
+            });
+            let artifacts = finish_hub.artifacts();
+            let reply_text = finish_hub.reply_text();
+            let store = shared.store.clone();
+            let result = actix_rt::task::spawn_blocking(move || {
+                turn::finish(&store, begun, outcome, artifacts, reply_text)
+            })
+            .await
+            .map_err(|e| EngineError::Internal(format!("finishing the turn: {e}")))
+            .and_then(|r| r);
+            let durable = match &result {
+                Ok(_) => shared.store.durable().await.map_err(EngineError::from),
+                Err(e) => Err(e.clone()),
+            };
+            (result, durable)
+        };
+        ctx.spawn(work.into_actor(self).map(move |(result, durable), act, _| {
+            act.running = None;
+            act.last_activity = Instant::now();
+            let shared = act.directory.shared();
+            shared.live.remove(&hub);
+            shared.turn_ended();
+            let result = match (result, durable) {
+                (Ok(result), Ok(())) => result,
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::error!(error = %e, "could not store the end of a turn");
+                    let mut task = hub.snapshot();
+                    task.status = crate::model::TaskStatus::new(
+                        crate::model::TaskState::Failed,
+                        Some(Message::agent_text(
+                            format!("the reply could not be stored: {e}"),
+                            &task.context_id,
+                            Some(&task.id),
+                        )),
+                    );
+                    SendResult::Task(task)
+                }
+            };
+            if let SendResult::Task(task) = &result {
+                metrics::counter!("colloquy_tasks_total", "state" => task.status.state.as_str()).increment(1);
+            }
+            hub.finish(result);
+        }));
+    }
+}
+
+impl Actor for ContextActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(256);
+        metrics::counter!("colloquy_context_starts_total").increment(1);
+        self.schedule_idle_check(ctx, self.directory.config().idle_timeout);
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.directory.forget(&self.key, self.generation);
+    }
+}
+
+impl Handler<StartTurn> for ContextActor {
+    type Result = ResponseActFuture<Self, EngineResult<Arc<TaskHub>>>;
+
+    fn handle(&mut self, start: StartTurn, _: &mut Context<Self>) -> Self::Result {
+        self.last_activity = Instant::now();
+        if let Some(busy) = self.busy_error() {
+            metrics::counter!("colloquy_busy_rejections_total").increment(1);
+            return Box::pin(actix::fut::ready(Err(busy)));
+        }
+        let shared = self.directory.shared().clone();
+        if let Err(e) = shared.turn_started() {
+            return Box::pin(actix::fut::ready(Err(e)));
+        }
+        let continuing = start.task_id.is_some();
+        let task_id = start.task_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let (stop_tx, stop_rx) = oneshot::channel();
+        self.running = Some(RunningTurn {
+            task_id: task_id.clone(),
+            stop: Some(stop_tx),
+            hub: None,
+            hub_waiters: Vec::new(),
+        });
+        let key = self.key;
+        let principal = self.principal.clone();
+        let context_id = self.context_id.clone();
+        let store = shared.store.clone();
+        let limits = shared.config.history;
+        let message = start.message;
+        let persist = async move {
+            let begun = actix_rt::task::spawn_blocking(move || {
+                turn::begin(TurnStart {
+                    store: &store,
+                    key,
+                    principal: &principal,
+                    context_id: &context_id,
+                    message,
+                    task_id,
+                    continuing,
+                    limits,
+                })
+            })
+            .await
+            .map_err(|e| EngineError::Internal(format!("starting the turn: {e}")))??;
+            shared.store.durable().await?;
+            Ok::<_, EngineError>(begun)
+        };
+        Box::pin(persist.into_actor(self).map(move |begun, act, ctx| {
+            let begun = match begun {
+                Ok(begun) => begun,
+                Err(e) => {
+                    act.running = None;
+                    act.directory.shared().turn_ended();
+                    return Err(e);
+                }
+            };
+            let shared = act.directory.shared();
+            let open = !shared.agent.may_answer_with_message();
+            let hub = TaskHub::new(
+                act.principal.to_string(),
+                begun.task.clone(),
+                open,
+                shared.config.subscriber_buffer,
+            );
+            shared.live.insert(hub.clone());
+            if let Some(running) = act.running.as_mut() {
+                running.hub = Some(hub.clone());
+                for waiter in running.hub_waiters.drain(..) {
+                    let _ = waiter.send(hub.clone());
+                }
+            }
+            act.run_agent(begun, hub.clone(), stop_rx, ctx);
+            Ok(hub)
+        }))
+    }
+}
+
+impl Handler<CancelTask> for ContextActor {
+    type Result = ResponseActFuture<Self, EngineResult<CancelOutcome>>;
+
+    fn handle(&mut self, cancel: CancelTask, _: &mut Context<Self>) -> Self::Result {
+        self.last_activity = Instant::now();
+        if let Some(running) = self.running.as_mut().filter(|r| r.task_id == cancel.task_id) {
+            if let Some(stop) = running.stop.take() {
+                let _ = stop.send(StopReason::Canceled);
+            }
+            let outcome = match running.hub.clone() {
+                Some(hub) => CancelOutcome::Running(hub),
+                // Still being stored: the agent sees the cancel the moment it starts.
+                None => {
+                    let (tx, rx) = oneshot::channel();
+                    running.hub_waiters.push(tx);
+                    CancelOutcome::Starting(rx)
+                }
+            };
+            return Box::pin(actix::fut::ready(Ok(outcome)));
+        }
+        let store = self.directory.shared().store.clone();
+        let principal = self.principal.clone();
+        let work = async move {
+            let durable_store = store.clone();
+            let task = actix_rt::task::spawn_blocking(move || {
+                turn::cancel_waiting(&store, &principal, &cancel.task_id)
+            })
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))??;
+            durable_store.durable().await?;
+            Ok(CancelOutcome::Done(task))
+        };
+        Box::pin(work.into_actor(self))
+    }
+}
+
+impl Handler<DeleteConversation> for ContextActor {
+    type Result = ResponseActFuture<Self, EngineResult<bool>>;
+
+    fn handle(&mut self, _: DeleteConversation, _: &mut Context<Self>) -> Self::Result {
+        if let Some(busy) = self.busy_error() {
+            return Box::pin(actix::fut::ready(Err(busy)));
+        }
+        // Reserve the context so no turn starts while the delete runs.
+        self.running = Some(RunningTurn {
+            task_id: "(deleting)".into(),
+            stop: None,
+            hub: None,
+            hub_waiters: Vec::new(),
+        });
+        let store = self.directory.shared().store.clone();
+        let key = self.key;
+        let work = async move {
+            let durable_store = store.clone();
+            let deleted = actix_rt::task::spawn_blocking(move || {
+                match store.conversation(&key)? {
+                    Some(meta) => store.delete_conversation(&meta).map(|_| true),
+                    None => Ok::<_, crate::store::StoreError>(false),
+                }
+            })
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))??;
+            durable_store.durable().await?;
+            Ok(deleted)
+        };
+        Box::pin(work.into_actor(self).map(|result, act, _| {
+            act.running = None;
+            result
+        }))
+    }
+}
+
+impl Handler<Shutdown> for ContextActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) {
+        if let Some(stop) = self.running.as_mut().and_then(|r| r.stop.take()) {
+            let _ = stop.send(StopReason::ShuttingDown);
+        }
+    }
+}

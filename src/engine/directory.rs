@@ -1,0 +1,151 @@
+//! `Directory`: conversation key -> the `Addr` of its live `ContextActor`.
+//!
+//! Actors start on demand on the arbiter picked by the key's hash (never on the HTTP worker that
+//! took the request) and are forgotten when they stop. A message that reaches an actor that is
+//! stopping comes back undelivered (`MailboxError::Closed`) and is sent again to a fresh actor:
+//! it was never handled, so nothing ran twice and nothing is lost.
+
+use super::Shared;
+use super::agent_actor::AgentActor;
+use super::context::ContextActor;
+use super::error::{EngineError, EngineResult};
+use crate::store::ConversationKey;
+use actix::prelude::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+const SHARDS: usize = 64;
+const DELIVERY_ATTEMPTS: usize = 8;
+
+struct Resident {
+    generation: u64,
+    addr: Addr<ContextActor>,
+}
+
+struct Worker {
+    arbiter: ArbiterHandle,
+    agent: Addr<AgentActor>,
+}
+
+pub struct Directory {
+    shards: Box<[Mutex<HashMap<ConversationKey, Resident>>]>,
+    workers: Vec<Worker>,
+    shared: Arc<Shared>,
+    generations: AtomicU64,
+}
+
+impl Directory {
+    /// Starts `arbiters` arbiter threads, each with its own `AgentActor`. Needs a running actix System.
+    pub fn start(shared: Arc<Shared>, arbiters: usize) -> Arc<Self> {
+        let workers = (0..arbiters.max(1))
+            .map(|_| {
+                let arbiter = Arbiter::new().handle();
+                let agent_backend = shared.agent.clone();
+                let agent = AgentActor::start_in_arbiter(&arbiter, move |_| {
+                    AgentActor::new(agent_backend)
+                });
+                Worker { arbiter, agent }
+            })
+            .collect();
+        Arc::new(Directory {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            workers,
+            shared,
+            generations: AtomicU64::new(0),
+        })
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub fn config(&self) -> &super::EngineConfig {
+        &self.shared.config
+    }
+
+    fn shard(&self, key: &ConversationKey) -> MutexGuard<'_, HashMap<ConversationKey, Resident>> {
+        self.shards[key.shard(SHARDS)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The live actor for `key`, started if there is none (or only a stopped one).
+    fn resident(self: &Arc<Self>, key: &ConversationKey, principal: &str, context_id: &str) -> Addr<ContextActor> {
+        let mut shard = self.shard(key);
+        if let Some(resident) = shard.get(key).filter(|r| r.addr.connected()) {
+            return resident.addr.clone();
+        }
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        let worker = &self.workers[key.shard(self.workers.len())];
+        let directory = self.clone();
+        let agent = worker.agent.clone();
+        let (key_copy, principal, context_id) = (*key, principal.to_owned(), context_id.to_owned());
+        let addr = ContextActor::start_in_arbiter(&worker.arbiter, move |_| {
+            ContextActor::new(key_copy, &principal, &context_id, generation, directory, agent)
+        });
+        shard.insert(*key, Resident { generation, addr: addr.clone() });
+        metrics::gauge!("colloquy_contexts_resident").increment(1.0);
+        addr
+    }
+
+    /// Removes the entry if it is still the actor of that generation (a newer one may have replaced it).
+    pub fn forget(&self, key: &ConversationKey, generation: u64) {
+        let mut shard = self.shard(key);
+        if shard.get(key).is_some_and(|r| r.generation == generation) {
+            shard.remove(key);
+            metrics::gauge!("colloquy_contexts_resident").decrement(1.0);
+        }
+    }
+
+    /// Delivers `message` to the conversation's actor, starting or restarting it as needed.
+    pub async fn call<M>(
+        self: &Arc<Self>,
+        key: &ConversationKey,
+        principal: &str,
+        context_id: &str,
+        message: M,
+    ) -> EngineResult<M::Result>
+    where
+        M: actix::Message + Clone + Send + 'static,
+        M::Result: Send,
+        ContextActor: Handler<M>,
+    {
+        for _ in 0..DELIVERY_ATTEMPTS {
+            let addr = self.resident(key, principal, context_id);
+            match addr.send(message.clone()).await {
+                Ok(result) => return Ok(result),
+                Err(MailboxError::Closed) => continue,
+                Err(MailboxError::Timeout) => break,
+            }
+        }
+        Err(EngineError::Internal("the conversation's actor could not be reached".into()))
+    }
+
+    pub fn resident_count(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
+            .sum()
+    }
+
+    /// Every live actor (for shutdown).
+    pub fn all(&self) -> Vec<Addr<ContextActor>> {
+        self.shards
+            .iter()
+            .flat_map(|s| {
+                s.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .values()
+                    .map(|r| r.addr.clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    pub fn stop_arbiters(&self) {
+        for worker in &self.workers {
+            worker.arbiter.stop();
+        }
+    }
+}

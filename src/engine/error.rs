@@ -1,0 +1,38 @@
+use crate::model::TaskState;
+use crate::store::StoreError;
+
+/// Why the engine refused or failed a request. `rpc::error` maps each to a JSON-RPC code.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    #[error("invalid params: {0}")]
+    InvalidParams(String),
+    #[error("task not found: {0}")]
+    TaskNotFound(String),
+    #[error("task {task_id} is {} and cannot be canceled", state.as_str())]
+    TaskNotCancelable { task_id: String, state: TaskState },
+    #[error("task {task_id} is {} and accepts no more messages", state.as_str())]
+    TaskTerminal { task_id: String, state: TaskState },
+    #[error("context busy: task {task_id} is still running in context {context_id}")]
+    ContextBusy { context_id: String, task_id: String },
+    #[error("server overloaded: {running} turns are running; retry in {retry_after_ms} ms")]
+    Overloaded { running: usize, retry_after_ms: u64 },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error("storage error: {0}")]
+    Store(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<StoreError> for EngineError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::BadPageToken => {
+                EngineError::InvalidParams("pageToken: not a token this server issued".into())
+            }
+            other => EngineError::Store(other.to_string()),
+        }
+    }
+}
+
+pub type EngineResult<T> = Result<T, EngineError>;

@@ -1,0 +1,409 @@
+//! The conversation engine: a `Directory` of `ContextActor`s (one per live conversation), each
+//! running its turns through the `AgentActor` of its arbiter, over the [`Store`].
+//!
+//! The engine knows nothing of HTTP or wire versions: [`Engine`] is the one door the front uses.
+
+mod agent_actor;
+mod context;
+mod directory;
+mod error;
+pub mod hub;
+mod turn;
+
+pub use agent_actor::StopReason;
+pub use error::{EngineError, EngineResult};
+pub use hub::{StreamItem, Subscription, TaskHub};
+
+use crate::agent::SharedAgent;
+use crate::history::{HistoryLimits, MAX_LIMIT};
+use crate::model::{Message, Role, Task};
+use crate::store::{ConversationKey, ConversationMeta, Page, Store, TaskQuery};
+use context::{CancelOutcome, CancelTask, DeleteConversation, Shutdown, StartTurn};
+use directory::Directory;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The principal of requests when no authentication is configured.
+pub const ANONYMOUS: &str = "anonymous";
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub history: HistoryLimits,
+    /// A conversation's actor stops after this long without a message (its state is on disk).
+    pub idle_timeout: Duration,
+    /// A turn whose agent has not finished by then fails.
+    pub agent_timeout: Duration,
+    /// Events a stream may fall behind before it is closed with an error.
+    pub subscriber_buffer: usize,
+    /// Arbiter threads that host the conversation actors.
+    pub arbiters: usize,
+    /// Turns running at once across all conversations; beyond, sends are refused as overloaded.
+    pub max_running_turns: usize,
+    pub max_context_id_bytes: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            history: HistoryLimits::default(),
+            idle_timeout: Duration::from_secs(300),
+            agent_timeout: Duration::from_secs(600),
+            subscriber_buffer: 1024,
+            arbiters: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            max_running_turns: 10_000,
+            max_context_id_bytes: 256,
+        }
+    }
+}
+
+/// The hubs of running turns, by task id.
+#[derive(Default)]
+pub struct TaskRegistry {
+    shards: [Mutex<HashMap<String, Arc<TaskHub>>>; 16],
+}
+
+impl TaskRegistry {
+    fn shard(&self, task_id: &str) -> std::sync::MutexGuard<'_, HashMap<String, Arc<TaskHub>>> {
+        let index = task_id.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+        self.shards[index % self.shards.len()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn insert(&self, hub: Arc<TaskHub>) {
+        self.shard(&hub.task_id).insert(hub.task_id.clone(), hub);
+    }
+
+    fn remove(&self, hub: &TaskHub) {
+        self.shard(&hub.task_id).remove(&hub.task_id);
+    }
+
+    /// The hub of a running task, if it belongs to `principal`.
+    fn get(&self, principal: &str, task_id: &str) -> Option<Arc<TaskHub>> {
+        self.shard(task_id)
+            .get(task_id)
+            .filter(|hub| hub.principal == principal)
+            .cloned()
+    }
+}
+
+/// What every actor shares.
+pub struct Shared {
+    pub store: Store,
+    pub agent: SharedAgent,
+    pub config: EngineConfig,
+    pub live: TaskRegistry,
+    running: AtomicUsize,
+    shutting_down: AtomicBool,
+}
+
+impl Shared {
+    /// Counts a turn in, unless the server is full or shutting down.
+    fn turn_started(&self) -> EngineResult<()> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        let running = self.running.fetch_add(1, Ordering::AcqRel) + 1;
+        if running > self.config.max_running_turns {
+            self.running.fetch_sub(1, Ordering::AcqRel);
+            metrics::counter!("colloquy_overload_rejections_total").increment(1);
+            return Err(EngineError::Overloaded {
+                running: running - 1,
+                retry_after_ms: 100,
+            });
+        }
+        metrics::gauge!("colloquy_contexts_busy").set(running as f64);
+        Ok(())
+    }
+
+    fn turn_ended(&self) {
+        let running = self.running.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+        metrics::gauge!("colloquy_contexts_busy").set(running as f64);
+    }
+
+    pub fn running_turns(&self) -> usize {
+        self.running.load(Ordering::Acquire)
+    }
+}
+
+/// A fresh, unguessable contextId: `ctx-` and 128 random bits in hex.
+pub fn new_context_id() -> String {
+    format!("ctx-{:032x}", rand::random::<u128>())
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> EngineResult<T> + Send + 'static,
+) -> EngineResult<T> {
+    actix_rt::task::spawn_blocking(work)
+        .await
+        .map_err(|e| EngineError::Internal(format!("store task: {e}")))?
+}
+
+/// The engine's front door. Cheap to clone; needs a running actix System to start.
+#[derive(Clone)]
+pub struct Engine {
+    directory: Arc<Directory>,
+}
+
+impl Engine {
+    pub fn start(store: Store, agent: SharedAgent, config: EngineConfig) -> Engine {
+        let arbiters = config.arbiters;
+        let shared = Arc::new(Shared {
+            store,
+            agent,
+            config,
+            live: TaskRegistry::default(),
+            running: AtomicUsize::new(0),
+            shutting_down: AtomicBool::new(false),
+        });
+        Engine {
+            directory: Directory::start(shared, arbiters),
+        }
+    }
+
+    fn shared(&self) -> &Shared {
+        self.directory.shared()
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.shared().store
+    }
+
+    pub fn agent(&self) -> &SharedAgent {
+        &self.shared().agent
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.shared().config
+    }
+
+    /// A durable write to the store: the readiness check.
+    pub async fn probe_store(&self) -> EngineResult<()> {
+        let store = self.store().clone();
+        blocking(move || Ok(store.probe()?)).await?;
+        Ok(self.store().durable().await?)
+    }
+
+    pub fn resident_contexts(&self) -> usize {
+        self.directory.resident_count()
+    }
+
+    pub fn running_turns(&self) -> usize {
+        self.shared().running_turns()
+    }
+
+    fn check_context_id(&self, context_id: &str) -> EngineResult<()> {
+        let max = self.config().max_context_id_bytes;
+        if context_id.is_empty() {
+            return Err(EngineError::InvalidParams("contextId: must not be empty".into()));
+        }
+        if context_id.len() > max {
+            return Err(EngineError::InvalidParams(format!(
+                "contextId: {} bytes, more than the limit of {max}",
+                context_id.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Starts a turn. The hub follows it: wait on it (blocking send), stream it, or snapshot it.
+    pub async fn send(&self, principal: &str, mut message: Message) -> EngineResult<Arc<TaskHub>> {
+        if message.role != Role::User {
+            return Err(EngineError::InvalidParams(
+                "message.role: a message sent to the agent must have the user role".into(),
+            ));
+        }
+        if message.parts.is_empty() {
+            return Err(EngineError::InvalidParams("message.parts: must not be empty".into()));
+        }
+        if let Some(context_id) = &message.context_id {
+            self.check_context_id(context_id)?;
+        }
+        let context_id = match message.task_id.clone() {
+            Some(task_id) => self.context_of_task(principal, &task_id, message.context_id.as_deref()).await?,
+            None => message.context_id.clone().unwrap_or_else(new_context_id),
+        };
+        message.context_id = Some(context_id.clone());
+        let key = ConversationKey::new(principal, &context_id);
+        let task_id = message.task_id.clone();
+        self.directory
+            .call(&key, principal, &context_id, StartTurn { message, task_id })
+            .await?
+    }
+
+    /// The conversation a continued task belongs to, checking the message may continue it.
+    async fn context_of_task(&self, principal: &str, task_id: &str, context_id: Option<&str>) -> EngineResult<String> {
+        let store = self.store().clone();
+        let (principal_owned, id) = (principal.to_owned(), task_id.to_owned());
+        let record = blocking(move || Ok(store.task(&id)?)).await?;
+        let record = record
+            .filter(|r| r.principal == principal_owned)
+            .ok_or_else(|| EngineError::TaskNotFound(task_id.to_owned()))?;
+        if let Some(context_id) = context_id.filter(|c| *c != record.task.context_id) {
+            return Err(EngineError::InvalidParams(format!(
+                "contextId: {context_id:?} is not the context of task {task_id}"
+            )));
+        }
+        let state = record.task.status.state;
+        if state.is_terminal() {
+            return Err(EngineError::TaskTerminal { task_id: task_id.to_owned(), state });
+        }
+        Ok(record.task.context_id)
+    }
+
+    /// The task as it is now: live for a running task, else as stored.
+    pub async fn get_task(&self, principal: &str, task_id: &str) -> EngineResult<Task> {
+        if let Some(hub) = self.shared().live.get(principal, task_id) {
+            return Ok(hub.snapshot());
+        }
+        let store = self.store().clone();
+        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
+        blocking(move || turn::load_task(&store, &principal, &task_id).map(|(_, task)| task)).await
+    }
+
+    pub async fn list_tasks(
+        &self,
+        principal: &str,
+        context_id: Option<&str>,
+        mut query: TaskQuery,
+        with_history: bool,
+    ) -> EngineResult<Page<Task>> {
+        query.conversation = context_id.map(|c| ConversationKey::new(principal, c));
+        let store = self.store().clone();
+        let principal_owned = principal.to_owned();
+        let page = blocking(move || {
+            let page = store.list_tasks(&principal_owned, &query)?;
+            let mut tasks = Vec::with_capacity(page.items.len());
+            for record in page.items {
+                let mut task = record.task.clone();
+                if with_history {
+                    task.history = store.messages(&record.conversation(), &record.history_seqs)?;
+                }
+                tasks.push(task);
+            }
+            Ok(Page { items: tasks, next_page_token: page.next_page_token, total_size: page.total_size })
+        })
+        .await?;
+        Ok(page)
+    }
+
+    pub async fn cancel(&self, principal: &str, task_id: &str) -> EngineResult<Task> {
+        let store = self.store().clone();
+        let (principal_owned, id) = (principal.to_owned(), task_id.to_owned());
+        let record = blocking(move || Ok(store.task(&id)?))
+            .await?
+            .filter(|r| r.principal == principal_owned)
+            .ok_or_else(|| EngineError::TaskNotFound(task_id.to_owned()))?;
+        let state = record.task.status.state;
+        if state.is_terminal() {
+            return Err(EngineError::TaskNotCancelable { task_id: task_id.to_owned(), state });
+        }
+        let context_id = record.task.context_id.clone();
+        let key = record.conversation();
+        let cancel = CancelTask { task_id: task_id.to_owned() };
+        let hub = match self.directory.call(&key, principal, &context_id, cancel).await?? {
+            CancelOutcome::Done(task) => return Ok(task),
+            CancelOutcome::Running(hub) => hub,
+            CancelOutcome::Starting(hub) => hub
+                .await
+                .map_err(|_| EngineError::TaskNotFound(task_id.to_owned()))?,
+        };
+        match hub.wait_final().await {
+            Some(crate::model::SendResult::Task(task)) => Ok(task),
+            _ => self.get_task(principal, task_id).await,
+        }
+    }
+
+    /// Follows a task: the task with everything so far, then every later event.
+    pub async fn subscribe(&self, principal: &str, task_id: &str) -> EngineResult<Subscription> {
+        // A turn registers its hub just after storing its start; give that moment a chance.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            if let Some(hub) = self.shared().live.get(principal, task_id) {
+                return Ok(hub.subscribe());
+            }
+            let task = self.get_task(principal, task_id).await?;
+            let state = task.status.state;
+            if state.is_terminal() {
+                return Err(EngineError::TaskTerminal { task_id: task_id.to_owned(), state });
+            }
+            if state.is_interrupted() || Instant::now() >= deadline {
+                return Ok(Subscription::single(StreamItem::Task(task)));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn list_conversations(
+        &self,
+        principal: &str,
+        page_size: usize,
+        page_token: Option<String>,
+    ) -> EngineResult<Page<ConversationMeta>> {
+        let store = self.store().clone();
+        let principal = principal.to_owned();
+        blocking(move || Ok(store.list_conversations(&principal, page_size, page_token.as_deref())?)).await
+    }
+
+    /// A conversation's metadata and its `history_length` most recent messages (oldest first).
+    pub async fn conversation(
+        &self,
+        principal: &str,
+        context_id: &str,
+        history_length: usize,
+    ) -> EngineResult<Option<(ConversationMeta, Vec<Message>)>> {
+        self.check_context_id(context_id)?;
+        let store = self.store().clone();
+        let key = ConversationKey::new(principal, context_id);
+        let limit = history_length.min(usize::MAX);
+        blocking(move || {
+            let Some(meta) = store.conversation(&key)? else {
+                return Ok(None);
+            };
+            let messages = store.recent_messages(&key, limit)?.into_iter().map(|(_, m)| m).collect();
+            Ok(Some((meta, messages)))
+        })
+        .await
+    }
+
+    /// Deletes a conversation; refused while a turn runs in it.
+    pub async fn delete_conversation(&self, principal: &str, context_id: &str) -> EngineResult<bool> {
+        self.check_context_id(context_id)?;
+        let key = ConversationKey::new(principal, context_id);
+        self.directory
+            .call(&key, principal, context_id, DeleteConversation)
+            .await?
+    }
+
+    /// Stops taking turns, lets running ones finish within `grace`, ends the rest as failed, and
+    /// flushes the store.
+    pub async fn shutdown(&self, grace: Duration) {
+        let shared = self.shared();
+        shared.shutting_down.store(true, Ordering::Release);
+        let deadline = Instant::now() + grace;
+        while shared.running_turns() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if shared.running_turns() > 0 {
+            tracing::warn!(running = shared.running_turns(), "grace period over; failing the turns still running");
+            for addr in self.directory.all() {
+                addr.do_send(Shutdown);
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while shared.running_turns() > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        if let Err(e) = shared.store.durable().await {
+            tracing::error!(error = %e, "final flush failed");
+        }
+        self.directory.stop_arbiters();
+    }
+}
+
+/// `history.limit` as configured, clamped to what the design allows.
+pub fn clamp_history_limit(limit: usize) -> usize {
+    limit.min(MAX_LIMIT)
+}

@@ -1,0 +1,69 @@
+//! The agent card: one card valid for both wire versions (or one, per `card.versions`).
+
+use super::AppState;
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde_json::{Map, Value, json};
+
+/// The URL clients should post to: configured, else from the request's forwarded or Host header.
+pub fn base_url(state: &AppState, req: &HttpRequest) -> String {
+    if let Some(url) = &state.config.public_url {
+        return url.clone();
+    }
+    let info = req.connection_info();
+    format!("{}://{}/", info.scheme(), info.host())
+}
+
+pub fn card(state: &AppState, url: &str) -> Value {
+    let config = &state.config.card;
+    let agent = state.engine.agent();
+    let description = config.description.clone().unwrap_or_else(|| agent.description());
+    let skills: Vec<Value> = if config.skills.is_empty() {
+        vec![json!({
+            "id": agent.kind(),
+            "name": agent.kind(),
+            "description": agent.description(),
+            "tags": ["conversation", "multi-turn"],
+        })]
+    } else {
+        config
+            .skills
+            .iter()
+            .map(|s| json!({"id": s.id, "name": s.name, "description": s.description, "tags": s.tags}))
+            .collect()
+    };
+    let mut card = Map::new();
+    card.insert("name".into(), json!(config.name));
+    card.insert("description".into(), json!(description));
+    card.insert("version".into(), json!(config.version));
+    card.insert(
+        "capabilities".into(),
+        json!({"streaming": true, "pushNotifications": false}),
+    );
+    card.insert("defaultInputModes".into(), json!(["text/plain"]));
+    card.insert("defaultOutputModes".into(), json!(["text/plain"]));
+    card.insert("skills".into(), Value::Array(skills));
+    if config.versions != "0.3" {
+        card.insert(
+            "supportedInterfaces".into(),
+            json!([{"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}]),
+        );
+    }
+    if config.versions != "1.0" {
+        card.insert("protocolVersion".into(), json!("0.3.0"));
+        card.insert("url".into(), json!(url));
+        card.insert("preferredTransport".into(), json!("JSONRPC"));
+    }
+    if state.auth.enabled() {
+        card.insert(
+            "securitySchemes".into(),
+            json!({"bearer": {"type": "http", "scheme": "bearer"}}),
+        );
+        card.insert("security".into(), json!([{"bearer": []}]));
+    }
+    Value::Object(card)
+}
+
+pub async fn agent_card(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    let url = base_url(&state, &req);
+    HttpResponse::Ok().json(card(&state, &url))
+}

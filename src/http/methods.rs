@@ -1,0 +1,328 @@
+//! One function per JSON-RPC method: decode params, call the engine, encode the result.
+
+use super::AppState;
+use super::rpc::Reply;
+use super::sse;
+use crate::engine::EngineError;
+use crate::model::{Message, PartContent, SendResult, format_time};
+use crate::protocol::codec::{self, TaskView};
+use crate::protocol::fields::{Obj, field_error};
+use crate::protocol::{Method, RpcError, RpcRequest, WireVersion};
+use crate::store::TaskQuery;
+use serde_json::{Value, json};
+
+const DEFAULT_PAGE_SIZE: u64 = 50;
+const MAX_PAGE_SIZE: u64 = 100;
+
+type RpcResult<T> = Result<T, RpcError>;
+
+pub async fn dispatch(
+    state: &AppState,
+    version: WireVersion,
+    method: Method,
+    principal: &str,
+    request: RpcRequest,
+) -> RpcResult<Reply> {
+    let params = Obj::new(&request.params, "")?;
+    let call = Call { state, version, principal, params: &params };
+    match method {
+        Method::SendMessage => call.send_message().await.map(Reply::Json),
+        Method::SendStreamingMessage => call.send_streaming().await.map(Reply::Stream),
+        Method::GetTask => call.get_task().await.map(Reply::Json),
+        Method::ListTasks => call.list_tasks().await.map(Reply::Json),
+        Method::CancelTask => call.cancel_task().await.map(Reply::Json),
+        Method::SubscribeToTask => call.subscribe().await.map(Reply::Stream),
+        Method::PushNotificationConfig => Err(RpcError::PushNotSupported),
+        Method::GetExtendedAgentCard => Err(RpcError::ExtendedCardNotConfigured),
+        Method::ListConversations => call.list_conversations().await.map(Reply::Json),
+        Method::GetConversation => call.get_conversation().await.map(Reply::Json),
+        Method::DeleteConversation => call.delete_conversation().await.map(Reply::Json),
+    }
+}
+
+struct Call<'a> {
+    state: &'a AppState,
+    version: WireVersion,
+    principal: &'a str,
+    params: &'a Obj<'a>,
+}
+
+/// What a send asked for besides the message.
+struct SendOptions {
+    return_immediately: bool,
+    history_length: Option<usize>,
+}
+
+impl Call<'_> {
+    fn engine_error(&self, e: EngineError) -> RpcError {
+        RpcError::from_engine(e, self.version)
+    }
+
+    fn record_ids(context_id: Option<&str>, task_id: Option<&str>) {
+        let span = tracing::Span::current();
+        if let Some(context_id) = context_id {
+            span.record("context_id", context_id);
+        }
+        if let Some(task_id) = task_id {
+            span.record("task_id", task_id);
+        }
+    }
+
+    fn decode_send(&self) -> RpcResult<(Message, SendOptions)> {
+        let message_value = self
+            .params
+            .get("message")
+            .ok_or_else(|| field_error("message", "is required"))?;
+        let message = codec::decode_message(self.version, message_value, "message")?;
+        self.check_limits(&message)?;
+        let mut options = SendOptions { return_immediately: false, history_length: None };
+        if let Some(config) = self.params.opt_obj("configuration")? {
+            options.history_length = config.opt_u64("historyLength")?.map(|n| n as usize);
+            options.return_immediately = match self.version {
+                WireVersion::V1 => config.opt_bool("returnImmediately")?.unwrap_or(false),
+                WireVersion::V03 => !config.opt_bool("blocking")?.unwrap_or(true),
+            };
+            if config.has("pushNotificationConfig") || config.has("taskPushNotificationConfig") {
+                return Err(RpcError::PushNotSupported);
+            }
+        }
+        Self::record_ids(message.context_id.as_deref(), message.task_id.as_deref());
+        Ok((message, options))
+    }
+
+    fn check_limits(&self, message: &Message) -> RpcResult<()> {
+        let limits = &self.state.config.limits;
+        if message.parts.len() > limits.parts_per_message {
+            return Err(RpcError::InvalidParams(format!(
+                "message.parts: {} parts, more than the limit of {}",
+                message.parts.len(),
+                limits.parts_per_message
+            )));
+        }
+        let text_bytes: usize = message
+            .parts
+            .iter()
+            .map(|p| match &p.content {
+                PartContent::Text { text } => text.len(),
+                _ => 0,
+            })
+            .sum();
+        if text_bytes > limits.text_bytes {
+            return Err(RpcError::InvalidParams(format!(
+                "message.parts: {text_bytes} bytes of text, more than the limit of {}",
+                limits.text_bytes
+            )));
+        }
+        for (name, id) in [("messageId", Some(&message.message_id)), ("taskId", message.task_id.as_ref())] {
+            if id.is_some_and(|id| id.is_empty() || id.len() > limits.context_id_bytes) {
+                return Err(RpcError::InvalidParams(format!(
+                    "message.{name}: must be 1 to {} bytes",
+                    limits.context_id_bytes
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    async fn send_message(&self) -> RpcResult<Value> {
+        let (message, options) = self.decode_send()?;
+        let hub = self
+            .state
+            .engine
+            .send(self.principal, message)
+            .await
+            .map_err(|e| self.engine_error(e))?;
+        Self::record_ids(None, Some(&hub.task_id));
+        let result = if options.return_immediately {
+            SendResult::Task(hub.snapshot())
+        } else {
+            hub.wait_final()
+                .await
+                .ok_or_else(|| RpcError::Internal("the turn ended without a result".into()))?
+        };
+        let view = TaskView { history_length: options.history_length, artifacts: true };
+        Ok(codec::encode_send_result(self.version, &result, view))
+    }
+
+    async fn send_streaming(&self) -> RpcResult<sse::EventStream> {
+        let (message, _) = self.decode_send()?;
+        let hub = self
+            .state
+            .engine
+            .send(self.principal, message)
+            .await
+            .map_err(|e| self.engine_error(e))?;
+        Ok(sse::EventStream::new(hub.subscribe(), self.state.config.streaming.subscriber_buffer))
+    }
+
+    fn task_id(&self) -> RpcResult<&str> {
+        let id = self.params.str("id")?;
+        Self::record_ids(None, Some(id));
+        Ok(id)
+    }
+
+    fn history_length(&self) -> RpcResult<Option<usize>> {
+        Ok(self.params.opt_u64("historyLength")?.map(|n| n as usize))
+    }
+
+    async fn get_task(&self) -> RpcResult<Value> {
+        let id = self.task_id()?;
+        let history_length = self.history_length()?;
+        let task = self
+            .state
+            .engine
+            .get_task(self.principal, id)
+            .await
+            .map_err(|e| self.engine_error(e))?;
+        Ok(codec::encode_task(self.version, &task, TaskView { history_length, artifacts: true }))
+    }
+
+    async fn cancel_task(&self) -> RpcResult<Value> {
+        let id = self.task_id()?;
+        let task = self
+            .state
+            .engine
+            .cancel(self.principal, id)
+            .await
+            .map_err(|e| self.engine_error(e))?;
+        Ok(codec::encode_task(self.version, &task, TaskView::FULL))
+    }
+
+    async fn subscribe(&self) -> RpcResult<sse::EventStream> {
+        let id = self.task_id()?;
+        let subscription = self
+            .state
+            .engine
+            .subscribe(self.principal, id)
+            .await
+            .map_err(|e| self.engine_error(e))?;
+        Ok(sse::EventStream::new(subscription, self.state.config.streaming.subscriber_buffer))
+    }
+
+    fn page_size(&self, default: u64, max: u64) -> RpcResult<usize> {
+        let size = self.params.opt_u64("pageSize")?.unwrap_or(default);
+        if size == 0 || size > max {
+            return Err(RpcError::InvalidParams(format!("pageSize: must be 1 to {max}")));
+        }
+        Ok(size as usize)
+    }
+
+    async fn list_tasks(&self) -> RpcResult<Value> {
+        let params = self.params;
+        let context_id = params.opt_str("contextId")?;
+        Self::record_ids(context_id, None);
+        let state = match params.opt_str("status")? {
+            None => None,
+            Some(name) => Some(codec::parse_state(self.version, name).ok_or_else(|| {
+                field_error("status", format!("unknown task state {name:?} for A2A {}", self.version.label()))
+            })?),
+        };
+        let status_after = match params.opt_str("statusTimestampAfter")? {
+            None => None,
+            Some(text) => Some(
+                chrono::DateTime::parse_from_rfc3339(text)
+                    .map_err(|e| field_error("statusTimestampAfter", format!("not an ISO 8601 timestamp: {e}")))?
+                    .with_timezone(&chrono::Utc),
+            ),
+        };
+        let page_size = self.page_size(DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)?;
+        let history_length = self.history_length()?;
+        let include_artifacts = params.opt_bool("includeArtifacts")?.unwrap_or(false);
+        let query = TaskQuery {
+            conversation: None,
+            state,
+            status_after,
+            page_size,
+            page_token: params.opt_str("pageToken")?.map(str::to_owned),
+        };
+        let page = self
+            .state
+            .engine
+            .list_tasks(self.principal, context_id, query, history_length != Some(0))
+            .await
+            .map_err(|e| self.engine_error(e))?;
+        let view = TaskView { history_length, artifacts: include_artifacts };
+        let tasks: Vec<Value> = page
+            .items
+            .iter()
+            .map(|task| codec::encode_task(self.version, task, view))
+            .collect();
+        Ok(json!({
+            "tasks": tasks,
+            "nextPageToken": page.next_page_token,
+            "pageSize": page_size,
+            "totalSize": page.total_size,
+        }))
+    }
+
+    fn context_id(&self) -> RpcResult<&str> {
+        let context_id = self.params.str("contextId")?;
+        Self::record_ids(Some(context_id), None);
+        Ok(context_id)
+    }
+
+    async fn list_conversations(&self) -> RpcResult<Value> {
+        let page_size = self.page_size(DEFAULT_PAGE_SIZE, 1000)?;
+        let token = self.params.opt_str("pageToken")?.map(str::to_owned);
+        let page = self
+            .state
+            .engine
+            .list_conversations(self.principal, page_size, token)
+            .await
+            .map_err(|e| self.engine_error(e))?;
+        let conversations: Vec<Value> = page
+            .items
+            .iter()
+            .map(|meta| {
+                json!({
+                    "contextId": meta.context_id,
+                    "turns": meta.turns,
+                    "createdAt": format_time(&meta.created_at),
+                    "updatedAt": format_time(&meta.updated_at),
+                })
+            })
+            .collect();
+        Ok(json!({
+            "conversations": conversations,
+            "nextPageToken": page.next_page_token,
+            "totalSize": page.total_size,
+        }))
+    }
+
+    async fn get_conversation(&self) -> RpcResult<Value> {
+        let context_id = self.context_id()?;
+        let history_length = self.history_length()?.unwrap_or(crate::history::MAX_LIMIT);
+        let found = self
+            .state
+            .engine
+            .conversation(self.principal, context_id, history_length)
+            .await
+            .map_err(|e| self.engine_error(e))?;
+        let (meta, messages) = found.ok_or_else(|| RpcError::ConversationNotFound(context_id.to_owned()))?;
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| codec::encode_message(self.version, m))
+            .collect();
+        Ok(json!({
+            "contextId": meta.context_id,
+            "turns": meta.turns,
+            "createdAt": format_time(&meta.created_at),
+            "updatedAt": format_time(&meta.updated_at),
+            "messages": messages,
+        }))
+    }
+
+    async fn delete_conversation(&self) -> RpcResult<Value> {
+        let context_id = self.context_id()?;
+        let deleted = self
+            .state
+            .engine
+            .delete_conversation(self.principal, context_id)
+            .await
+            .map_err(|e| self.engine_error(e))?;
+        if !deleted {
+            return Err(RpcError::ConversationNotFound(context_id.to_owned()));
+        }
+        Ok(json!({ "contextId": context_id, "deleted": true }))
+    }
+}

@@ -1,0 +1,157 @@
+//! `POST /`: read and check the envelope, authenticate, pick the wire version, dispatch.
+
+use super::AppState;
+use super::methods;
+use super::sse;
+use crate::protocol::jsonrpc::{RequestId, failure, success};
+use crate::protocol::{Method, RpcError, RpcRequest, WireVersion};
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{HttpRequest, HttpResponse, web};
+use bytes::BytesMut;
+use futures_util::StreamExt;
+use std::time::Instant;
+use tracing::Instrument;
+
+/// What a method answers: one JSON result, or an SSE stream of them.
+pub enum Reply {
+    Json(serde_json::Value),
+    Stream(sse::EventStream),
+}
+
+pub const VERSION_HEADER: &str = "A2A-Version";
+
+fn requested_version(req: &HttpRequest) -> Option<String> {
+    if let Some(value) = req.headers().get(VERSION_HEADER) {
+        return Some(value.to_str().unwrap_or("(not text)").to_owned());
+    }
+    web::Query::<std::collections::HashMap<String, String>>::from_query(req.query_string())
+        .ok()
+        .and_then(|q| q.get(VERSION_HEADER).cloned())
+}
+
+fn is_json(req: &HttpRequest) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|mime| {
+            let mime = mime.trim().to_ascii_lowercase();
+            mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+        })
+        .unwrap_or(false)
+}
+
+pub fn error_response(status: StatusCode, id: &RequestId, error: &RpcError, version: WireVersion) -> HttpResponse {
+    let mut response = HttpResponse::build(status).json(failure(id, error, version));
+    if status == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+async fn read_body(req: &HttpRequest, mut payload: web::Payload, limit: usize) -> Result<BytesMut, RpcError> {
+    let too_large = |size: String| {
+        RpcError::InvalidRequest(format!("the request body ({size}) exceeds the limit of {limit} bytes"))
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if let Some(length) = declared.filter(|l| *l > limit) {
+        return Err(too_large(format!("{length} bytes")));
+    }
+    let mut body = BytesMut::with_capacity(declared.unwrap_or(1024).min(limit));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| RpcError::InvalidRequest(format!("reading the body: {e}")))?;
+        if body.len() + chunk.len() > limit {
+            return Err(too_large("more than that".into()));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+pub async fn handle(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
+    let started = Instant::now();
+    let version_requested = requested_version(&req);
+    let version_or_error = WireVersion::parse(version_requested.as_deref());
+    let version = version_or_error.clone().unwrap_or(WireVersion::V03);
+    if !is_json(&req) {
+        let error = RpcError::InvalidRequest("Content-Type must be application/json".into());
+        return error_response(StatusCode::UNSUPPORTED_MEDIA_TYPE, &RequestId::Null, &error, version);
+    }
+    let principal = state
+        .auth
+        .principal(req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
+    let principal = match principal {
+        Ok(principal) => principal,
+        Err(e) => {
+            metrics::counter!("colloquy_auth_failures_total").increment(1);
+            let error = RpcError::Unauthenticated(e.to_string());
+            return error_response(StatusCode::UNAUTHORIZED, &RequestId::Null, &error, version);
+        }
+    };
+    let body = match read_body(&req, payload, state.config.limits.body_bytes).await {
+        Ok(body) => body,
+        Err(error) => return error_response(StatusCode::PAYLOAD_TOO_LARGE, &RequestId::Null, &error, version),
+    };
+    let request = match RpcRequest::parse(&body) {
+        Ok(request) => request,
+        Err((id, error)) => {
+            record("invalid", error.code(), started);
+            return error_response(StatusCode::OK, &id, &error, version);
+        }
+    };
+    let version = match version_or_error {
+        Ok(version) => version,
+        Err(error) => {
+            record("invalid", error.code(), started);
+            return error_response(StatusCode::OK, &request.id, &error, WireVersion::V03);
+        }
+    };
+    let method = match Method::resolve(version, &request.method) {
+        Ok(method) => method,
+        Err(error) => {
+            record("unknown", error.code(), started);
+            return error_response(StatusCode::OK, &request.id, &error, version);
+        }
+    };
+    let span = tracing::info_span!(
+        "rpc",
+        method = method.label(),
+        version = version.label(),
+        context_id = tracing::field::Empty,
+        task_id = tracing::field::Empty,
+    );
+    let id = request.id.clone();
+    let reply = methods::dispatch(&state, version, method, &principal, request)
+        .instrument(span)
+        .await;
+    match reply {
+        Ok(Reply::Json(result)) => {
+            record(method.label(), 0, started);
+            HttpResponse::Ok().json(success(&id, result))
+        }
+        Ok(Reply::Stream(stream)) => {
+            record(method.label(), 0, started);
+            sse::respond(stream, id, version)
+        }
+        Err(error) => {
+            if let RpcError::Internal(detail) = &error {
+                tracing::error!(method = method.label(), %detail, "request failed");
+            }
+            record(method.label(), error.code(), started);
+            error_response(StatusCode::OK, &id, &error, version)
+        }
+    }
+}
+
+fn record(method: &'static str, code: i64, started: Instant) {
+    let outcome = if code == 0 { "ok".to_owned() } else { code.to_string() };
+    metrics::counter!("colloquy_rpc_requests_total", "method" => method, "outcome" => outcome).increment(1);
+    metrics::histogram!("colloquy_rpc_request_seconds", "method" => method).record(started.elapsed());
+}

@@ -1,0 +1,19 @@
+//! colloquy: an A2A conversation engine.
+//!
+//! A caller tags each message with a `contextId`; colloquy loads that conversation's history,
+//! shows the agent the whole thread behind a guard marker, runs one task at a time per
+//! conversation, and keeps conversations strictly apart.
+//!
+//! Layout: [`model`] the internal types; [`store`] persistence; [`history`] guarded rendering;
+//! [`agent`] backends; [`engine`] the actors; [`protocol`] the two wire versions; [`http`] the
+//! JSON-RPC front; [`cli`] the commands; [`config`] layered configuration.
+
+pub mod agent;
+pub mod cli;
+pub mod config;
+pub mod engine;
+pub mod history;
+pub mod http;
+pub mod model;
+pub mod protocol;
+pub mod store;

@@ -1,0 +1,368 @@
+//! The two wire versions as two mappings onto the one internal model.
+//!
+//! Differences handled here: role and state spellings, `kind` discriminators (v0.3), part shapes
+//! (`raw`/`url`/`filename`/`mediaType` in v1.0, `file:{bytes|uri, name, mimeType}` in v0.3), and
+//! wrappers (`{"task":..}` results and `{"statusUpdate":..}` events in v1.0, bare objects in v0.3).
+
+use super::WireVersion;
+use super::fields::{FieldResult, Obj, field_error};
+use crate::engine::StreamItem;
+use crate::model::{
+    Artifact, Message, Part, PartContent, Role, SendResult, Task, TaskEvent, TaskState, TaskStatus,
+    format_time,
+};
+use serde_json::{Map, Value, json};
+
+pub fn role_name(version: WireVersion, role: Role) -> &'static str {
+    match (version, role) {
+        (WireVersion::V1, Role::User) => "ROLE_USER",
+        (WireVersion::V1, Role::Agent) => "ROLE_AGENT",
+        (WireVersion::V03, Role::User) => "user",
+        (WireVersion::V03, Role::Agent) => "agent",
+    }
+}
+
+pub fn parse_role(version: WireVersion, name: &str) -> Option<Role> {
+    [Role::User, Role::Agent]
+        .into_iter()
+        .find(|r| role_name(version, *r) == name)
+}
+
+pub fn state_name(version: WireVersion, state: TaskState) -> &'static str {
+    match version {
+        WireVersion::V03 => state.as_str(),
+        WireVersion::V1 => match state {
+            TaskState::Submitted => "TASK_STATE_SUBMITTED",
+            TaskState::Working => "TASK_STATE_WORKING",
+            TaskState::InputRequired => "TASK_STATE_INPUT_REQUIRED",
+            TaskState::AuthRequired => "TASK_STATE_AUTH_REQUIRED",
+            TaskState::Completed => "TASK_STATE_COMPLETED",
+            TaskState::Failed => "TASK_STATE_FAILED",
+            TaskState::Canceled => "TASK_STATE_CANCELED",
+            TaskState::Rejected => "TASK_STATE_REJECTED",
+        },
+    }
+}
+
+pub fn parse_state(version: WireVersion, name: &str) -> Option<TaskState> {
+    TaskState::ALL
+        .into_iter()
+        .find(|s| state_name(version, *s) == name)
+}
+
+fn insert_opt(map: &mut Map<String, Value>, key: &str, value: Option<Value>) {
+    if let Some(value) = value {
+        map.insert(key.to_owned(), value);
+    }
+}
+
+// ---- decoding ----
+
+pub fn decode_message(version: WireVersion, value: &Value, path: &str) -> FieldResult<Message> {
+    let obj = Obj::new(value, path)?;
+    if version == WireVersion::V03 {
+        if let Some(kind) = obj.opt_str("kind")? {
+            if kind != "message" {
+                return Err(field_error(obj.child_path("kind"), format!("expected \"message\", got {kind:?}")));
+            }
+        }
+    }
+    let role_text = obj.str("role")?;
+    let role = parse_role(version, role_text).ok_or_else(|| {
+        field_error(
+            obj.child_path("role"),
+            format!(
+                "unknown role {role_text:?} (A2A {} spells it {:?} or {:?})",
+                version.label(),
+                role_name(version, Role::User),
+                role_name(version, Role::Agent)
+            ),
+        )
+    })?;
+    let parts_path = obj.child_path("parts");
+    let parts = obj
+        .array("parts")?
+        .iter()
+        .enumerate()
+        .map(|(i, part)| decode_part(version, part, &format!("{parts_path}[{i}]")))
+        .collect::<FieldResult<Vec<_>>>()?;
+    Ok(Message {
+        message_id: obj.str("messageId")?.to_owned(),
+        role,
+        parts,
+        context_id: obj.opt_str("contextId")?.map(str::to_owned),
+        task_id: obj.opt_str("taskId")?.map(str::to_owned),
+        reference_task_ids: obj.opt_strings("referenceTaskIds")?,
+        metadata: obj.opt_map("metadata")?,
+        extensions: obj.opt_strings("extensions")?,
+        timestamp: None,
+    })
+}
+
+pub fn decode_part(version: WireVersion, value: &Value, path: &str) -> FieldResult<Part> {
+    let obj = Obj::new(value, path)?;
+    let metadata = obj.opt_map("metadata")?;
+    match version {
+        WireVersion::V1 => decode_part_v1(&obj, metadata),
+        WireVersion::V03 => decode_part_v03(&obj, metadata),
+    }
+}
+
+fn decode_part_v1(obj: &Obj<'_>, metadata: Option<Map<String, Value>>) -> FieldResult<Part> {
+    let present: Vec<&str> = ["text", "raw", "url", "data"]
+        .into_iter()
+        .filter(|k| obj.has(k))
+        .collect();
+    let content = match present.as_slice() {
+        ["text"] => PartContent::Text { text: obj.str("text")?.to_owned() },
+        ["raw"] => PartContent::FileBytes { base64: checked_base64(obj, "raw")? },
+        ["url"] => PartContent::FileUrl { url: obj.str("url")?.to_owned() },
+        ["data"] => PartContent::Data { data: obj.get("data").cloned().unwrap_or(Value::Null) },
+        [] if obj.has("kind") => {
+            return Err(field_error(&obj.path, "looks like a v0.3 part (`kind`); A2A-Version 1.0 parts carry one of text, raw, url or data"));
+        }
+        _ => {
+            return Err(field_error(&obj.path, format!(
+                "a part needs exactly one of text, raw, url or data (found {})",
+                if present.is_empty() { "none".to_owned() } else { present.join(", ") }
+            )));
+        }
+    };
+    Ok(Part {
+        content,
+        media_type: obj.opt_str("mediaType")?.filter(|s| !s.is_empty()).map(str::to_owned),
+        name: obj.opt_str("filename")?.filter(|s| !s.is_empty()).map(str::to_owned),
+        metadata,
+    })
+}
+
+fn decode_part_v03(obj: &Obj<'_>, metadata: Option<Map<String, Value>>) -> FieldResult<Part> {
+    let kind = match obj.opt_str("kind")? {
+        Some(kind) => kind,
+        None if obj.has("text") => "text",
+        None if obj.has("file") => "file",
+        None if obj.has("data") => "data",
+        None => return Err(field_error(obj.child_path("kind"), "is required (\"text\", \"file\" or \"data\")")),
+    };
+    let mut part = match kind {
+        "text" => Part::text(obj.str("text")?),
+        "data" => {
+            let data = obj.obj("data")?;
+            Part {
+                content: PartContent::Data { data: Value::Object(data.map.clone()) },
+                media_type: None,
+                name: None,
+                metadata: None,
+            }
+        }
+        "file" => {
+            let file = obj.obj("file")?;
+            let content = match (file.has("bytes"), file.has("uri")) {
+                (true, false) => PartContent::FileBytes { base64: checked_base64(&file, "bytes")? },
+                (false, true) => PartContent::FileUrl { url: file.str("uri")?.to_owned() },
+                _ => return Err(field_error(&file.path, "a file needs exactly one of bytes or uri")),
+            };
+            Part {
+                content,
+                media_type: file.opt_str("mimeType")?.map(str::to_owned),
+                name: file.opt_str("name")?.map(str::to_owned),
+                metadata: None,
+            }
+        }
+        other => {
+            return Err(field_error(obj.child_path("kind"), format!("unknown part kind {other:?} (expected \"text\", \"file\" or \"data\")")));
+        }
+    };
+    part.metadata = metadata;
+    Ok(part)
+}
+
+fn checked_base64(obj: &Obj<'_>, name: &str) -> FieldResult<String> {
+    use base64::Engine as _;
+    let text = obj.str(name)?;
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| field_error(obj.child_path(name), format!("not valid base64: {e}")))?;
+    Ok(text.to_owned())
+}
+
+// ---- encoding ----
+
+pub fn encode_part(version: WireVersion, part: &Part) -> Value {
+    let mut map = Map::new();
+    match version {
+        WireVersion::V1 => {
+            match &part.content {
+                PartContent::Text { text } => map.insert("text".into(), json!(text)),
+                PartContent::FileBytes { base64 } => map.insert("raw".into(), json!(base64)),
+                PartContent::FileUrl { url } => map.insert("url".into(), json!(url)),
+                PartContent::Data { data } => map.insert("data".into(), data.clone()),
+            };
+            insert_opt(&mut map, "filename", part.name.as_ref().map(|n| json!(n)));
+            insert_opt(&mut map, "mediaType", part.media_type.as_ref().map(|m| json!(m)));
+        }
+        WireVersion::V03 => match &part.content {
+            PartContent::Text { text } => {
+                map.insert("kind".into(), json!("text"));
+                map.insert("text".into(), json!(text));
+            }
+            PartContent::Data { data } => {
+                map.insert("kind".into(), json!("data"));
+                // v0.3 data parts hold an object; other JSON values are wrapped.
+                let data = match data {
+                    Value::Object(_) => data.clone(),
+                    other => json!({ "value": other }),
+                };
+                map.insert("data".into(), data);
+            }
+            PartContent::FileBytes { .. } | PartContent::FileUrl { .. } => {
+                let mut file = Map::new();
+                match &part.content {
+                    PartContent::FileBytes { base64 } => file.insert("bytes".into(), json!(base64)),
+                    PartContent::FileUrl { url } => file.insert("uri".into(), json!(url)),
+                    _ => None,
+                };
+                insert_opt(&mut file, "name", part.name.as_ref().map(|n| json!(n)));
+                insert_opt(&mut file, "mimeType", part.media_type.as_ref().map(|m| json!(m)));
+                map.insert("kind".into(), json!("file"));
+                map.insert("file".into(), Value::Object(file));
+            }
+        },
+    }
+    insert_opt(&mut map, "metadata", part.metadata.clone().map(Value::Object));
+    Value::Object(map)
+}
+
+fn encode_parts(version: WireVersion, parts: &[Part]) -> Value {
+    Value::Array(parts.iter().map(|p| encode_part(version, p)).collect())
+}
+
+pub fn encode_message(version: WireVersion, message: &Message) -> Value {
+    let mut map = Map::new();
+    if version == WireVersion::V03 {
+        map.insert("kind".into(), json!("message"));
+    }
+    map.insert("messageId".into(), json!(message.message_id));
+    map.insert("role".into(), json!(role_name(version, message.role)));
+    map.insert("parts".into(), encode_parts(version, &message.parts));
+    insert_opt(&mut map, "contextId", message.context_id.as_ref().map(|c| json!(c)));
+    insert_opt(&mut map, "taskId", message.task_id.as_ref().map(|t| json!(t)));
+    if !message.reference_task_ids.is_empty() {
+        map.insert("referenceTaskIds".into(), json!(message.reference_task_ids));
+    }
+    if !message.extensions.is_empty() {
+        map.insert("extensions".into(), json!(message.extensions));
+    }
+    insert_opt(&mut map, "metadata", message.metadata.clone().map(Value::Object));
+    Value::Object(map)
+}
+
+fn encode_status(version: WireVersion, status: &TaskStatus) -> Value {
+    let mut map = Map::new();
+    map.insert("state".into(), json!(state_name(version, status.state)));
+    insert_opt(&mut map, "message", status.message.as_ref().map(|m| encode_message(version, m)));
+    map.insert("timestamp".into(), json!(format_time(&status.timestamp)));
+    Value::Object(map)
+}
+
+pub fn encode_artifact(version: WireVersion, artifact: &Artifact) -> Value {
+    let mut map = Map::new();
+    map.insert("artifactId".into(), json!(artifact.artifact_id));
+    insert_opt(&mut map, "name", artifact.name.as_ref().map(|n| json!(n)));
+    insert_opt(&mut map, "description", artifact.description.as_ref().map(|d| json!(d)));
+    map.insert("parts".into(), encode_parts(version, &artifact.parts));
+    insert_opt(&mut map, "metadata", artifact.metadata.clone().map(Value::Object));
+    Value::Object(map)
+}
+
+/// How much of a task to show: `history_length` most recent messages (None = all), artifacts or not.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskView {
+    pub history_length: Option<usize>,
+    pub artifacts: bool,
+}
+
+impl TaskView {
+    pub const FULL: TaskView = TaskView { history_length: None, artifacts: true };
+}
+
+pub fn encode_task(version: WireVersion, task: &Task, view: TaskView) -> Value {
+    let mut map = Map::new();
+    if version == WireVersion::V03 {
+        map.insert("kind".into(), json!("task"));
+    }
+    map.insert("id".into(), json!(task.id));
+    map.insert("contextId".into(), json!(task.context_id));
+    map.insert("status".into(), encode_status(version, &task.status));
+    if view.artifacts && !task.artifacts.is_empty() {
+        let artifacts = task.artifacts.iter().map(|a| encode_artifact(version, a)).collect();
+        map.insert("artifacts".into(), Value::Array(artifacts));
+    }
+    let skip = view
+        .history_length
+        .map_or(0, |n| task.history.len().saturating_sub(n));
+    let history: Vec<Value> = task.history[skip..]
+        .iter()
+        .map(|m| encode_message(version, m))
+        .collect();
+    if !history.is_empty() {
+        map.insert("history".into(), Value::Array(history));
+    }
+    insert_opt(&mut map, "metadata", task.metadata.clone().map(Value::Object));
+    Value::Object(map)
+}
+
+/// `{"task":..}` / `{"message":..}` in v1.0; the bare object in v0.3.
+fn wrap(version: WireVersion, key: &str, value: Value) -> Value {
+    match version {
+        WireVersion::V1 => json!({ key: value }),
+        WireVersion::V03 => value,
+    }
+}
+
+pub fn encode_send_result(version: WireVersion, result: &SendResult, view: TaskView) -> Value {
+    match result {
+        SendResult::Task(task) => wrap(version, "task", encode_task(version, task, view)),
+        SendResult::Message(message) => wrap(version, "message", encode_message(version, message)),
+    }
+}
+
+pub fn encode_event(version: WireVersion, event: &TaskEvent) -> Value {
+    match event {
+        TaskEvent::Status { task_id, context_id, status, is_final } => {
+            let mut map = Map::new();
+            if version == WireVersion::V03 {
+                map.insert("kind".into(), json!("status-update"));
+                map.insert("final".into(), json!(is_final));
+            }
+            map.insert("taskId".into(), json!(task_id));
+            map.insert("contextId".into(), json!(context_id));
+            map.insert("status".into(), encode_status(version, status));
+            wrap(version, "statusUpdate", Value::Object(map))
+        }
+        TaskEvent::Artifact { task_id, context_id, artifact, append, last_chunk } => {
+            let mut map = Map::new();
+            if version == WireVersion::V03 {
+                map.insert("kind".into(), json!("artifact-update"));
+            }
+            map.insert("taskId".into(), json!(task_id));
+            map.insert("contextId".into(), json!(context_id));
+            map.insert("artifact".into(), encode_artifact(version, artifact));
+            if *append {
+                map.insert("append".into(), json!(true));
+            }
+            if *last_chunk {
+                map.insert("lastChunk".into(), json!(true));
+            }
+            wrap(version, "artifactUpdate", Value::Object(map))
+        }
+    }
+}
+
+pub fn encode_stream_item(version: WireVersion, item: &StreamItem, view: TaskView) -> Value {
+    match item {
+        StreamItem::Task(task) => wrap(version, "task", encode_task(version, task, view)),
+        StreamItem::Message(message) => wrap(version, "message", encode_message(version, message)),
+        StreamItem::Event(event) => encode_event(version, event),
+    }
+}

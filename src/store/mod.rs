@@ -1,0 +1,514 @@
+//! Persistence: conversations, their messages, tasks and the listing indexes.
+//!
+//! [`Store`] lays typed records out over an ordered key-value [`KvBackend`] with atomic batches
+//! and group-committed durability. sled is the embedded backend; any ordered KV store with atomic
+//! multi-key writes (the distributed databases colloquy moves onto past one machine) fits the trait.
+//!
+//! Key layout (one keyspace, a record-type byte first):
+//! - `c` ++ conversation key                         -> [`ConversationMeta`]
+//! - `m` ++ conversation key ++ seq (u64 BE)         -> [`Message`]
+//! - `t` ++ task id                                  -> [`TaskRecord`]
+//! - `i` ++ conversation key ++ !status ms ++ task id -> state byte (tasks of a conversation, newest first)
+//! - `p` ++ principal key ++ !status ms ++ task id    -> state byte (tasks of a principal, newest first)
+//! - `l` ++ principal key ++ !updated ms ++ conv key  -> empty (conversations, newest first)
+
+mod key;
+mod sled_backend;
+
+pub use key::{ConversationKey, KEY_LEN, NAMESPACE_VERSION, PrincipalKey};
+pub use sled_backend::SledBackend;
+
+use crate::model::{Message, Task, TaskState};
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use std::ops::Bound;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("storage backend: {0}")]
+    Backend(String),
+    #[error("stored record is unreadable: {0}")]
+    Corrupt(String),
+    #[error("invalid page token")]
+    BadPageToken,
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+pub type KvPair = (Vec<u8>, Vec<u8>);
+
+/// One write of an atomic batch.
+#[derive(Debug, Clone)]
+pub enum KvOp {
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+}
+
+/// An ordered key-value store with atomic batches and group-committed durability.
+pub trait KvBackend: Send + Sync + 'static {
+    fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>>;
+    /// Applies all operations atomically (not yet durably: see [`KvBackend::durable`]).
+    fn apply(&self, ops: Vec<KvOp>) -> StoreResult<()>;
+    fn scan<'a>(
+        &'a self,
+        from: Bound<Vec<u8>>,
+        to: Bound<Vec<u8>>,
+        reverse: bool,
+    ) -> Box<dyn Iterator<Item = StoreResult<KvPair>> + 'a>;
+    /// Resolves once everything applied before the call is on disk. Concurrent callers share flushes.
+    fn durable(&self) -> BoxFuture<'static, StoreResult<()>>;
+    fn size_on_disk(&self) -> StoreResult<u64>;
+}
+
+/// What is kept about a conversation besides its messages.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConversationMeta {
+    /// The id exactly as the caller used it.
+    pub context_id: String,
+    pub principal: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// Messages the caller sent into this conversation.
+    pub turns: u64,
+    pub next_seq: u64,
+    /// The task running when this was written: found still set by a new actor, it was cut off by a crash.
+    #[serde(default)]
+    pub running_task: Option<String>,
+    /// Opaque per-conversation state an agent backend keeps (an upstream contextId, say).
+    #[serde(default)]
+    pub agent_state: Option<serde_json::Value>,
+}
+
+impl ConversationMeta {
+    pub fn new(principal: &str, context_id: &str) -> Self {
+        let now = crate::model::now();
+        ConversationMeta {
+            context_id: context_id.to_owned(),
+            principal: principal.to_owned(),
+            created_at: now,
+            updated_at: now,
+            turns: 0,
+            next_seq: 0,
+            running_task: None,
+            agent_state: None,
+        }
+    }
+
+    pub fn key(&self) -> ConversationKey {
+        ConversationKey::new(&self.principal, &self.context_id)
+    }
+}
+
+/// A task as stored: its history lives in the conversation, referenced by sequence number.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub task: Task,
+    pub principal: String,
+    pub history_seqs: Vec<u64>,
+}
+
+impl TaskRecord {
+    pub fn conversation(&self) -> ConversationKey {
+        ConversationKey::new(&self.principal, &self.task.context_id)
+    }
+}
+
+/// Filters and paging for [`Store::list_tasks`].
+#[derive(Debug, Clone, Default)]
+pub struct TaskQuery {
+    pub conversation: Option<ConversationKey>,
+    pub state: Option<TaskState>,
+    pub status_after: Option<DateTime<Utc>>,
+    pub page_size: usize,
+    pub page_token: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Empty on the last page.
+    pub next_page_token: String,
+    pub total_size: usize,
+}
+
+/// Collects writes, already encoded, to be applied atomically.
+#[derive(Debug, Default)]
+pub struct WriteBatch {
+    ops: Vec<KvOp>,
+}
+
+const CONVERSATION: u8 = b'c';
+const MESSAGE: u8 = b'm';
+const TASK: u8 = b't';
+const TASKS_BY_CONVERSATION: u8 = b'i';
+const TASKS_BY_PRINCIPAL: u8 = b'p';
+const CONVERSATIONS_BY_PRINCIPAL: u8 = b'l';
+
+fn prefixed(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
+    let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
+    let mut key = Vec::with_capacity(len);
+    key.push(kind);
+    for part in parts {
+        key.extend_from_slice(part);
+    }
+    key
+}
+
+/// Newest first in a forward scan.
+fn inverted_millis(t: &DateTime<Utc>) -> [u8; 8] {
+    (u64::MAX - t.timestamp_millis().max(0) as u64).to_be_bytes()
+}
+
+fn conversation_key(key: &ConversationKey) -> Vec<u8> {
+    prefixed(CONVERSATION, &[key.as_bytes()])
+}
+
+fn message_key(key: &ConversationKey, seq: u64) -> Vec<u8> {
+    prefixed(MESSAGE, &[key.as_bytes(), &seq.to_be_bytes()])
+}
+
+fn task_key(task_id: &str) -> Vec<u8> {
+    prefixed(TASK, &[task_id.as_bytes()])
+}
+
+fn task_index_keys(record: &TaskRecord) -> [Vec<u8>; 2] {
+    let ts = inverted_millis(&record.task.status.timestamp);
+    let id = record.task.id.as_bytes();
+    [
+        prefixed(
+            TASKS_BY_CONVERSATION,
+            &[record.conversation().as_bytes(), &ts, id],
+        ),
+        prefixed(
+            TASKS_BY_PRINCIPAL,
+            &[PrincipalKey::new(&record.principal).as_bytes(), &ts, id],
+        ),
+    ]
+}
+
+fn conversation_index_key(meta: &ConversationMeta) -> Vec<u8> {
+    prefixed(
+        CONVERSATIONS_BY_PRINCIPAL,
+        &[
+            PrincipalKey::new(&meta.principal).as_bytes(),
+            &inverted_millis(&meta.updated_at),
+            meta.key().as_bytes(),
+        ],
+    )
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serialising our own plain data types to JSON cannot fail (no maps with non-string keys).
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> StoreResult<T> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+impl WriteBatch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Writes the conversation's metadata; `previous` is what is stored now, to move its index entry.
+    pub fn put_conversation(
+        &mut self,
+        meta: &ConversationMeta,
+        previous: Option<&ConversationMeta>,
+    ) {
+        if let Some(previous) = previous {
+            self.ops
+                .push(KvOp::Delete(conversation_index_key(previous)));
+        }
+        self.ops
+            .push(KvOp::Put(conversation_index_key(meta), Vec::new()));
+        self.ops
+            .push(KvOp::Put(conversation_key(&meta.key()), encode(meta)));
+    }
+
+    pub fn append_message(&mut self, key: &ConversationKey, seq: u64, message: &Message) {
+        self.ops
+            .push(KvOp::Put(message_key(key, seq), encode(message)));
+    }
+
+    /// Writes the task; `previous` is what is stored now, to move its index entries.
+    pub fn put_task(&mut self, record: &TaskRecord, previous: Option<&TaskRecord>) {
+        if let Some(previous) = previous {
+            for key in task_index_keys(previous) {
+                self.ops.push(KvOp::Delete(key));
+            }
+        }
+        let state = vec![record.task.status.state.code()];
+        for key in task_index_keys(record) {
+            self.ops.push(KvOp::Put(key, state.clone()));
+        }
+        self.ops
+            .push(KvOp::Put(task_key(&record.task.id), encode(record)));
+    }
+}
+
+/// Typed access to colloquy's records. Methods may touch the disk: call them off actor and
+/// worker threads (`spawn_blocking`), and await [`Store::durable`] before acknowledging a write.
+#[derive(Clone)]
+pub struct Store {
+    backend: Arc<dyn KvBackend>,
+}
+
+impl Store {
+    pub fn new(backend: Arc<dyn KvBackend>) -> Self {
+        Store { backend }
+    }
+
+    pub fn open_sled(path: &std::path::Path, cache_bytes: u64) -> StoreResult<Self> {
+        Ok(Store::new(Arc::new(SledBackend::open(path, cache_bytes)?)))
+    }
+
+    pub fn apply(&self, batch: WriteBatch) -> StoreResult<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.backend.apply(batch.ops)
+    }
+
+    pub fn durable(&self) -> BoxFuture<'static, StoreResult<()>> {
+        self.backend.durable()
+    }
+
+    /// Writes a probe record, to show the store takes writes (readiness).
+    pub fn probe(&self) -> StoreResult<()> {
+        let stamp = crate::model::now().timestamp_millis().to_be_bytes().to_vec();
+        self.backend.apply(vec![KvOp::Put(b"zprobe".to_vec(), stamp)])
+    }
+
+    pub fn size_on_disk(&self) -> StoreResult<u64> {
+        self.backend.size_on_disk()
+    }
+
+    pub fn conversation(&self, key: &ConversationKey) -> StoreResult<Option<ConversationMeta>> {
+        self.backend
+            .get(&conversation_key(key))?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    /// The `limit` most recent messages, oldest first: one reverse range scan, O(limit).
+    pub fn recent_messages(
+        &self,
+        key: &ConversationKey,
+        limit: usize,
+    ) -> StoreResult<Vec<(u64, Message)>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let from = message_key(key, 0);
+        let to = message_key(key, u64::MAX);
+        let mut messages = self
+            .backend
+            .scan(Bound::Included(from), Bound::Included(to), true)
+            .take(limit)
+            .map(|entry| {
+                let (k, v) = entry?;
+                Ok((seq_of(&k)?, decode(&v)?))
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        messages.reverse();
+        Ok(messages)
+    }
+
+    pub fn messages(&self, key: &ConversationKey, seqs: &[u64]) -> StoreResult<Vec<Message>> {
+        let mut messages = Vec::with_capacity(seqs.len());
+        for seq in seqs {
+            if let Some(bytes) = self.backend.get(&message_key(key, *seq))? {
+                messages.push(decode(&bytes)?);
+            }
+        }
+        Ok(messages)
+    }
+
+    pub fn task(&self, task_id: &str) -> StoreResult<Option<TaskRecord>> {
+        self.backend
+            .get(&task_key(task_id))?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    /// The principal's tasks (or one conversation's), newest status first.
+    pub fn list_tasks(&self, principal: &str, query: &TaskQuery) -> StoreResult<Page<TaskRecord>> {
+        let prefix = match &query.conversation {
+            Some(key) => prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]),
+            None => prefixed(TASKS_BY_PRINCIPAL, &[PrincipalKey::new(principal).as_bytes()]),
+        };
+        let wanted = |key: &[u8], value: &[u8]| {
+            let state_ok = query
+                .state
+                .is_none_or(|s| value.first() == Some(&s.code()));
+            let time_ok = query.status_after.is_none_or(|after| {
+                key.get(prefix.len()..prefix.len() + 8)
+                    .and_then(|b| b.try_into().ok())
+                    .is_some_and(|b: [u8; 8]| u64::MAX - u64::from_be_bytes(b) > after.timestamp_millis().max(0) as u64)
+            });
+            state_ok && time_ok
+        };
+        let page = self.page(&prefix, query.page_size, query.page_token.as_deref(), wanted)?;
+        let mut items = Vec::with_capacity(page.items.len());
+        for key in &page.items {
+            let task_id = &key[prefix.len() + 8..];
+            let task_id = String::from_utf8_lossy(task_id);
+            if let Some(record) = self.task(&task_id)? {
+                items.push(record);
+            }
+        }
+        Ok(Page {
+            items,
+            next_page_token: page.next_page_token,
+            total_size: page.total_size,
+        })
+    }
+
+    /// The principal's conversations, most recently updated first.
+    pub fn list_conversations(
+        &self,
+        principal: &str,
+        page_size: usize,
+        page_token: Option<&str>,
+    ) -> StoreResult<Page<ConversationMeta>> {
+        let prefix = prefixed(
+            CONVERSATIONS_BY_PRINCIPAL,
+            &[PrincipalKey::new(principal).as_bytes()],
+        );
+        let page = self.page(&prefix, page_size, page_token, |_, _| true)?;
+        let mut items = Vec::with_capacity(page.items.len());
+        for key in &page.items {
+            let Some(conversation) = ConversationKey::from_bytes(&key[prefix.len() + 8..]) else {
+                continue;
+            };
+            if let Some(meta) = self.conversation(&conversation)? {
+                items.push(meta);
+            }
+        }
+        Ok(Page {
+            items,
+            next_page_token: page.next_page_token,
+            total_size: page.total_size,
+        })
+    }
+
+    /// One page of index keys under `prefix`, resuming after the token's key.
+    fn page(
+        &self,
+        prefix: &[u8],
+        page_size: usize,
+        page_token: Option<&str>,
+        wanted: impl Fn(&[u8], &[u8]) -> bool,
+    ) -> StoreResult<Page<Vec<u8>>> {
+        let start = match page_token.filter(|t| !t.is_empty()) {
+            Some(token) => {
+                let suffix = hex::decode(token).map_err(|_| StoreError::BadPageToken)?;
+                Bound::Excluded(prefixed(prefix[0], &[&prefix[1..], &suffix]))
+            }
+            None => Bound::Included(prefix.to_vec()),
+        };
+        let mut items = Vec::new();
+        let mut next_page_token = String::new();
+        let mut total_size = 0;
+        let mut counted_before = 0;
+        if page_token.is_some_and(|t| !t.is_empty()) {
+            // totalSize counts every match, also those on earlier pages.
+            counted_before = self.count_matching(prefix, &start, &wanted)?;
+        }
+        for entry in self.backend.scan(start, Bound::Unbounded, false) {
+            let (key, value) = entry?;
+            if !key.starts_with(prefix) {
+                break;
+            }
+            if !wanted(&key, &value) {
+                continue;
+            }
+            total_size += 1;
+            if items.len() < page_size {
+                items.push(key);
+            } else if next_page_token.is_empty() {
+                if let Some(last) = items.last() {
+                    next_page_token = hex::encode(&last[prefix.len()..]);
+                }
+            }
+        }
+        Ok(Page {
+            items,
+            next_page_token,
+            total_size: total_size + counted_before,
+        })
+    }
+
+    fn count_matching(
+        &self,
+        prefix: &[u8],
+        before: &Bound<Vec<u8>>,
+        wanted: &impl Fn(&[u8], &[u8]) -> bool,
+    ) -> StoreResult<usize> {
+        let end = match before {
+            Bound::Excluded(key) => Bound::Included(key.clone()),
+            _ => return Ok(0),
+        };
+        let mut count = 0;
+        for entry in self
+            .backend
+            .scan(Bound::Included(prefix.to_vec()), end, false)
+        {
+            let (key, value) = entry?;
+            if wanted(&key, &value) {
+                count += 1;
+            }
+        }
+        Ok(count)
+    }
+
+    /// Removes a conversation: its metadata, messages, tasks and index entries.
+    pub fn delete_conversation(&self, meta: &ConversationMeta) -> StoreResult<bool> {
+        let key = meta.key();
+        let mut ops = vec![
+            KvOp::Delete(conversation_key(&key)),
+            KvOp::Delete(conversation_index_key(meta)),
+        ];
+        let messages = self.backend.scan(
+            Bound::Included(message_key(&key, 0)),
+            Bound::Included(message_key(&key, u64::MAX)),
+            false,
+        );
+        for entry in messages {
+            ops.push(KvOp::Delete(entry?.0));
+        }
+        let tasks_prefix = prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]);
+        for entry in self
+            .backend
+            .scan(Bound::Included(tasks_prefix.clone()), Bound::Unbounded, false)
+        {
+            let (index_key, _) = entry?;
+            if !index_key.starts_with(&tasks_prefix) {
+                break;
+            }
+            let task_id = String::from_utf8_lossy(&index_key[tasks_prefix.len() + 8..]);
+            if let Some(record) = self.task(&task_id)? {
+                ops.extend(task_index_keys(&record).into_iter().map(KvOp::Delete));
+                ops.push(KvOp::Delete(task_key(&task_id)));
+            }
+        }
+        self.backend.apply(ops)?;
+        Ok(true)
+    }
+}
+
+fn seq_of(key: &[u8]) -> StoreResult<u64> {
+    key.len()
+        .checked_sub(8)
+        .and_then(|at| key[at..].try_into().ok())
+        .map(u64::from_be_bytes)
+        .ok_or_else(|| StoreError::Corrupt("message key too short".into()))
+}
