@@ -106,7 +106,10 @@ fn is_line_break(c: char) -> bool {
 
 /// Appends a message's text so that it stays inside its own turn.
 fn push_quoted(out: &mut String, text: &str) {
-    let text = text.strip_suffix("\r\n").or(text.strip_suffix('\n')).unwrap_or(text);
+    let text = text
+        .strip_suffix("\r\n")
+        .or(text.strip_suffix('\n'))
+        .unwrap_or(text);
     let mut lines = text.split("\r\n").flat_map(|l| l.split(is_line_break));
     if let Some(first) = lines.next() {
         push_neutralised(out, first);

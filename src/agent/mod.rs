@@ -91,8 +91,11 @@ pub trait Agent: Send + Sync + 'static {
     /// A one-line description for the agent card, unless configured.
     fn description(&self) -> String;
 
-    fn run(&self, request: AgentRequest, sink: AgentSink)
-    -> BoxFuture<'static, Result<(), AgentError>>;
+    fn run(
+        &self,
+        request: AgentRequest,
+        sink: AgentSink,
+    ) -> BoxFuture<'static, Result<(), AgentError>>;
 }
 
 pub type SharedAgent = Arc<dyn Agent>;

@@ -8,7 +8,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "colloquy", version, about = "A2A conversation engine: multi-turn A2A with one actor per contextId")]
+#[command(
+    name = "colloquy",
+    version,
+    about = "A2A conversation engine: multi-turn A2A with one actor per contextId"
+)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]

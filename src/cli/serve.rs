@@ -63,18 +63,38 @@ impl ServeArgs {
         };
         put(&mut top, "listen", self.listen.as_ref().map(|v| json!(v)));
         put(&mut top, "data", self.data.as_ref().map(|v| json!(v)));
-        put(&mut top, "public_url", self.public_url.as_ref().map(|v| json!(v)));
-        put(&mut top, "log_format", self.log_format.as_ref().map(|v| json!(v)));
+        put(
+            &mut top,
+            "public_url",
+            self.public_url.as_ref().map(|v| json!(v)),
+        );
+        put(
+            &mut top,
+            "log_format",
+            self.log_format.as_ref().map(|v| json!(v)),
+        );
         if self.allow_unauthenticated {
             top.insert("allow_unauthenticated".into(), json!(true));
         }
         let mut history = Map::new();
         put(&mut history, "limit", self.history_limit.map(|v| json!(v)));
-        put(&mut history, "max_chars", self.history_max_chars.map(|v| json!(v)));
+        put(
+            &mut history,
+            "max_chars",
+            self.history_max_chars.map(|v| json!(v)),
+        );
         let mut contexts = Map::new();
-        put(&mut contexts, "idle_timeout_secs", self.idle_timeout_secs.map(|v| json!(v)));
+        put(
+            &mut contexts,
+            "idle_timeout_secs",
+            self.idle_timeout_secs.map(|v| json!(v)),
+        );
         let mut echo = Map::new();
-        put(&mut echo, "chunk_chars", self.echo_chunk_chars.map(|v| json!(v)));
+        put(
+            &mut echo,
+            "chunk_chars",
+            self.echo_chunk_chars.map(|v| json!(v)),
+        );
         put(&mut echo, "delay_ms", self.echo_delay_ms.map(|v| json!(v)));
         let mut agent = Map::new();
         put(&mut agent, "kind", self.agent.as_ref().map(|v| json!(v)));
@@ -84,7 +104,11 @@ impl ServeArgs {
         if !echo.is_empty() {
             agent.insert("echo".into(), Value::Object(echo));
         }
-        for (key, section) in [("history", history), ("contexts", contexts), ("agent", agent)] {
+        for (key, section) in [
+            ("history", history),
+            ("contexts", contexts),
+            ("agent", agent),
+        ] {
             if !section.is_empty() {
                 top.insert(key.into(), Value::Object(section));
             }
@@ -109,7 +133,9 @@ pub fn build_agent(config: &Config) -> Result<SharedAgent, String> {
 fn init_tracing(format: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = if format == "json" {
         builder.json().try_init()
     } else {
@@ -118,12 +144,15 @@ fn init_tracing(format: &str) {
 }
 
 pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
-    let config = Config::load(args.config.as_deref(), args.overrides()).map_err(|e| e.to_string())?;
+    let config =
+        Config::load(args.config.as_deref(), args.overrides()).map_err(|e| e.to_string())?;
     init_tracing(&config.log_format);
     let agent = build_agent(&config)?;
     let system = actix_rt::System::new();
     system.block_on(async move {
-        let server = crate::http::start(config, agent).await.map_err(|e| e.to_string())?;
+        let server = crate::http::start(config, agent)
+            .await
+            .map_err(|e| e.to_string())?;
         wait_for_signal().await;
         tracing::info!("shutting down: finishing running turns");
         server.stop().await;
@@ -134,7 +163,10 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => {},

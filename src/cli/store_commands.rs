@@ -37,7 +37,8 @@ pub struct DeleteArgs {
 }
 
 fn open(args: &StoreArgs) -> Result<Store, String> {
-    let config = Config::load(args.config.as_deref(), serde_json::json!({})).map_err(|e| e.to_string())?;
+    let config =
+        Config::load(args.config.as_deref(), serde_json::json!({})).map_err(|e| e.to_string())?;
     let data = args.data.clone().unwrap_or(config.data);
     if !data.exists() {
         return Err(format!("no data folder at {}", data.display()));
@@ -53,13 +54,26 @@ fn open(args: &StoreArgs) -> Result<Store, String> {
 pub fn list(args: ListArgs) -> Result<ExitCode, String> {
     let store = open(&args.store)?;
     let page = store
-        .list_conversations(&args.store.principal, args.page_size.max(1), args.page_token.as_deref())
+        .list_conversations(
+            &args.store.principal,
+            args.page_size.max(1),
+            args.page_token.as_deref(),
+        )
         .map_err(|e| e.to_string())?;
     println!("{:<40} {:>6}  {:<24}", "CONTEXT ID", "TURNS", "UPDATED");
     for meta in &page.items {
-        println!("{:<40} {:>6}  {:<24}", meta.context_id, meta.turns, format_time(&meta.updated_at));
+        println!(
+            "{:<40} {:>6}  {:<24}",
+            meta.context_id,
+            meta.turns,
+            format_time(&meta.updated_at)
+        );
     }
-    println!("({} of {} conversations)", page.items.len(), page.total_size);
+    println!(
+        "({} of {} conversations)",
+        page.items.len(),
+        page.total_size
+    );
     if !page.next_page_token.is_empty() {
         println!("next page: --page-token {}", page.next_page_token);
     }
@@ -70,15 +84,30 @@ pub fn history(args: HistoryArgs) -> Result<ExitCode, String> {
     let store = open(&args.store)?;
     let key = ConversationKey::new(&args.store.principal, &args.context_id);
     let Some(meta) = store.conversation(&key).map_err(|e| e.to_string())? else {
-        return Err(format!("no conversation {:?} for principal {:?}", args.context_id, args.store.principal));
+        return Err(format!(
+            "no conversation {:?} for principal {:?}",
+            args.context_id, args.store.principal
+        ));
     };
-    println!("conversation {} ({} turns, updated {})", meta.context_id, meta.turns, format_time(&meta.updated_at));
-    for (_, message) in store.recent_messages(&key, args.limit).map_err(|e| e.to_string())? {
+    println!(
+        "conversation {} ({} turns, updated {})",
+        meta.context_id,
+        meta.turns,
+        format_time(&meta.updated_at)
+    );
+    for (_, message) in store
+        .recent_messages(&key, args.limit)
+        .map_err(|e| e.to_string())?
+    {
         let role = match message.role {
             Role::User => "user",
             Role::Agent => "agent",
         };
-        let time = message.timestamp.as_ref().map(format_time).unwrap_or_default();
+        let time = message
+            .timestamp
+            .as_ref()
+            .map(format_time)
+            .unwrap_or_default();
         println!("[{time}] {role}: {}", message.text());
     }
     Ok(ExitCode::SUCCESS)
@@ -88,11 +117,20 @@ pub fn delete(args: DeleteArgs) -> Result<ExitCode, String> {
     let store = open(&args.store)?;
     let key = ConversationKey::new(&args.store.principal, &args.context_id);
     let Some(meta) = store.conversation(&key).map_err(|e| e.to_string())? else {
-        return Err(format!("no conversation {:?} for principal {:?}", args.context_id, args.store.principal));
+        return Err(format!(
+            "no conversation {:?} for principal {:?}",
+            args.context_id, args.store.principal
+        ));
     };
-    store.delete_conversation(&meta).map_err(|e| e.to_string())?;
-    let runtime = tokio::runtime::Builder::new_current_thread().build().map_err(|e| e.to_string())?;
-    runtime.block_on(store.durable()).map_err(|e| e.to_string())?;
+    store
+        .delete_conversation(&meta)
+        .map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime
+        .block_on(store.durable())
+        .map_err(|e| e.to_string())?;
     println!("deleted conversation {}", args.context_id);
     Ok(ExitCode::SUCCESS)
 }

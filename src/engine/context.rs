@@ -4,7 +4,7 @@
 use super::agent_actor::{AgentActor, RunTurn, StopReason, TurnOutcome};
 use super::directory::Directory;
 use super::error::{EngineError, EngineResult};
-use super::hub::TaskHub;
+use super::hub::{Subscription, TaskHub};
 use super::turn::{self, BegunTurn, TurnStart};
 use crate::model::{Message, SendResult, Task};
 use crate::store::ConversationKey;
@@ -13,12 +13,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// Start a turn with `message`; `continuing` names the (waiting) task it answers.
+/// Start a turn with `message`; `task_id` names the (waiting) task it answers.
 #[derive(Message, Clone)]
-#[rtype(result = "EngineResult<Arc<TaskHub>>")]
+#[rtype(result = "EngineResult<TurnStarted>")]
 pub struct StartTurn {
     pub message: Message,
     pub task_id: Option<String>,
+    /// Subscribe before the agent starts, so the caller's stream sees every event.
+    pub stream: bool,
+}
+
+pub struct TurnStarted {
+    pub hub: Arc<TaskHub>,
+    pub subscription: Option<Subscription>,
 }
 
 #[derive(Message, Clone)]
@@ -92,20 +99,33 @@ impl ContextActor {
                 metrics::counter!("colloquy_context_evictions_total").increment(1);
                 ctx.stop();
             } else {
-                act.schedule_idle_check(ctx, timeout.saturating_sub(idle_for).max(Duration::from_millis(10)));
+                act.schedule_idle_check(
+                    ctx,
+                    timeout
+                        .saturating_sub(idle_for)
+                        .max(Duration::from_millis(10)),
+                );
             }
         });
     }
 
     fn busy_error(&self) -> Option<EngineError> {
-        self.running.as_ref().map(|running| EngineError::ContextBusy {
-            context_id: self.context_id.to_string(),
-            task_id: running.task_id.clone(),
-        })
+        self.running
+            .as_ref()
+            .map(|running| EngineError::ContextBusy {
+                context_id: self.context_id.to_string(),
+                task_id: running.task_id.clone(),
+            })
     }
 
     /// Runs the agent, stores the outcome, then frees the context and answers every waiter.
-    fn run_agent(&mut self, begun: BegunTurn, hub: Arc<TaskHub>, stop: oneshot::Receiver<StopReason>, ctx: &mut Context<Self>) {
+    fn run_agent(
+        &mut self,
+        begun: BegunTurn,
+        hub: Arc<TaskHub>,
+        stop: oneshot::Receiver<StopReason>,
+        ctx: &mut Context<Self>,
+    ) {
         let shared = self.directory.shared().clone();
         let run = RunTurn {
             request: begun.request.clone(),
@@ -160,7 +180,8 @@ impl ContextActor {
                 }
             };
             if let SendResult::Task(task) = &result {
-                metrics::counter!("colloquy_tasks_total", "state" => task.status.state.as_str()).increment(1);
+                metrics::counter!("colloquy_tasks_total", "state" => task.status.state.as_str())
+                    .increment(1);
             }
             hub.finish(result);
         }));
@@ -182,7 +203,7 @@ impl Actor for ContextActor {
 }
 
 impl Handler<StartTurn> for ContextActor {
-    type Result = ResponseActFuture<Self, EngineResult<Arc<TaskHub>>>;
+    type Result = ResponseActFuture<Self, EngineResult<TurnStarted>>;
 
     fn handle(&mut self, start: StartTurn, _: &mut Context<Self>) -> Self::Result {
         self.last_activity = Instant::now();
@@ -195,7 +216,9 @@ impl Handler<StartTurn> for ContextActor {
             return Box::pin(actix::fut::ready(Err(e)));
         }
         let continuing = start.task_id.is_some();
-        let task_id = start.task_id.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let task_id = start
+            .task_id
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         let (stop_tx, stop_rx) = oneshot::channel();
         self.running = Some(RunningTurn {
             task_id: task_id.clone(),
@@ -209,6 +232,7 @@ impl Handler<StartTurn> for ContextActor {
         let store = shared.store.clone();
         let limits = shared.config.history;
         let message = start.message;
+        let stream = start.stream;
         let persist = async move {
             let begun = actix_rt::task::spawn_blocking(move || {
                 turn::begin(TurnStart {
@@ -251,8 +275,9 @@ impl Handler<StartTurn> for ContextActor {
                     let _ = waiter.send(hub.clone());
                 }
             }
+            let subscription = stream.then(|| hub.subscribe());
             act.run_agent(begun, hub.clone(), stop_rx, ctx);
-            Ok(hub)
+            Ok(TurnStarted { hub, subscription })
         }))
     }
 }
@@ -262,7 +287,11 @@ impl Handler<CancelTask> for ContextActor {
 
     fn handle(&mut self, cancel: CancelTask, _: &mut Context<Self>) -> Self::Result {
         self.last_activity = Instant::now();
-        if let Some(running) = self.running.as_mut().filter(|r| r.task_id == cancel.task_id) {
+        if let Some(running) = self
+            .running
+            .as_mut()
+            .filter(|r| r.task_id == cancel.task_id)
+        {
             if let Some(stop) = running.stop.take() {
                 let _ = stop.send(StopReason::Canceled);
             }
@@ -311,14 +340,13 @@ impl Handler<DeleteConversation> for ContextActor {
         let key = self.key;
         let work = async move {
             let durable_store = store.clone();
-            let deleted = actix_rt::task::spawn_blocking(move || {
-                match store.conversation(&key)? {
+            let deleted =
+                actix_rt::task::spawn_blocking(move || match store.conversation(&key)? {
                     Some(meta) => store.delete_conversation(&meta).map(|_| true),
                     None => Ok::<_, crate::store::StoreError>(false),
-                }
-            })
-            .await
-            .map_err(|e| EngineError::Internal(e.to_string()))??;
+                })
+                .await
+                .map_err(|e| EngineError::Internal(e.to_string()))??;
             durable_store.durable().await?;
             Ok(deleted)
         };

@@ -42,9 +42,8 @@ impl Directory {
             .map(|_| {
                 let arbiter = Arbiter::new().handle();
                 let agent_backend = shared.agent.clone();
-                let agent = AgentActor::start_in_arbiter(&arbiter, move |_| {
-                    AgentActor::new(agent_backend)
-                });
+                let agent =
+                    AgentActor::start_in_arbiter(&arbiter, move |_| AgentActor::new(agent_backend));
                 Worker { arbiter, agent }
             })
             .collect();
@@ -71,7 +70,12 @@ impl Directory {
     }
 
     /// The live actor for `key`, started if there is none (or only a stopped one).
-    fn resident(self: &Arc<Self>, key: &ConversationKey, principal: &str, context_id: &str) -> Addr<ContextActor> {
+    fn resident(
+        self: &Arc<Self>,
+        key: &ConversationKey,
+        principal: &str,
+        context_id: &str,
+    ) -> Addr<ContextActor> {
         let mut shard = self.shard(key);
         if let Some(resident) = shard.get(key).filter(|r| r.addr.connected()) {
             return resident.addr.clone();
@@ -82,9 +86,22 @@ impl Directory {
         let agent = worker.agent.clone();
         let (key_copy, principal, context_id) = (*key, principal.to_owned(), context_id.to_owned());
         let addr = ContextActor::start_in_arbiter(&worker.arbiter, move |_| {
-            ContextActor::new(key_copy, &principal, &context_id, generation, directory, agent)
+            ContextActor::new(
+                key_copy,
+                &principal,
+                &context_id,
+                generation,
+                directory,
+                agent,
+            )
         });
-        shard.insert(*key, Resident { generation, addr: addr.clone() });
+        shard.insert(
+            *key,
+            Resident {
+                generation,
+                addr: addr.clone(),
+            },
+        );
         metrics::gauge!("colloquy_contexts_resident").increment(1.0);
         addr
     }
@@ -119,7 +136,9 @@ impl Directory {
                 Err(MailboxError::Timeout) => break,
             }
         }
-        Err(EngineError::Internal("the conversation's actor could not be reached".into()))
+        Err(EngineError::Internal(
+            "the conversation's actor could not be reached".into(),
+        ))
     }
 
     pub fn resident_count(&self) -> usize {

@@ -135,14 +135,16 @@ impl TaskHub {
     }
 
     fn broadcast(state: &mut HubState, item: StreamItem) {
-        state.subscribers.retain(|sub| match sub.tx.try_send(item.clone()) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                sub.overflowed.store(true, Ordering::Release);
-                false
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-        });
+        state
+            .subscribers
+            .retain(|sub| match sub.tx.try_send(item.clone()) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    sub.overflowed.store(true, Ordering::Release);
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            });
     }
 
     /// Appends a chunk to the reply artifact and streams it (`append` after the first chunk).
@@ -290,7 +292,9 @@ impl TaskHub {
     /// The reply artifact's id, if any chunk was produced.
     pub fn reply_artifact(&self) -> Option<Artifact> {
         let state = self.lock();
-        state.reply_artifact.map(|i| state.task.artifacts[i].clone())
+        state
+            .reply_artifact
+            .map(|i| state.task.artifacts[i].clone())
     }
 
     /// Every artifact so far (the reply with all its text, then whole ones).

@@ -18,7 +18,7 @@ use crate::agent::SharedAgent;
 use crate::history::{HistoryLimits, MAX_LIMIT};
 use crate::model::{Message, Role, Task};
 use crate::store::{ConversationKey, ConversationMeta, Page, Store, TaskQuery};
-use context::{CancelOutcome, CancelTask, DeleteConversation, Shutdown, StartTurn};
+use context::{CancelOutcome, CancelTask, DeleteConversation, Shutdown, StartTurn, TurnStarted};
 use directory::Directory;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -66,7 +66,9 @@ pub struct TaskRegistry {
 
 impl TaskRegistry {
     fn shard(&self, task_id: &str) -> std::sync::MutexGuard<'_, HashMap<String, Arc<TaskHub>>> {
-        let index = task_id.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+        let index = task_id
+            .bytes()
+            .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
         self.shards[index % self.shards.len()]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -119,7 +121,10 @@ impl Shared {
     }
 
     fn turn_ended(&self) {
-        let running = self.running.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+        let running = self
+            .running
+            .fetch_sub(1, Ordering::AcqRel)
+            .saturating_sub(1);
         metrics::gauge!("colloquy_contexts_busy").set(running as f64);
     }
 
@@ -197,7 +202,9 @@ impl Engine {
     fn check_context_id(&self, context_id: &str) -> EngineResult<()> {
         let max = self.config().max_context_id_bytes;
         if context_id.is_empty() {
-            return Err(EngineError::InvalidParams("contextId: must not be empty".into()));
+            return Err(EngineError::InvalidParams(
+                "contextId: must not be empty".into(),
+            ));
         }
         if context_id.len() > max {
             return Err(EngineError::InvalidParams(format!(
@@ -208,33 +215,74 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts a turn. The hub follows it: wait on it (blocking send), stream it, or snapshot it.
-    pub async fn send(&self, principal: &str, mut message: Message) -> EngineResult<Arc<TaskHub>> {
+    /// Starts a turn. The hub follows it: wait on it (blocking send) or snapshot it.
+    pub async fn send(&self, principal: &str, message: Message) -> EngineResult<Arc<TaskHub>> {
+        Ok(self.start_turn(principal, message, false).await?.hub)
+    }
+
+    /// Starts a turn and follows it from its first event.
+    pub async fn send_streaming(
+        &self,
+        principal: &str,
+        message: Message,
+    ) -> EngineResult<(Arc<TaskHub>, Subscription)> {
+        let started = self.start_turn(principal, message, true).await?;
+        let subscription = started
+            .subscription
+            .unwrap_or_else(|| started.hub.subscribe());
+        Ok((started.hub, subscription))
+    }
+
+    async fn start_turn(
+        &self,
+        principal: &str,
+        mut message: Message,
+        stream: bool,
+    ) -> EngineResult<TurnStarted> {
         if message.role != Role::User {
             return Err(EngineError::InvalidParams(
                 "message.role: a message sent to the agent must have the user role".into(),
             ));
         }
         if message.parts.is_empty() {
-            return Err(EngineError::InvalidParams("message.parts: must not be empty".into()));
+            return Err(EngineError::InvalidParams(
+                "message.parts: must not be empty".into(),
+            ));
         }
         if let Some(context_id) = &message.context_id {
             self.check_context_id(context_id)?;
         }
         let context_id = match message.task_id.clone() {
-            Some(task_id) => self.context_of_task(principal, &task_id, message.context_id.as_deref()).await?,
+            Some(task_id) => {
+                self.context_of_task(principal, &task_id, message.context_id.as_deref())
+                    .await?
+            }
             None => message.context_id.clone().unwrap_or_else(new_context_id),
         };
         message.context_id = Some(context_id.clone());
         let key = ConversationKey::new(principal, &context_id);
         let task_id = message.task_id.clone();
         self.directory
-            .call(&key, principal, &context_id, StartTurn { message, task_id })
+            .call(
+                &key,
+                principal,
+                &context_id,
+                StartTurn {
+                    message,
+                    task_id,
+                    stream,
+                },
+            )
             .await?
     }
 
     /// The conversation a continued task belongs to, checking the message may continue it.
-    async fn context_of_task(&self, principal: &str, task_id: &str, context_id: Option<&str>) -> EngineResult<String> {
+    async fn context_of_task(
+        &self,
+        principal: &str,
+        task_id: &str,
+        context_id: Option<&str>,
+    ) -> EngineResult<String> {
         let store = self.store().clone();
         let (principal_owned, id) = (principal.to_owned(), task_id.to_owned());
         let record = blocking(move || Ok(store.task(&id)?)).await?;
@@ -248,7 +296,10 @@ impl Engine {
         }
         let state = record.task.status.state;
         if state.is_terminal() {
-            return Err(EngineError::TaskTerminal { task_id: task_id.to_owned(), state });
+            return Err(EngineError::TaskTerminal {
+                task_id: task_id.to_owned(),
+                state,
+            });
         }
         Ok(record.task.context_id)
     }
@@ -283,7 +334,11 @@ impl Engine {
                 }
                 tasks.push(task);
             }
-            Ok(Page { items: tasks, next_page_token: page.next_page_token, total_size: page.total_size })
+            Ok(Page {
+                items: tasks,
+                next_page_token: page.next_page_token,
+                total_size: page.total_size,
+            })
         })
         .await?;
         Ok(page)
@@ -298,12 +353,21 @@ impl Engine {
             .ok_or_else(|| EngineError::TaskNotFound(task_id.to_owned()))?;
         let state = record.task.status.state;
         if state.is_terminal() {
-            return Err(EngineError::TaskNotCancelable { task_id: task_id.to_owned(), state });
+            return Err(EngineError::TaskNotCancelable {
+                task_id: task_id.to_owned(),
+                state,
+            });
         }
         let context_id = record.task.context_id.clone();
         let key = record.conversation();
-        let cancel = CancelTask { task_id: task_id.to_owned() };
-        let hub = match self.directory.call(&key, principal, &context_id, cancel).await?? {
+        let cancel = CancelTask {
+            task_id: task_id.to_owned(),
+        };
+        let hub = match self
+            .directory
+            .call(&key, principal, &context_id, cancel)
+            .await??
+        {
             CancelOutcome::Done(task) => return Ok(task),
             CancelOutcome::Running(hub) => hub,
             CancelOutcome::Starting(hub) => hub
@@ -327,7 +391,10 @@ impl Engine {
             let task = self.get_task(principal, task_id).await?;
             let state = task.status.state;
             if state.is_terminal() {
-                return Err(EngineError::TaskTerminal { task_id: task_id.to_owned(), state });
+                return Err(EngineError::TaskTerminal {
+                    task_id: task_id.to_owned(),
+                    state,
+                });
             }
             if state.is_interrupted() || Instant::now() >= deadline {
                 return Ok(Subscription::single(StreamItem::Task(task)));
@@ -344,7 +411,10 @@ impl Engine {
     ) -> EngineResult<Page<ConversationMeta>> {
         let store = self.store().clone();
         let principal = principal.to_owned();
-        blocking(move || Ok(store.list_conversations(&principal, page_size, page_token.as_deref())?)).await
+        blocking(move || {
+            Ok(store.list_conversations(&principal, page_size, page_token.as_deref())?)
+        })
+        .await
     }
 
     /// A conversation's metadata and its `history_length` most recent messages (oldest first).
@@ -362,14 +432,22 @@ impl Engine {
             let Some(meta) = store.conversation(&key)? else {
                 return Ok(None);
             };
-            let messages = store.recent_messages(&key, limit)?.into_iter().map(|(_, m)| m).collect();
+            let messages = store
+                .recent_messages(&key, limit)?
+                .into_iter()
+                .map(|(_, m)| m)
+                .collect();
             Ok(Some((meta, messages)))
         })
         .await
     }
 
     /// Deletes a conversation; refused while a turn runs in it.
-    pub async fn delete_conversation(&self, principal: &str, context_id: &str) -> EngineResult<bool> {
+    pub async fn delete_conversation(
+        &self,
+        principal: &str,
+        context_id: &str,
+    ) -> EngineResult<bool> {
         self.check_context_id(context_id)?;
         let key = ConversationKey::new(principal, context_id);
         self.directory
@@ -387,7 +465,10 @@ impl Engine {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if shared.running_turns() > 0 {
-            tracing::warn!(running = shared.running_turns(), "grace period over; failing the turns still running");
+            tracing::warn!(
+                running = shared.running_turns(),
+                "grace period over; failing the turns still running"
+            );
             for addr in self.directory.all() {
                 addr.do_send(Shutdown);
             }

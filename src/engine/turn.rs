@@ -232,7 +232,11 @@ pub fn cancel_waiting(store: &Store, principal: &str, task_id: &str) -> EngineRe
 }
 
 /// A stored task with its history, as `GetTask` shows it.
-pub fn load_task(store: &Store, principal: &str, task_id: &str) -> EngineResult<(TaskRecord, Task)> {
+pub fn load_task(
+    store: &Store,
+    principal: &str,
+    task_id: &str,
+) -> EngineResult<(TaskRecord, Task)> {
     let record = store
         .task(task_id)?
         .filter(|r| r.principal == principal)

@@ -105,7 +105,10 @@ mod tests {
         let auth = Auth::load(&config, Some("bob:b-token")).unwrap();
         assert_eq!(auth.principal(Some("Bearer a-token")).unwrap(), "alice");
         assert_eq!(auth.principal(Some("bearer b-token")).unwrap(), "bob");
-        assert!(matches!(auth.principal(Some("Bearer nope")), Err(AuthError::Invalid)));
+        assert!(matches!(
+            auth.principal(Some("Bearer nope")),
+            Err(AuthError::Invalid)
+        ));
         assert!(matches!(auth.principal(None), Err(AuthError::Missing)));
     }
 }

@@ -16,7 +16,10 @@ pub fn base_url(state: &AppState, req: &HttpRequest) -> String {
 pub fn card(state: &AppState, url: &str) -> Value {
     let config = &state.config.card;
     let agent = state.engine.agent();
-    let description = config.description.clone().unwrap_or_else(|| agent.description());
+    let description = config
+        .description
+        .clone()
+        .unwrap_or_else(|| agent.description());
     let skills: Vec<Value> = if config.skills.is_empty() {
         vec![json!({
             "id": agent.kind(),

@@ -24,7 +24,12 @@ pub async fn dispatch(
     request: RpcRequest,
 ) -> RpcResult<Reply> {
     let params = Obj::new(&request.params, "")?;
-    let call = Call { state, version, principal, params: &params };
+    let call = Call {
+        state,
+        version,
+        principal,
+        params: &params,
+    };
     match method {
         Method::SendMessage => call.send_message().await.map(Reply::Json),
         Method::SendStreamingMessage => call.send_streaming().await.map(Reply::Stream),
@@ -75,7 +80,10 @@ impl Call<'_> {
             .ok_or_else(|| field_error("message", "is required"))?;
         let message = codec::decode_message(self.version, message_value, "message")?;
         self.check_limits(&message)?;
-        let mut options = SendOptions { return_immediately: false, history_length: None };
+        let mut options = SendOptions {
+            return_immediately: false,
+            history_length: None,
+        };
         if let Some(config) = self.params.opt_obj("configuration")? {
             options.history_length = config.opt_u64("historyLength")?.map(|n| n as usize);
             options.return_immediately = match self.version {
@@ -113,7 +121,10 @@ impl Call<'_> {
                 limits.text_bytes
             )));
         }
-        for (name, id) in [("messageId", Some(&message.message_id)), ("taskId", message.task_id.as_ref())] {
+        for (name, id) in [
+            ("messageId", Some(&message.message_id)),
+            ("taskId", message.task_id.as_ref()),
+        ] {
             if id.is_some_and(|id| id.is_empty() || id.len() > limits.context_id_bytes) {
                 return Err(RpcError::InvalidParams(format!(
                     "message.{name}: must be 1 to {} bytes",
@@ -140,19 +151,26 @@ impl Call<'_> {
                 .await
                 .ok_or_else(|| RpcError::Internal("the turn ended without a result".into()))?
         };
-        let view = TaskView { history_length: options.history_length, artifacts: true };
+        let view = TaskView {
+            history_length: options.history_length,
+            artifacts: true,
+        };
         Ok(codec::encode_send_result(self.version, &result, view))
     }
 
     async fn send_streaming(&self) -> RpcResult<sse::EventStream> {
         let (message, _) = self.decode_send()?;
-        let hub = self
+        let (hub, subscription) = self
             .state
             .engine
-            .send(self.principal, message)
+            .send_streaming(self.principal, message)
             .await
             .map_err(|e| self.engine_error(e))?;
-        Ok(sse::EventStream::new(hub.subscribe(), self.state.config.streaming.subscriber_buffer))
+        Self::record_ids(None, Some(&hub.task_id));
+        Ok(sse::EventStream::new(
+            subscription,
+            self.state.config.streaming.subscriber_buffer,
+        ))
     }
 
     fn task_id(&self) -> RpcResult<&str> {
@@ -174,7 +192,14 @@ impl Call<'_> {
             .get_task(self.principal, id)
             .await
             .map_err(|e| self.engine_error(e))?;
-        Ok(codec::encode_task(self.version, &task, TaskView { history_length, artifacts: true }))
+        Ok(codec::encode_task(
+            self.version,
+            &task,
+            TaskView {
+                history_length,
+                artifacts: true,
+            },
+        ))
     }
 
     async fn cancel_task(&self) -> RpcResult<Value> {
@@ -196,13 +221,18 @@ impl Call<'_> {
             .subscribe(self.principal, id)
             .await
             .map_err(|e| self.engine_error(e))?;
-        Ok(sse::EventStream::new(subscription, self.state.config.streaming.subscriber_buffer))
+        Ok(sse::EventStream::new(
+            subscription,
+            self.state.config.streaming.subscriber_buffer,
+        ))
     }
 
     fn page_size(&self, default: u64, max: u64) -> RpcResult<usize> {
         let size = self.params.opt_u64("pageSize")?.unwrap_or(default);
         if size == 0 || size > max {
-            return Err(RpcError::InvalidParams(format!("pageSize: must be 1 to {max}")));
+            return Err(RpcError::InvalidParams(format!(
+                "pageSize: must be 1 to {max}"
+            )));
         }
         Ok(size as usize)
     }
@@ -214,14 +244,25 @@ impl Call<'_> {
         let state = match params.opt_str("status")? {
             None => None,
             Some(name) => Some(codec::parse_state(self.version, name).ok_or_else(|| {
-                field_error("status", format!("unknown task state {name:?} for A2A {}", self.version.label()))
+                field_error(
+                    "status",
+                    format!(
+                        "unknown task state {name:?} for A2A {}",
+                        self.version.label()
+                    ),
+                )
             })?),
         };
         let status_after = match params.opt_str("statusTimestampAfter")? {
             None => None,
             Some(text) => Some(
                 chrono::DateTime::parse_from_rfc3339(text)
-                    .map_err(|e| field_error("statusTimestampAfter", format!("not an ISO 8601 timestamp: {e}")))?
+                    .map_err(|e| {
+                        field_error(
+                            "statusTimestampAfter",
+                            format!("not an ISO 8601 timestamp: {e}"),
+                        )
+                    })?
                     .with_timezone(&chrono::Utc),
             ),
         };
@@ -241,7 +282,10 @@ impl Call<'_> {
             .list_tasks(self.principal, context_id, query, history_length != Some(0))
             .await
             .map_err(|e| self.engine_error(e))?;
-        let view = TaskView { history_length, artifacts: include_artifacts };
+        let view = TaskView {
+            history_length,
+            artifacts: include_artifacts,
+        };
         let tasks: Vec<Value> = page
             .items
             .iter()
@@ -298,7 +342,8 @@ impl Call<'_> {
             .conversation(self.principal, context_id, history_length)
             .await
             .map_err(|e| self.engine_error(e))?;
-        let (meta, messages) = found.ok_or_else(|| RpcError::ConversationNotFound(context_id.to_owned()))?;
+        let (meta, messages) =
+            found.ok_or_else(|| RpcError::ConversationNotFound(context_id.to_owned()))?;
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| codec::encode_message(self.version, m))

@@ -6,7 +6,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
 
 const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
 ];
 
 /// The process-wide recorder (installed once; later servers in the same process share it).
@@ -29,28 +30,89 @@ pub fn recorder() -> PrometheusHandle {
 
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-    describe_counter!("colloquy_rpc_requests_total", "JSON-RPC requests by method and outcome (ok or the error code)");
-    describe_histogram!("colloquy_rpc_request_seconds", Unit::Seconds, "JSON-RPC request latency by method (until the response or stream starts)");
+    describe_counter!(
+        "colloquy_rpc_requests_total",
+        "JSON-RPC requests by method and outcome (ok or the error code)"
+    );
+    describe_histogram!(
+        "colloquy_rpc_request_seconds",
+        Unit::Seconds,
+        "JSON-RPC request latency by method (until the response or stream starts)"
+    );
     describe_gauge!("colloquy_contexts_resident", "conversation actors alive");
     describe_gauge!("colloquy_contexts_busy", "turns running now");
-    describe_counter!("colloquy_context_starts_total", "conversation actors started");
-    describe_counter!("colloquy_context_evictions_total", "conversation actors stopped after idling");
-    describe_counter!("colloquy_busy_rejections_total", "messages refused because their context was busy");
-    describe_counter!("colloquy_overload_rejections_total", "messages refused because too many turns were running");
+    describe_counter!(
+        "colloquy_context_starts_total",
+        "conversation actors started"
+    );
+    describe_counter!(
+        "colloquy_context_evictions_total",
+        "conversation actors stopped after idling"
+    );
+    describe_counter!(
+        "colloquy_busy_rejections_total",
+        "messages refused because their context was busy"
+    );
+    describe_counter!(
+        "colloquy_overload_rejections_total",
+        "messages refused because too many turns were running"
+    );
     describe_counter!("colloquy_tasks_total", "turns ended, by final state");
-    describe_histogram!("colloquy_agent_seconds", Unit::Seconds, "agent run time by backend");
-    describe_counter!("colloquy_agent_errors_total", "agent runs that failed, by backend");
-    describe_counter!("colloquy_store_writes_total", "atomic write batches applied");
-    describe_counter!("colloquy_store_flushes_total", "store flushes (one covers many writes)");
-    describe_counter!("colloquy_store_flush_waiters_total", "durability waits answered by flushes");
-    describe_histogram!("colloquy_store_flush_seconds", Unit::Seconds, "store flush latency");
-    describe_gauge!("colloquy_store_size_bytes", Unit::Bytes, "store size on disk");
-    describe_histogram!("colloquy_history_render_seconds", Unit::Seconds, "history load and render latency");
-    describe_counter!("colloquy_history_messages_rendered_total", "earlier messages rendered into prompts");
+    describe_histogram!(
+        "colloquy_agent_seconds",
+        Unit::Seconds,
+        "agent run time by backend"
+    );
+    describe_counter!(
+        "colloquy_agent_errors_total",
+        "agent runs that failed, by backend"
+    );
+    describe_counter!(
+        "colloquy_store_writes_total",
+        "atomic write batches applied"
+    );
+    describe_counter!(
+        "colloquy_store_flushes_total",
+        "store flushes (one covers many writes)"
+    );
+    describe_counter!(
+        "colloquy_store_flush_waiters_total",
+        "durability waits answered by flushes"
+    );
+    describe_histogram!(
+        "colloquy_store_flush_seconds",
+        Unit::Seconds,
+        "store flush latency"
+    );
+    describe_gauge!(
+        "colloquy_store_size_bytes",
+        Unit::Bytes,
+        "store size on disk"
+    );
+    describe_histogram!(
+        "colloquy_history_render_seconds",
+        Unit::Seconds,
+        "history load and render latency"
+    );
+    describe_counter!(
+        "colloquy_history_messages_rendered_total",
+        "earlier messages rendered into prompts"
+    );
     describe_gauge!("colloquy_sse_streams", "live SSE streams");
-    describe_counter!("colloquy_auth_failures_total", "requests refused for a missing or wrong token");
-    describe_gauge!("process_resident_memory_bytes", Unit::Bytes, "resident memory");
-    describe_gauge!("process_cpu_seconds_total", Unit::Seconds, "CPU time used (user + system)");
+    describe_counter!(
+        "colloquy_auth_failures_total",
+        "requests refused for a missing or wrong token"
+    );
+    describe_gauge!(
+        "process_resident_memory_bytes",
+        Unit::Bytes,
+        "resident memory"
+    );
+    describe_gauge!(
+        "process_cpu_seconds_total",
+        Unit::Seconds,
+        "CPU time used (user + system)"
+    );
     describe_gauge!("process_open_fds", "open file descriptors");
 }
 
@@ -63,10 +125,19 @@ fn record_process() {
             .map(|(_, rest)| rest.split_whitespace().collect())
             .unwrap_or_default();
         let ticks = sysconf_or(libc::_SC_CLK_TCK, 100.0);
-        let cpu = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        let cpu = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
         metrics::gauge!("process_cpu_seconds_total").set((cpu(11) + cpu(12)) / ticks);
-        let pages = fields.get(21).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        metrics::gauge!("process_resident_memory_bytes").set(pages * sysconf_or(libc::_SC_PAGESIZE, 4096.0));
+        let pages = fields
+            .get(21)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        metrics::gauge!("process_resident_memory_bytes")
+            .set(pages * sysconf_or(libc::_SC_PAGESIZE, 4096.0));
     }
     if let Ok(entries) = std::fs::read_dir("/proc/self/fd") {
         metrics::gauge!("process_open_fds").set(entries.count() as f64);

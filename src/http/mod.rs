@@ -83,8 +83,11 @@ fn is_loopback(listen: &str) -> bool {
 
 /// Opens the store, starts the engine and serves. Needs a running actix System.
 pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, ServeError> {
-    let auth = Auth::load(&config.auth, std::env::var("COLLOQUY_TOKENS").ok().as_deref())
-        .map_err(ServeError::Config)?;
+    let auth = Auth::load(
+        &config.auth,
+        std::env::var("COLLOQUY_TOKENS").ok().as_deref(),
+    )
+    .map_err(ServeError::Config)?;
     if !auth.enabled() && !config.allow_unauthenticated && !is_loopback(&config.listen) {
         return Err(ServeError::Config(format!(
             "refusing to listen on {} without authentication: configure tokens ([auth.tokens], \
@@ -96,8 +99,14 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let cache = config.store.cache_bytes;
     let store = actix_rt::task::spawn_blocking(move || Store::open_sled(&path, cache))
         .await
-        .map_err(|e| ServeError::Store { path: config.data.display().to_string(), error: e.to_string() })?
-        .map_err(|e| ServeError::Store { path: config.data.display().to_string(), error: e.to_string() })?;
+        .map_err(|e| ServeError::Store {
+            path: config.data.display().to_string(),
+            error: e.to_string(),
+        })?
+        .map_err(|e| ServeError::Store {
+            path: config.data.display().to_string(),
+            error: e.to_string(),
+        })?;
     let engine = Engine::start(store, agent, config.engine());
     let grace = Duration::from_secs(config.shutdown.grace_secs);
     let workers = match config.workers {
@@ -116,7 +125,10 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         .disable_signals()
         .shutdown_timeout(grace.as_secs() + 5)
         .bind(&listen)
-        .map_err(|error| ServeError::Bind { addr: listen.clone(), error })?;
+        .map_err(|error| ServeError::Bind {
+            addr: listen.clone(),
+            error,
+        })?;
     let addr = server
         .addrs()
         .first()
@@ -126,7 +138,13 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let handle = server.handle();
     let task = actix_rt::spawn(server);
     tracing::info!(%addr, "colloquy is listening");
-    Ok(RunningServer { addr, engine, handle, task, grace })
+    Ok(RunningServer {
+        addr,
+        engine,
+        handle,
+        task,
+        grace,
+    })
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
@@ -135,7 +153,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route(web::post().to(rpc::handle))
             .default_service(web::to(method_not_allowed)),
     )
-    .route("/.well-known/agent-card.json", web::get().to(card::agent_card))
+    .route(
+        "/.well-known/agent-card.json",
+        web::get().to(card::agent_card),
+    )
     .route("/.well-known/agent.json", web::get().to(card::agent_card))
     .route("/healthz", web::get().to(healthz))
     .route("/readyz", web::get().to(readyz))

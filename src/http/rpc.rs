@@ -37,12 +37,18 @@ fn is_json(req: &HttpRequest) -> bool {
         .and_then(|v| v.split(';').next())
         .map(|mime| {
             let mime = mime.trim().to_ascii_lowercase();
-            mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+            mime == "application/json"
+                || (mime.starts_with("application/") && mime.ends_with("+json"))
         })
         .unwrap_or(false)
 }
 
-pub fn error_response(status: StatusCode, id: &RequestId, error: &RpcError, version: WireVersion) -> HttpResponse {
+pub fn error_response(
+    status: StatusCode,
+    id: &RequestId,
+    error: &RpcError,
+    version: WireVersion,
+) -> HttpResponse {
     let mut response = HttpResponse::build(status).json(failure(id, error, version));
     if status == StatusCode::UNAUTHORIZED {
         response
@@ -52,9 +58,15 @@ pub fn error_response(status: StatusCode, id: &RequestId, error: &RpcError, vers
     response
 }
 
-async fn read_body(req: &HttpRequest, mut payload: web::Payload, limit: usize) -> Result<BytesMut, RpcError> {
+async fn read_body(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<BytesMut, RpcError> {
     let too_large = |size: String| {
-        RpcError::InvalidRequest(format!("the request body ({size}) exceeds the limit of {limit} bytes"))
+        RpcError::InvalidRequest(format!(
+            "the request body ({size}) exceeds the limit of {limit} bytes"
+        ))
     };
     let declared = req
         .headers()
@@ -66,7 +78,8 @@ async fn read_body(req: &HttpRequest, mut payload: web::Payload, limit: usize) -
     }
     let mut body = BytesMut::with_capacity(declared.unwrap_or(1024).min(limit));
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| RpcError::InvalidRequest(format!("reading the body: {e}")))?;
+        let chunk =
+            chunk.map_err(|e| RpcError::InvalidRequest(format!("reading the body: {e}")))?;
         if body.len() + chunk.len() > limit {
             return Err(too_large("more than that".into()));
         }
@@ -75,18 +88,29 @@ async fn read_body(req: &HttpRequest, mut payload: web::Payload, limit: usize) -
     Ok(body)
 }
 
-pub async fn handle(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
+pub async fn handle(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> HttpResponse {
     let started = Instant::now();
     let version_requested = requested_version(&req);
     let version_or_error = WireVersion::parse(version_requested.as_deref());
     let version = version_or_error.clone().unwrap_or(WireVersion::V03);
     if !is_json(&req) {
         let error = RpcError::InvalidRequest("Content-Type must be application/json".into());
-        return error_response(StatusCode::UNSUPPORTED_MEDIA_TYPE, &RequestId::Null, &error, version);
+        return error_response(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &RequestId::Null,
+            &error,
+            version,
+        );
     }
-    let principal = state
-        .auth
-        .principal(req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
+    let principal = state.auth.principal(
+        req.headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    );
     let principal = match principal {
         Ok(principal) => principal,
         Err(e) => {
@@ -97,7 +121,14 @@ pub async fn handle(req: HttpRequest, payload: web::Payload, state: web::Data<Ap
     };
     let body = match read_body(&req, payload, state.config.limits.body_bytes).await {
         Ok(body) => body,
-        Err(error) => return error_response(StatusCode::PAYLOAD_TOO_LARGE, &RequestId::Null, &error, version),
+        Err(error) => {
+            return error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &RequestId::Null,
+                &error,
+                version,
+            );
+        }
     };
     let request = match RpcRequest::parse(&body) {
         Ok(request) => request,
@@ -151,7 +182,13 @@ pub async fn handle(req: HttpRequest, payload: web::Payload, state: web::Data<Ap
 }
 
 fn record(method: &'static str, code: i64, started: Instant) {
-    let outcome = if code == 0 { "ok".to_owned() } else { code.to_string() };
-    metrics::counter!("colloquy_rpc_requests_total", "method" => method, "outcome" => outcome).increment(1);
-    metrics::histogram!("colloquy_rpc_request_seconds", "method" => method).record(started.elapsed());
+    let outcome = if code == 0 {
+        "ok".to_owned()
+    } else {
+        code.to_string()
+    };
+    metrics::counter!("colloquy_rpc_requests_total", "method" => method, "outcome" => outcome)
+        .increment(1);
+    metrics::histogram!("colloquy_rpc_request_seconds", "method" => method)
+        .record(started.elapsed());
 }

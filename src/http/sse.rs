@@ -18,7 +18,10 @@ pub struct EventStream {
 
 impl EventStream {
     pub fn new(subscription: Subscription, buffer: usize) -> Self {
-        EventStream { subscription, buffer }
+        EventStream {
+            subscription,
+            buffer,
+        }
     }
 }
 
@@ -51,7 +54,13 @@ fn data_event(value: serde_json::Value) -> sse::Event {
 }
 
 pub fn respond(events: EventStream, id: RequestId, version: WireVersion) -> HttpResponse {
-    let cursor = Cursor { events, id, version, done: false, _live: LiveStream::new() };
+    let cursor = Cursor {
+        events,
+        id,
+        version,
+        done: false,
+        _live: LiveStream::new(),
+    };
     let stream = stream::unfold(cursor, |mut cursor| async move {
         if cursor.done {
             return None;
@@ -70,7 +79,9 @@ pub fn respond(events: EventStream, id: RequestId, version: WireVersion) -> Http
                         cursor.done = true;
                         codec::encode_stream_item(cursor.version, &item, TaskView::FULL)
                     }
-                    StreamItem::Event(_) => codec::encode_stream_item(cursor.version, &item, TaskView::FULL),
+                    StreamItem::Event(_) => {
+                        codec::encode_stream_item(cursor.version, &item, TaskView::FULL)
+                    }
                 };
                 let event = data_event(success(&cursor.id, result));
                 Some((Ok::<_, std::convert::Infallible>(event), cursor))

@@ -63,7 +63,10 @@ pub fn decode_message(version: WireVersion, value: &Value, path: &str) -> FieldR
     if version == WireVersion::V03 {
         if let Some(kind) = obj.opt_str("kind")? {
             if kind != "message" {
-                return Err(field_error(obj.child_path("kind"), format!("expected \"message\", got {kind:?}")));
+                return Err(field_error(
+                    obj.child_path("kind"),
+                    format!("expected \"message\", got {kind:?}"),
+                ));
             }
         }
     }
@@ -114,24 +117,48 @@ fn decode_part_v1(obj: &Obj<'_>, metadata: Option<Map<String, Value>>) -> FieldR
         .filter(|k| obj.has(k))
         .collect();
     let content = match present.as_slice() {
-        ["text"] => PartContent::Text { text: obj.str("text")?.to_owned() },
-        ["raw"] => PartContent::FileBytes { base64: checked_base64(obj, "raw")? },
-        ["url"] => PartContent::FileUrl { url: obj.str("url")?.to_owned() },
-        ["data"] => PartContent::Data { data: obj.get("data").cloned().unwrap_or(Value::Null) },
+        ["text"] => PartContent::Text {
+            text: obj.str("text")?.to_owned(),
+        },
+        ["raw"] => PartContent::FileBytes {
+            base64: checked_base64(obj, "raw")?,
+        },
+        ["url"] => PartContent::FileUrl {
+            url: obj.str("url")?.to_owned(),
+        },
+        ["data"] => PartContent::Data {
+            data: obj.get("data").cloned().unwrap_or(Value::Null),
+        },
         [] if obj.has("kind") => {
-            return Err(field_error(&obj.path, "looks like a v0.3 part (`kind`); A2A-Version 1.0 parts carry one of text, raw, url or data"));
+            return Err(field_error(
+                &obj.path,
+                "looks like a v0.3 part (`kind`); A2A-Version 1.0 parts carry one of text, raw, url or data",
+            ));
         }
         _ => {
-            return Err(field_error(&obj.path, format!(
-                "a part needs exactly one of text, raw, url or data (found {})",
-                if present.is_empty() { "none".to_owned() } else { present.join(", ") }
-            )));
+            return Err(field_error(
+                &obj.path,
+                format!(
+                    "a part needs exactly one of text, raw, url or data (found {})",
+                    if present.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        present.join(", ")
+                    }
+                ),
+            ));
         }
     };
     Ok(Part {
         content,
-        media_type: obj.opt_str("mediaType")?.filter(|s| !s.is_empty()).map(str::to_owned),
-        name: obj.opt_str("filename")?.filter(|s| !s.is_empty()).map(str::to_owned),
+        media_type: obj
+            .opt_str("mediaType")?
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned),
+        name: obj
+            .opt_str("filename")?
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned),
         metadata,
     })
 }
@@ -142,14 +169,21 @@ fn decode_part_v03(obj: &Obj<'_>, metadata: Option<Map<String, Value>>) -> Field
         None if obj.has("text") => "text",
         None if obj.has("file") => "file",
         None if obj.has("data") => "data",
-        None => return Err(field_error(obj.child_path("kind"), "is required (\"text\", \"file\" or \"data\")")),
+        None => {
+            return Err(field_error(
+                obj.child_path("kind"),
+                "is required (\"text\", \"file\" or \"data\")",
+            ));
+        }
     };
     let mut part = match kind {
         "text" => Part::text(obj.str("text")?),
         "data" => {
             let data = obj.obj("data")?;
             Part {
-                content: PartContent::Data { data: Value::Object(data.map.clone()) },
+                content: PartContent::Data {
+                    data: Value::Object(data.map.clone()),
+                },
                 media_type: None,
                 name: None,
                 metadata: None,
@@ -158,9 +192,18 @@ fn decode_part_v03(obj: &Obj<'_>, metadata: Option<Map<String, Value>>) -> Field
         "file" => {
             let file = obj.obj("file")?;
             let content = match (file.has("bytes"), file.has("uri")) {
-                (true, false) => PartContent::FileBytes { base64: checked_base64(&file, "bytes")? },
-                (false, true) => PartContent::FileUrl { url: file.str("uri")?.to_owned() },
-                _ => return Err(field_error(&file.path, "a file needs exactly one of bytes or uri")),
+                (true, false) => PartContent::FileBytes {
+                    base64: checked_base64(&file, "bytes")?,
+                },
+                (false, true) => PartContent::FileUrl {
+                    url: file.str("uri")?.to_owned(),
+                },
+                _ => {
+                    return Err(field_error(
+                        &file.path,
+                        "a file needs exactly one of bytes or uri",
+                    ));
+                }
             };
             Part {
                 content,
@@ -170,7 +213,10 @@ fn decode_part_v03(obj: &Obj<'_>, metadata: Option<Map<String, Value>>) -> Field
             }
         }
         other => {
-            return Err(field_error(obj.child_path("kind"), format!("unknown part kind {other:?} (expected \"text\", \"file\" or \"data\")")));
+            return Err(field_error(
+                obj.child_path("kind"),
+                format!("unknown part kind {other:?} (expected \"text\", \"file\" or \"data\")"),
+            ));
         }
     };
     part.metadata = metadata;
@@ -199,7 +245,11 @@ pub fn encode_part(version: WireVersion, part: &Part) -> Value {
                 PartContent::Data { data } => map.insert("data".into(), data.clone()),
             };
             insert_opt(&mut map, "filename", part.name.as_ref().map(|n| json!(n)));
-            insert_opt(&mut map, "mediaType", part.media_type.as_ref().map(|m| json!(m)));
+            insert_opt(
+                &mut map,
+                "mediaType",
+                part.media_type.as_ref().map(|m| json!(m)),
+            );
         }
         WireVersion::V03 => match &part.content {
             PartContent::Text { text } => {
@@ -223,13 +273,21 @@ pub fn encode_part(version: WireVersion, part: &Part) -> Value {
                     _ => None,
                 };
                 insert_opt(&mut file, "name", part.name.as_ref().map(|n| json!(n)));
-                insert_opt(&mut file, "mimeType", part.media_type.as_ref().map(|m| json!(m)));
+                insert_opt(
+                    &mut file,
+                    "mimeType",
+                    part.media_type.as_ref().map(|m| json!(m)),
+                );
                 map.insert("kind".into(), json!("file"));
                 map.insert("file".into(), Value::Object(file));
             }
         },
     }
-    insert_opt(&mut map, "metadata", part.metadata.clone().map(Value::Object));
+    insert_opt(
+        &mut map,
+        "metadata",
+        part.metadata.clone().map(Value::Object),
+    );
     Value::Object(map)
 }
 
@@ -245,22 +303,38 @@ pub fn encode_message(version: WireVersion, message: &Message) -> Value {
     map.insert("messageId".into(), json!(message.message_id));
     map.insert("role".into(), json!(role_name(version, message.role)));
     map.insert("parts".into(), encode_parts(version, &message.parts));
-    insert_opt(&mut map, "contextId", message.context_id.as_ref().map(|c| json!(c)));
-    insert_opt(&mut map, "taskId", message.task_id.as_ref().map(|t| json!(t)));
+    insert_opt(
+        &mut map,
+        "contextId",
+        message.context_id.as_ref().map(|c| json!(c)),
+    );
+    insert_opt(
+        &mut map,
+        "taskId",
+        message.task_id.as_ref().map(|t| json!(t)),
+    );
     if !message.reference_task_ids.is_empty() {
         map.insert("referenceTaskIds".into(), json!(message.reference_task_ids));
     }
     if !message.extensions.is_empty() {
         map.insert("extensions".into(), json!(message.extensions));
     }
-    insert_opt(&mut map, "metadata", message.metadata.clone().map(Value::Object));
+    insert_opt(
+        &mut map,
+        "metadata",
+        message.metadata.clone().map(Value::Object),
+    );
     Value::Object(map)
 }
 
 fn encode_status(version: WireVersion, status: &TaskStatus) -> Value {
     let mut map = Map::new();
     map.insert("state".into(), json!(state_name(version, status.state)));
-    insert_opt(&mut map, "message", status.message.as_ref().map(|m| encode_message(version, m)));
+    insert_opt(
+        &mut map,
+        "message",
+        status.message.as_ref().map(|m| encode_message(version, m)),
+    );
     map.insert("timestamp".into(), json!(format_time(&status.timestamp)));
     Value::Object(map)
 }
@@ -269,9 +343,17 @@ pub fn encode_artifact(version: WireVersion, artifact: &Artifact) -> Value {
     let mut map = Map::new();
     map.insert("artifactId".into(), json!(artifact.artifact_id));
     insert_opt(&mut map, "name", artifact.name.as_ref().map(|n| json!(n)));
-    insert_opt(&mut map, "description", artifact.description.as_ref().map(|d| json!(d)));
+    insert_opt(
+        &mut map,
+        "description",
+        artifact.description.as_ref().map(|d| json!(d)),
+    );
     map.insert("parts".into(), encode_parts(version, &artifact.parts));
-    insert_opt(&mut map, "metadata", artifact.metadata.clone().map(Value::Object));
+    insert_opt(
+        &mut map,
+        "metadata",
+        artifact.metadata.clone().map(Value::Object),
+    );
     Value::Object(map)
 }
 
@@ -283,7 +365,10 @@ pub struct TaskView {
 }
 
 impl TaskView {
-    pub const FULL: TaskView = TaskView { history_length: None, artifacts: true };
+    pub const FULL: TaskView = TaskView {
+        history_length: None,
+        artifacts: true,
+    };
 }
 
 pub fn encode_task(version: WireVersion, task: &Task, view: TaskView) -> Value {
@@ -295,7 +380,11 @@ pub fn encode_task(version: WireVersion, task: &Task, view: TaskView) -> Value {
     map.insert("contextId".into(), json!(task.context_id));
     map.insert("status".into(), encode_status(version, &task.status));
     if view.artifacts && !task.artifacts.is_empty() {
-        let artifacts = task.artifacts.iter().map(|a| encode_artifact(version, a)).collect();
+        let artifacts = task
+            .artifacts
+            .iter()
+            .map(|a| encode_artifact(version, a))
+            .collect();
         map.insert("artifacts".into(), Value::Array(artifacts));
     }
     let skip = view
@@ -308,7 +397,11 @@ pub fn encode_task(version: WireVersion, task: &Task, view: TaskView) -> Value {
     if !history.is_empty() {
         map.insert("history".into(), Value::Array(history));
     }
-    insert_opt(&mut map, "metadata", task.metadata.clone().map(Value::Object));
+    insert_opt(
+        &mut map,
+        "metadata",
+        task.metadata.clone().map(Value::Object),
+    );
     Value::Object(map)
 }
 
@@ -329,7 +422,12 @@ pub fn encode_send_result(version: WireVersion, result: &SendResult, view: TaskV
 
 pub fn encode_event(version: WireVersion, event: &TaskEvent) -> Value {
     match event {
-        TaskEvent::Status { task_id, context_id, status, is_final } => {
+        TaskEvent::Status {
+            task_id,
+            context_id,
+            status,
+            is_final,
+        } => {
             let mut map = Map::new();
             if version == WireVersion::V03 {
                 map.insert("kind".into(), json!("status-update"));
@@ -340,7 +438,13 @@ pub fn encode_event(version: WireVersion, event: &TaskEvent) -> Value {
             map.insert("status".into(), encode_status(version, status));
             wrap(version, "statusUpdate", Value::Object(map))
         }
-        TaskEvent::Artifact { task_id, context_id, artifact, append, last_chunk } => {
+        TaskEvent::Artifact {
+            task_id,
+            context_id,
+            artifact,
+            append,
+            last_chunk,
+        } => {
             let mut map = Map::new();
             if version == WireVersion::V03 {
                 map.insert("kind".into(), json!("artifact-update"));

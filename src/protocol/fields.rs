@@ -41,7 +41,10 @@ impl<'a> Obj<'a> {
         let path = path.into();
         match value {
             Value::Object(map) => Ok(Obj { map, path }),
-            other => Err(field_error(path, format!("expected an object, got {}", type_name(other)))),
+            other => Err(field_error(
+                path,
+                format!("expected an object, got {}", type_name(other)),
+            )),
         }
     }
 
@@ -94,10 +97,9 @@ impl<'a> Obj<'a> {
     pub fn opt_u64(&self, name: &str) -> FieldResult<Option<u64>> {
         match self.get(name) {
             None => Ok(None),
-            Some(Value::Number(n)) => n
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| field_error(self.child_path(name), "must be a non-negative integer")),
+            Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(|| {
+                field_error(self.child_path(name), "must be a non-negative integer")
+            }),
             Some(Value::String(s)) => s
                 .parse()
                 .map(Some)

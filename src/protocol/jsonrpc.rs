@@ -30,11 +30,15 @@ pub enum RpcError {
     VersionNotSupported(String),
     #[error("no extended agent card is configured")]
     ExtendedCardNotConfigured,
-    #[error("context busy: task {task_id} is still running in context {context_id}; retry when it has finished")]
+    #[error(
+        "context busy: task {task_id} is still running in context {context_id}; retry when it has finished"
+    )]
     ContextBusy { context_id: String, task_id: String },
     #[error("server overloaded: too many turns running; retry in {retry_after_ms} ms")]
     Overloaded { retry_after_ms: u64 },
-    #[error("stream closed: this subscriber fell more than {0} events behind; resubscribe to continue from the task's current state")]
+    #[error(
+        "stream closed: this subscriber fell more than {0} events behind; resubscribe to continue from the task's current state"
+    )]
     SubscriberTooSlow(usize),
     #[error("the server is shutting down; retry on another instance or later")]
     ShuttingDown,
@@ -92,7 +96,10 @@ impl RpcError {
     fn details(&self) -> Map<String, Value> {
         let mut details = Map::new();
         match self {
-            RpcError::ContextBusy { context_id, task_id } => {
+            RpcError::ContextBusy {
+                context_id,
+                task_id,
+            } => {
                 details.insert("contextId".into(), json!(context_id));
                 details.insert("taskId".into(), json!(task_id));
             }
@@ -138,12 +145,20 @@ impl RpcError {
                 WireVersion::V1 => RpcError::Unsupported(e.to_string()),
                 WireVersion::V03 => RpcError::InvalidParams(e.to_string()),
             },
-            EngineError::ContextBusy { context_id, task_id } => {
-                RpcError::ContextBusy { context_id, task_id }
+            EngineError::ContextBusy {
+                context_id,
+                task_id,
+            } => RpcError::ContextBusy {
+                context_id,
+                task_id,
+            },
+            EngineError::Overloaded { retry_after_ms, .. } => {
+                RpcError::Overloaded { retry_after_ms }
             }
-            EngineError::Overloaded { retry_after_ms, .. } => RpcError::Overloaded { retry_after_ms },
             EngineError::ShuttingDown => RpcError::ShuttingDown,
-            e @ (EngineError::Store(_) | EngineError::Internal(_)) => RpcError::Internal(e.to_string()),
+            e @ (EngineError::Store(_) | EngineError::Internal(_)) => {
+                RpcError::Internal(e.to_string())
+            }
         }
     }
 }
@@ -167,14 +182,20 @@ pub struct RpcRequest {
 impl RpcRequest {
     /// Checks the envelope. On error, returns the id to answer with (null when unknown).
     pub fn parse(body: &[u8]) -> Result<RpcRequest, (RequestId, RpcError)> {
-        let value: Value = serde_json::from_slice(body)
-            .map_err(|e| (Value::Null, RpcError::Parse(format!("the body is not valid JSON: {e}"))))?;
+        let value: Value = serde_json::from_slice(body).map_err(|e| {
+            (
+                Value::Null,
+                RpcError::Parse(format!("the body is not valid JSON: {e}")),
+            )
+        })?;
         let object = match value {
             Value::Object(object) => object,
             Value::Array(_) => {
                 return Err((
                     Value::Null,
-                    RpcError::InvalidRequest("batch requests are not supported; send one request per call".into()),
+                    RpcError::InvalidRequest(
+                        "batch requests are not supported; send one request per call".into(),
+                    ),
                 ));
             }
             _ => {
@@ -198,7 +219,11 @@ impl RpcRequest {
         match object.get("jsonrpc") {
             Some(Value::String(v)) if v == "2.0" => {}
             Some(_) => return fail(RpcError::InvalidRequest("jsonrpc must be \"2.0\"".into())),
-            None => return fail(RpcError::InvalidRequest("jsonrpc is required (\"2.0\")".into())),
+            None => {
+                return fail(RpcError::InvalidRequest(
+                    "jsonrpc is required (\"2.0\")".into(),
+                ));
+            }
         }
         let method = match object.get("method") {
             Some(Value::String(m)) => m.clone(),

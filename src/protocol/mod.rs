@@ -54,10 +54,22 @@ const V1_METHODS: &[(&str, Method)] = &[
     ("ListTasks", Method::ListTasks),
     ("CancelTask", Method::CancelTask),
     ("SubscribeToTask", Method::SubscribeToTask),
-    ("CreateTaskPushNotificationConfig", Method::PushNotificationConfig),
-    ("GetTaskPushNotificationConfig", Method::PushNotificationConfig),
-    ("ListTaskPushNotificationConfigs", Method::PushNotificationConfig),
-    ("DeleteTaskPushNotificationConfig", Method::PushNotificationConfig),
+    (
+        "CreateTaskPushNotificationConfig",
+        Method::PushNotificationConfig,
+    ),
+    (
+        "GetTaskPushNotificationConfig",
+        Method::PushNotificationConfig,
+    ),
+    (
+        "ListTaskPushNotificationConfigs",
+        Method::PushNotificationConfig,
+    ),
+    (
+        "DeleteTaskPushNotificationConfig",
+        Method::PushNotificationConfig,
+    ),
     ("GetExtendedAgentCard", Method::GetExtendedAgentCard),
 ];
 
@@ -68,11 +80,26 @@ const V03_METHODS: &[(&str, Method)] = &[
     ("tasks/list", Method::ListTasks),
     ("tasks/cancel", Method::CancelTask),
     ("tasks/resubscribe", Method::SubscribeToTask),
-    ("tasks/pushNotificationConfig/set", Method::PushNotificationConfig),
-    ("tasks/pushNotificationConfig/get", Method::PushNotificationConfig),
-    ("tasks/pushNotificationConfig/list", Method::PushNotificationConfig),
-    ("tasks/pushNotificationConfig/delete", Method::PushNotificationConfig),
-    ("agent/getAuthenticatedExtendedCard", Method::GetExtendedAgentCard),
+    (
+        "tasks/pushNotificationConfig/set",
+        Method::PushNotificationConfig,
+    ),
+    (
+        "tasks/pushNotificationConfig/get",
+        Method::PushNotificationConfig,
+    ),
+    (
+        "tasks/pushNotificationConfig/list",
+        Method::PushNotificationConfig,
+    ),
+    (
+        "tasks/pushNotificationConfig/delete",
+        Method::PushNotificationConfig,
+    ),
+    (
+        "agent/getAuthenticatedExtendedCard",
+        Method::GetExtendedAgentCard,
+    ),
 ];
 
 /// colloquy's own methods, the same in both versions.

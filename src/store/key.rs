@@ -93,7 +93,10 @@ mod tests {
             ConversationKey::new("", "tenant/a"),
             ConversationKey::new("", "tenanta")
         );
-        assert_eq!(ConversationKey::new("p", "x"), ConversationKey::new("p", "x"));
+        assert_eq!(
+            ConversationKey::new("p", "x"),
+            ConversationKey::new("p", "x")
+        );
     }
 
     #[test]

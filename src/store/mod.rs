@@ -283,8 +283,12 @@ impl Store {
 
     /// Writes a probe record, to show the store takes writes (readiness).
     pub fn probe(&self) -> StoreResult<()> {
-        let stamp = crate::model::now().timestamp_millis().to_be_bytes().to_vec();
-        self.backend.apply(vec![KvOp::Put(b"zprobe".to_vec(), stamp)])
+        let stamp = crate::model::now()
+            .timestamp_millis()
+            .to_be_bytes()
+            .to_vec();
+        self.backend
+            .apply(vec![KvOp::Put(b"zprobe".to_vec(), stamp)])
     }
 
     pub fn size_on_disk(&self) -> StoreResult<u64> {
@@ -343,20 +347,28 @@ impl Store {
     pub fn list_tasks(&self, principal: &str, query: &TaskQuery) -> StoreResult<Page<TaskRecord>> {
         let prefix = match &query.conversation {
             Some(key) => prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]),
-            None => prefixed(TASKS_BY_PRINCIPAL, &[PrincipalKey::new(principal).as_bytes()]),
+            None => prefixed(
+                TASKS_BY_PRINCIPAL,
+                &[PrincipalKey::new(principal).as_bytes()],
+            ),
         };
         let wanted = |key: &[u8], value: &[u8]| {
-            let state_ok = query
-                .state
-                .is_none_or(|s| value.first() == Some(&s.code()));
+            let state_ok = query.state.is_none_or(|s| value.first() == Some(&s.code()));
             let time_ok = query.status_after.is_none_or(|after| {
                 key.get(prefix.len()..prefix.len() + 8)
                     .and_then(|b| b.try_into().ok())
-                    .is_some_and(|b: [u8; 8]| u64::MAX - u64::from_be_bytes(b) > after.timestamp_millis().max(0) as u64)
+                    .is_some_and(|b: [u8; 8]| {
+                        u64::MAX - u64::from_be_bytes(b) > after.timestamp_millis().max(0) as u64
+                    })
             });
             state_ok && time_ok
         };
-        let page = self.page(&prefix, query.page_size, query.page_token.as_deref(), wanted)?;
+        let page = self.page(
+            &prefix,
+            query.page_size,
+            query.page_token.as_deref(),
+            wanted,
+        )?;
         let mut items = Vec::with_capacity(page.items.len());
         for key in &page.items {
             let task_id = &key[prefix.len() + 8..];
@@ -486,10 +498,11 @@ impl Store {
             ops.push(KvOp::Delete(entry?.0));
         }
         let tasks_prefix = prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]);
-        for entry in self
-            .backend
-            .scan(Bound::Included(tasks_prefix.clone()), Bound::Unbounded, false)
-        {
+        for entry in self.backend.scan(
+            Bound::Included(tasks_prefix.clone()),
+            Bound::Unbounded,
+            false,
+        ) {
             let (index_key, _) = entry?;
             if !index_key.starts_with(&tasks_prefix) {
                 break;
