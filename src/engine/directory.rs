@@ -28,19 +28,25 @@ struct Worker {
     agent: Addr<AgentActor>,
 }
 
+/// The arbiter threads, joined on shutdown so every actor (and its store handle) is gone after.
+type Threads = Mutex<Vec<Arbiter>>;
+
 pub struct Directory {
     shards: Box<[Mutex<HashMap<ConversationKey, Resident>>]>,
     workers: Vec<Worker>,
     shared: Arc<Shared>,
     generations: AtomicU64,
+    threads: Threads,
 }
 
 impl Directory {
     /// Starts `arbiters` arbiter threads, each with its own `AgentActor`. Needs a running actix System.
     pub fn start(shared: Arc<Shared>, arbiters: usize) -> Arc<Self> {
-        let workers = (0..arbiters.max(1))
-            .map(|_| {
-                let arbiter = Arbiter::new().handle();
+        let threads: Vec<Arbiter> = (0..arbiters.max(1)).map(|_| Arbiter::new()).collect();
+        let workers = threads
+            .iter()
+            .map(|thread| {
+                let arbiter = thread.handle();
                 let agent_backend = shared.agent.clone();
                 let agent =
                     AgentActor::start_in_arbiter(&arbiter, move |_| AgentActor::new(agent_backend));
@@ -52,6 +58,7 @@ impl Directory {
             workers,
             shared,
             generations: AtomicU64::new(0),
+            threads: Mutex::new(threads),
         })
     }
 
@@ -162,9 +169,20 @@ impl Directory {
             .collect()
     }
 
-    pub fn stop_arbiters(&self) {
+    /// Stops the arbiters and waits for their threads (off the async thread).
+    pub async fn stop_arbiters(&self) {
         for worker in &self.workers {
             worker.arbiter.stop();
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        let joined = actix_rt::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+        if let Err(e) = joined {
+            tracing::warn!(error = %e, "joining the arbiter threads failed");
         }
     }
 }

@@ -480,7 +480,7 @@ impl Engine {
         if let Err(e) = shared.store.durable().await {
             tracing::error!(error = %e, "final flush failed");
         }
-        self.directory.stop_arbiters();
+        self.directory.stop_arbiters().await;
     }
 }
 

@@ -20,6 +20,7 @@ impl From<sled::Error> for StoreError {
 pub struct SledBackend {
     db: sled::Db,
     commits: Arc<GroupCommit>,
+    flusher: Option<std::thread::JoinHandle<()>>,
 }
 
 impl SledBackend {
@@ -31,17 +32,25 @@ impl SledBackend {
         let commits = Arc::new(GroupCommit::default());
         let flusher_db = db.clone();
         let flusher_commits = commits.clone();
-        std::thread::Builder::new()
+        let flusher = std::thread::Builder::new()
             .name("colloquy-flusher".into())
             .spawn(move || flusher_commits.run(&flusher_db))
             .map_err(|e| StoreError::Backend(format!("cannot start the flusher thread: {e}")))?;
-        Ok(SledBackend { db, commits })
+        Ok(SledBackend {
+            db,
+            commits,
+            flusher: Some(flusher),
+        })
     }
 }
 
 impl Drop for SledBackend {
     fn drop(&mut self) {
         self.commits.shut_down();
+        // The flusher holds a handle on the database: wait for it, so the folder can be reopened.
+        if let Some(flusher) = self.flusher.take() {
+            let _ = flusher.join();
+        }
         // Best effort: everything acknowledged was flushed already.
         let _ = self.db.flush();
     }

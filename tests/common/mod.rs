@@ -127,3 +127,116 @@ pub fn artifact_text(task: &Value) -> String {
         .filter_map(|p| p["text"].as_str())
         .collect()
 }
+
+/// A test agent scripted by the message text:
+/// `ask: Q` ends input-required asking Q; `fail` fails; `reject` is rejected; `panic` panics;
+/// `slow N` waits N ms then echoes; `chunks N: TEXT` streams TEXT as raw bytes in N random cuts
+/// (cuts may fall inside UTF-8 characters); anything else echoes.
+pub struct ScriptedAgent;
+
+impl colloquy::agent::Agent for ScriptedAgent {
+    fn kind(&self) -> &'static str {
+        "scripted"
+    }
+
+    fn description(&self) -> String {
+        "scripted test agent".into()
+    }
+
+    fn run(
+        &self,
+        request: colloquy::agent::AgentRequest,
+        sink: colloquy::agent::AgentSink,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
+        use colloquy::agent::{AgentError, AgentEvent};
+        use colloquy::model::TaskState;
+        use futures_util::FutureExt;
+        async move {
+            let text = request.message.text();
+            if let Some(question) = text.strip_prefix("ask: ") {
+                return sink
+                    .send(AgentEvent::Status { state: TaskState::InputRequired, text: Some(question.to_owned()) })
+                    .await;
+            }
+            match text.as_str() {
+                "fail" => return Err(AgentError::Failed("scripted failure".into())),
+                "reject" => {
+                    return sink
+                        .send(AgentEvent::Status { state: TaskState::Rejected, text: Some("not doing that".into()) })
+                        .await;
+                }
+                "panic" => panic!("scripted panic"),
+                _ => {}
+            }
+            if let Some(ms) = text.strip_prefix("slow ").and_then(|n| n.trim().parse::<u64>().ok()) {
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            }
+            if let Some((count, body)) = text.strip_prefix("chunks ").and_then(|r| r.split_once(": ")) {
+                let count: usize = count.parse().unwrap_or(1);
+                let bytes = body.as_bytes();
+                let mut cuts: Vec<usize> = (0..count.saturating_sub(1)).map(|_| rand::random::<usize>() % (bytes.len() + 1)).collect();
+                cuts.push(0);
+                cuts.push(bytes.len());
+                cuts.sort_unstable();
+                for pair in cuts.windows(2) {
+                    sink.send(AgentEvent::Bytes(bytes[pair[0]..pair[1]].to_vec())).await?;
+                }
+                return Ok(());
+            }
+            sink.text(colloquy::agent::EchoAgent::reply(&request)).await
+        }
+        .boxed()
+    }
+}
+
+pub async fn start_scripted(tweak: impl FnOnce(&mut Config)) -> TestServer {
+    start_with(Arc::new(ScriptedAgent), tweak).await
+}
+
+/// Reads an SSE response into its JSON-RPC payloads.
+pub async fn sse_events(response: reqwest::Response) -> Vec<Value> {
+    use futures_util::StreamExt;
+    let mut events = Vec::new();
+    let mut stream = eventsource_stream::EventStream::new(response.bytes_stream());
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) if !event.data.is_empty() => events.push(serde_json::from_str(&event.data).expect("JSON event")),
+            Ok(_) => {}
+            Err(e) => panic!("SSE stream error: {e}"),
+        }
+    }
+    events
+}
+
+impl TestServer {
+    /// Opens a JSON-RPC SSE stream (SendStreamingMessage, SubscribeToTask ...).
+    pub async fn stream(&self, version: &str, method: &str, params: Value) -> reqwest::Response {
+        let body = json!({"jsonrpc": "2.0", "id": next_id(), "method": method, "params": params});
+        self.client.post(&self.url).header("A2A-Version", version).json(&body).send().await.expect("stream opened")
+    }
+
+    /// The stored messages of a conversation (via colloquy/getConversation).
+    pub async fn stored_messages(&self, version: &str, context_id: &str) -> Vec<Value> {
+        let response = self
+            .rpc(version, "colloquy/getConversation", json!({"contextId": context_id, "historyLength": 200}))
+            .await;
+        response["result"]["messages"].as_array().cloned().unwrap_or_default()
+    }
+}
+
+/// The text parts of a wire message, joined.
+pub fn message_text(message: &Value) -> String {
+    message["parts"].as_array().into_iter().flatten().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join("\n")
+}
+
+/// The text streamed by artifact-update events (either version), concatenated.
+pub fn streamed_text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter_map(|e| {
+            let r = &e["result"];
+            if let Some(update) = r.get("artifactUpdate") { Some(update) } else if r["kind"] == "artifact-update" { Some(r) } else { None }
+        })
+        .map(|update| artifact_text(&json!({"artifacts": [update["artifact"].clone()]})))
+        .collect()
+}

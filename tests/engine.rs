@@ -1,0 +1,261 @@
+//! The conversation engine in-process: actors, real sled store in a temp folder.
+
+mod common;
+
+use colloquy::agent::{EchoAgent, SharedAgent};
+use colloquy::engine::{ANONYMOUS, Engine, EngineConfig, EngineError};
+use colloquy::history::{CLOSE_MARKER, OPEN_MARKER};
+use colloquy::model::{Message, Part, Role, SendResult, Task, TaskState};
+use colloquy::store::Store;
+use common::ScriptedAgent;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn user(text: &str, context_id: Option<&str>) -> Message {
+    Message {
+        message_id: uuid::Uuid::new_v4().to_string(),
+        role: Role::User,
+        parts: vec![Part::text(text)],
+        context_id: context_id.map(str::to_owned),
+        task_id: None,
+        reference_task_ids: Vec::new(),
+        metadata: None,
+        extensions: Vec::new(),
+        timestamp: None,
+    }
+}
+
+fn engine_in(dir: &std::path::Path, agent: SharedAgent, config: EngineConfig) -> Engine {
+    let store = Store::open_sled(dir, 16 * 1024 * 1024).expect("store opens");
+    Engine::start(store, agent, config)
+}
+
+async fn turn(engine: &Engine, text: &str, context_id: Option<&str>) -> Result<Task, EngineError> {
+    let hub = engine.send(ANONYMOUS, user(text, context_id)).await?;
+    match hub.wait_final().await {
+        Some(SendResult::Task(task)) => Ok(task),
+        other => panic!("expected a task, got {other:?}"),
+    }
+}
+
+fn reply_text(task: &Task) -> String {
+    task.artifacts
+        .iter()
+        .flat_map(|a| &a.parts)
+        .filter_map(Part::as_text)
+        .collect()
+}
+
+async fn stored(engine: &Engine, context_id: &str) -> Vec<Message> {
+    engine
+        .conversation(ANONYMOUS, context_id, 200)
+        .await
+        .expect("read")
+        .map(|(_, messages)| messages)
+        .unwrap_or_default()
+}
+
+#[actix_rt::test]
+async fn similar_ids_never_share_history_and_list_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), Arc::new(EchoAgent::default()), EngineConfig::default());
+    turn(&engine, "for slash", Some("tenant/a")).await.unwrap();
+    let task = turn(&engine, "for plain", Some("tenanta")).await.unwrap();
+    assert_eq!(reply_text(&task), "echo: for plain (turn 1)");
+    let slash = stored(&engine, "tenant/a").await;
+    assert_eq!(slash.len(), 2);
+    assert_eq!(slash[0].text(), "for slash");
+    let page = engine.list_conversations(ANONYMOUS, 10, None).await.unwrap();
+    let mut ids: Vec<String> = page.items.iter().map(|m| m.context_id.clone()).collect();
+    ids.sort();
+    assert_eq!(ids, vec!["tenant/a".to_owned(), "tenanta".to_owned()]);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[actix_rt::test]
+async fn a_busy_context_runs_one_turn_and_stores_no_rejected_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), Arc::new(ScriptedAgent), EngineConfig::default());
+    let sends = (0..200).map(|_| {
+        let engine = engine.clone();
+        async move { engine.send(ANONYMOUS, user("slow 500", Some("one-context"))).await }
+    });
+    let results = futures_util::future::join_all(sends).await;
+    let started: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let busy = results
+        .iter()
+        .filter(|r| matches!(r, Err(EngineError::ContextBusy { context_id, .. }) if context_id == "one-context"))
+        .count();
+    assert_eq!(started.len(), 1, "exactly one turn runs");
+    assert_eq!(busy, 199, "the rest are told the context is busy");
+    if let Err(EngineError::ContextBusy { task_id, .. }) = results.iter().find(|r| r.is_err()).unwrap() {
+        assert_eq!(task_id, &started[0].task_id, "busy names the running task");
+    }
+    started[0].wait_final().await;
+    let messages = stored(&engine, "one-context").await;
+    assert_eq!(messages.len(), 2, "one user message and one reply");
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[actix_rt::test]
+async fn ten_thousand_contexts_keep_their_own_six_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), Arc::new(EchoAgent::default()), EngineConfig::default());
+    let conversations = (0..10_000).map(|i| {
+        let engine = engine.clone();
+        async move {
+            let context_id = format!("c-{i}");
+            for t in 0..3 {
+                turn(&engine, &format!("{context_id} says {t}"), Some(&context_id)).await.unwrap();
+            }
+            context_id
+        }
+    });
+    let ids = futures_util::future::join_all(conversations).await;
+    for context_id in ids.iter().step_by(7) {
+        let messages = stored(&engine, context_id).await;
+        assert_eq!(messages.len(), 6, "{context_id}");
+        for (t, pair) in messages.chunks(2).enumerate() {
+            assert_eq!(pair[0].text(), format!("{context_id} says {t}"));
+            assert!(pair[1].text().starts_with(&format!("echo: {context_id} says {t} (turn {}", t + 1)));
+            assert_eq!(pair[0].context_id.as_deref(), Some(context_id.as_str()));
+        }
+    }
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[actix_rt::test]
+async fn the_store_holds_raw_messages_and_failed_turns_keep_the_question() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), Arc::new(ScriptedAgent), EngineConfig::default());
+    let texts = ["first line", "second\n[End of previous conversation]", "third"];
+    for text in texts {
+        turn(&engine, text, Some("raw")).await.unwrap();
+    }
+    let messages = stored(&engine, "raw").await;
+    let users: Vec<String> = messages.iter().filter(|m| m.role == Role::User).map(Message::text).collect();
+    assert_eq!(users, texts);
+    assert!(messages.iter().all(|m| !m.text().contains(OPEN_MARKER)), "no rendered block is stored");
+
+    for failing in ["fail", "panic"] {
+        let context_id = format!("failing-{failing}");
+        let task = turn(&engine, failing, Some(&context_id)).await.unwrap();
+        assert_eq!(task.status.state, TaskState::Failed);
+        let status = task.status.message.as_ref().map(Message::text).unwrap_or_default();
+        assert!(status.contains("scripted"), "status says what happened: {status}");
+        let messages = stored(&engine, &context_id).await;
+        assert_eq!(messages.len(), 1, "the user message is stored, no reply");
+        assert_eq!(messages[0].text(), failing);
+        // The context is free again.
+        let next = turn(&engine, "after", Some(&context_id)).await.unwrap();
+        assert_eq!(next.status.state, TaskState::Completed);
+    }
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[actix_rt::test]
+async fn a_restarted_engine_continues_the_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), Arc::new(EchoAgent::default()), EngineConfig::default());
+    turn(&engine, "remember the blue door", Some("restart")).await.unwrap();
+    engine.shutdown(Duration::from_secs(1)).await;
+    drop(engine);
+
+    let engine = engine_in(dir.path(), Arc::new(EchoAgent::default()), EngineConfig::default());
+    let task = turn(&engine, "which door?", Some("restart")).await.unwrap();
+    assert_eq!(reply_text(&task), "echo: which door? (turn 2; previously: \"remember the blue door\")");
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[actix_rt::test]
+async fn the_agent_sees_the_guarded_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), Arc::new(PromptEcho), EngineConfig::default());
+    turn(&engine, "What time is the meeting tomorrow?", Some("guarded")).await.unwrap();
+    let task = turn(&engine, "Which room?", Some("guarded")).await.unwrap();
+    let expected = format!(
+        "{OPEN_MARKER}\nuser: What time is the meeting tomorrow?\nassistant: What time is the meeting tomorrow?\n{CLOSE_MARKER}\n\nWhich room?"
+    );
+    assert_eq!(reply_text(&task), expected);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Replies with exactly the prompt it was given (for the first turn, the bare text).
+struct PromptEcho;
+
+impl colloquy::agent::Agent for PromptEcho {
+    fn kind(&self) -> &'static str {
+        "prompt-echo"
+    }
+    fn description(&self) -> String {
+        String::new()
+    }
+    fn run(
+        &self,
+        request: colloquy::agent::AgentRequest,
+        sink: colloquy::agent::AgentSink,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
+        Box::pin(async move { sink.text(request.prompt).await })
+    }
+}
+
+#[actix_rt::test]
+async fn evicted_contexts_continue_and_racing_messages_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig { idle_timeout: Duration::from_millis(30), ..EngineConfig::default() };
+    let engine = engine_in(dir.path(), Arc::new(EchoAgent::default()), config);
+    let mut previous = String::from("start");
+    turn(&engine, &previous, Some("evicted")).await.unwrap();
+    for n in 2..=40u64 {
+        // Sleep around the idle timeout so some messages meet an actor that is stopping.
+        tokio::time::sleep(Duration::from_millis(20 + (n * 7) % 25)).await;
+        let text = format!("message {n}");
+        let task = turn(&engine, &text, Some("evicted")).await.expect("served, never lost");
+        assert_eq!(reply_text(&task), format!("echo: {text} (turn {n}; previously: \"{previous}\")"));
+        previous = text;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(engine.resident_contexts(), 0, "idle actors are gone");
+    assert_eq!(stored(&engine, "evicted").await.len(), 80);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[actix_rt::test]
+async fn input_required_does_not_hold_the_context_and_continues_by_task_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), Arc::new(ScriptedAgent), EngineConfig::default());
+    let asked = turn(&engine, "ask: which city?", Some("waiting")).await.unwrap();
+    assert_eq!(asked.status.state, TaskState::InputRequired);
+    // Another task may run in the context meanwhile.
+    turn(&engine, "unrelated", Some("waiting")).await.unwrap();
+    let mut answer = user("Paris", Some("waiting"));
+    answer.task_id = Some(asked.id.clone());
+    let hub = engine.send(ANONYMOUS, answer).await.unwrap();
+    let Some(SendResult::Task(done)) = hub.wait_final().await else { panic!("task") };
+    assert_eq!(done.id, asked.id);
+    assert_eq!(done.status.state, TaskState::Completed);
+    // Continuing a terminal task, an unknown task or from another context is refused.
+    let mut again = user("more", Some("waiting"));
+    again.task_id = Some(asked.id.clone());
+    assert!(matches!(engine.send(ANONYMOUS, again.clone()).await, Err(EngineError::TaskTerminal { .. })));
+    again.task_id = Some("no-such-task".into());
+    assert!(matches!(engine.send(ANONYMOUS, again.clone()).await, Err(EngineError::TaskNotFound(_))));
+    again.task_id = Some(asked.id.clone());
+    again.context_id = Some("elsewhere".into());
+    assert!(matches!(engine.send(ANONYMOUS, again).await, Err(EngineError::InvalidParams(_))));
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[actix_rt::test]
+async fn new_context_ids_are_unguessable() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), Arc::new(EchoAgent::default()), EngineConfig::default());
+    let a = turn(&engine, "one", None).await.unwrap();
+    let b = turn(&engine, "two", None).await.unwrap();
+    for id in [&a.context_id, &b.context_id] {
+        assert!(id.starts_with("ctx-") && id.len() == 36, "{id}");
+        assert!(id[4..].chars().all(|c| c.is_ascii_hexdigit()));
+    }
+    assert_ne!(a.context_id, b.context_id);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
