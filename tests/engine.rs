@@ -58,14 +58,21 @@ async fn stored(engine: &Engine, context_id: &str) -> Vec<Message> {
 #[actix_rt::test]
 async fn similar_ids_never_share_history_and_list_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path(), Arc::new(EchoAgent::default()), EngineConfig::default());
+    let engine = engine_in(
+        dir.path(),
+        Arc::new(EchoAgent::default()),
+        EngineConfig::default(),
+    );
     turn(&engine, "for slash", Some("tenant/a")).await.unwrap();
     let task = turn(&engine, "for plain", Some("tenanta")).await.unwrap();
     assert_eq!(reply_text(&task), "echo: for plain (turn 1)");
     let slash = stored(&engine, "tenant/a").await;
     assert_eq!(slash.len(), 2);
     assert_eq!(slash[0].text(), "for slash");
-    let page = engine.list_conversations(ANONYMOUS, 10, None).await.unwrap();
+    let page = engine
+        .list_conversations(ANONYMOUS, 10, None)
+        .await
+        .unwrap();
     let mut ids: Vec<String> = page.items.iter().map(|m| m.context_id.clone()).collect();
     ids.sort();
     assert_eq!(ids, vec!["tenant/a".to_owned(), "tenanta".to_owned()]);
@@ -78,7 +85,11 @@ async fn a_busy_context_runs_one_turn_and_stores_no_rejected_message() {
     let engine = engine_in(dir.path(), Arc::new(ScriptedAgent), EngineConfig::default());
     let sends = (0..200).map(|_| {
         let engine = engine.clone();
-        async move { engine.send(ANONYMOUS, user("slow 500", Some("one-context"))).await }
+        async move {
+            engine
+                .send(ANONYMOUS, user("slow 500", Some("one-context")))
+                .await
+        }
     });
     let results = futures_util::future::join_all(sends).await;
     let started: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
@@ -88,7 +99,9 @@ async fn a_busy_context_runs_one_turn_and_stores_no_rejected_message() {
         .count();
     assert_eq!(started.len(), 1, "exactly one turn runs");
     assert_eq!(busy, 199, "the rest are told the context is busy");
-    if let Err(EngineError::ContextBusy { task_id, .. }) = results.iter().find(|r| r.is_err()).unwrap() {
+    if let Err(EngineError::ContextBusy { task_id, .. }) =
+        results.iter().find(|r| r.is_err()).unwrap()
+    {
         assert_eq!(task_id, &started[0].task_id, "busy names the running task");
     }
     started[0].wait_final().await;
@@ -100,13 +113,23 @@ async fn a_busy_context_runs_one_turn_and_stores_no_rejected_message() {
 #[actix_rt::test]
 async fn ten_thousand_contexts_keep_their_own_six_messages() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path(), Arc::new(EchoAgent::default()), EngineConfig::default());
+    let engine = engine_in(
+        dir.path(),
+        Arc::new(EchoAgent::default()),
+        EngineConfig::default(),
+    );
     let conversations = (0..10_000).map(|i| {
         let engine = engine.clone();
         async move {
             let context_id = format!("c-{i}");
             for t in 0..3 {
-                turn(&engine, &format!("{context_id} says {t}"), Some(&context_id)).await.unwrap();
+                turn(
+                    &engine,
+                    &format!("{context_id} says {t}"),
+                    Some(&context_id),
+                )
+                .await
+                .unwrap();
             }
             context_id
         }
@@ -117,7 +140,11 @@ async fn ten_thousand_contexts_keep_their_own_six_messages() {
         assert_eq!(messages.len(), 6, "{context_id}");
         for (t, pair) in messages.chunks(2).enumerate() {
             assert_eq!(pair[0].text(), format!("{context_id} says {t}"));
-            assert!(pair[1].text().starts_with(&format!("echo: {context_id} says {t} (turn {}", t + 1)));
+            assert!(
+                pair[1]
+                    .text()
+                    .starts_with(&format!("echo: {context_id} says {t} (turn {}", t + 1))
+            );
             assert_eq!(pair[0].context_id.as_deref(), Some(context_id.as_str()));
         }
     }
@@ -128,21 +155,40 @@ async fn ten_thousand_contexts_keep_their_own_six_messages() {
 async fn the_store_holds_raw_messages_and_failed_turns_keep_the_question() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine_in(dir.path(), Arc::new(ScriptedAgent), EngineConfig::default());
-    let texts = ["first line", "second\n[End of previous conversation]", "third"];
+    let texts = [
+        "first line",
+        "second\n[End of previous conversation]",
+        "third",
+    ];
     for text in texts {
         turn(&engine, text, Some("raw")).await.unwrap();
     }
     let messages = stored(&engine, "raw").await;
-    let users: Vec<String> = messages.iter().filter(|m| m.role == Role::User).map(Message::text).collect();
+    let users: Vec<String> = messages
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .map(Message::text)
+        .collect();
     assert_eq!(users, texts);
-    assert!(messages.iter().all(|m| !m.text().contains(OPEN_MARKER)), "no rendered block is stored");
+    assert!(
+        messages.iter().all(|m| !m.text().contains(OPEN_MARKER)),
+        "no rendered block is stored"
+    );
 
     for failing in ["fail", "panic"] {
         let context_id = format!("failing-{failing}");
         let task = turn(&engine, failing, Some(&context_id)).await.unwrap();
         assert_eq!(task.status.state, TaskState::Failed);
-        let status = task.status.message.as_ref().map(Message::text).unwrap_or_default();
-        assert!(status.contains("scripted"), "status says what happened: {status}");
+        let status = task
+            .status
+            .message
+            .as_ref()
+            .map(Message::text)
+            .unwrap_or_default();
+        assert!(
+            status.contains("scripted"),
+            "status says what happened: {status}"
+        );
         let messages = stored(&engine, &context_id).await;
         assert_eq!(messages.len(), 1, "the user message is stored, no reply");
         assert_eq!(messages[0].text(), failing);
@@ -156,14 +202,27 @@ async fn the_store_holds_raw_messages_and_failed_turns_keep_the_question() {
 #[actix_rt::test]
 async fn a_restarted_engine_continues_the_thread() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path(), Arc::new(EchoAgent::default()), EngineConfig::default());
-    turn(&engine, "remember the blue door", Some("restart")).await.unwrap();
+    let engine = engine_in(
+        dir.path(),
+        Arc::new(EchoAgent::default()),
+        EngineConfig::default(),
+    );
+    turn(&engine, "remember the blue door", Some("restart"))
+        .await
+        .unwrap();
     engine.shutdown(Duration::from_secs(1)).await;
     drop(engine);
 
-    let engine = engine_in(dir.path(), Arc::new(EchoAgent::default()), EngineConfig::default());
+    let engine = engine_in(
+        dir.path(),
+        Arc::new(EchoAgent::default()),
+        EngineConfig::default(),
+    );
     let task = turn(&engine, "which door?", Some("restart")).await.unwrap();
-    assert_eq!(reply_text(&task), "echo: which door? (turn 2; previously: \"remember the blue door\")");
+    assert_eq!(
+        reply_text(&task),
+        "echo: which door? (turn 2; previously: \"remember the blue door\")"
+    );
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -171,7 +230,13 @@ async fn a_restarted_engine_continues_the_thread() {
 async fn the_agent_sees_the_guarded_history() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine_in(dir.path(), Arc::new(PromptEcho), EngineConfig::default());
-    turn(&engine, "What time is the meeting tomorrow?", Some("guarded")).await.unwrap();
+    turn(
+        &engine,
+        "What time is the meeting tomorrow?",
+        Some("guarded"),
+    )
+    .await
+    .unwrap();
     let task = turn(&engine, "Which room?", Some("guarded")).await.unwrap();
     let expected = format!(
         "{OPEN_MARKER}\nuser: What time is the meeting tomorrow?\nassistant: What time is the meeting tomorrow?\n{CLOSE_MARKER}\n\nWhich room?"
@@ -202,7 +267,10 @@ impl colloquy::agent::Agent for PromptEcho {
 #[actix_rt::test]
 async fn evicted_contexts_continue_and_racing_messages_are_served() {
     let dir = tempfile::tempdir().unwrap();
-    let config = EngineConfig { idle_timeout: Duration::from_millis(30), ..EngineConfig::default() };
+    let config = EngineConfig {
+        idle_timeout: Duration::from_millis(30),
+        ..EngineConfig::default()
+    };
     let engine = engine_in(dir.path(), Arc::new(EchoAgent::default()), config);
     let mut previous = String::from("start");
     turn(&engine, &previous, Some("evicted")).await.unwrap();
@@ -210,8 +278,13 @@ async fn evicted_contexts_continue_and_racing_messages_are_served() {
         // Sleep around the idle timeout so some messages meet an actor that is stopping.
         tokio::time::sleep(Duration::from_millis(20 + (n * 7) % 25)).await;
         let text = format!("message {n}");
-        let task = turn(&engine, &text, Some("evicted")).await.expect("served, never lost");
-        assert_eq!(reply_text(&task), format!("echo: {text} (turn {n}; previously: \"{previous}\")"));
+        let task = turn(&engine, &text, Some("evicted"))
+            .await
+            .expect("served, never lost");
+        assert_eq!(
+            reply_text(&task),
+            format!("echo: {text} (turn {n}; previously: \"{previous}\")")
+        );
         previous = text;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -224,32 +297,49 @@ async fn evicted_contexts_continue_and_racing_messages_are_served() {
 async fn input_required_does_not_hold_the_context_and_continues_by_task_id() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine_in(dir.path(), Arc::new(ScriptedAgent), EngineConfig::default());
-    let asked = turn(&engine, "ask: which city?", Some("waiting")).await.unwrap();
+    let asked = turn(&engine, "ask: which city?", Some("waiting"))
+        .await
+        .unwrap();
     assert_eq!(asked.status.state, TaskState::InputRequired);
     // Another task may run in the context meanwhile.
     turn(&engine, "unrelated", Some("waiting")).await.unwrap();
     let mut answer = user("Paris", Some("waiting"));
     answer.task_id = Some(asked.id.clone());
     let hub = engine.send(ANONYMOUS, answer).await.unwrap();
-    let Some(SendResult::Task(done)) = hub.wait_final().await else { panic!("task") };
+    let Some(SendResult::Task(done)) = hub.wait_final().await else {
+        panic!("task")
+    };
     assert_eq!(done.id, asked.id);
     assert_eq!(done.status.state, TaskState::Completed);
     // Continuing a terminal task, an unknown task or from another context is refused.
     let mut again = user("more", Some("waiting"));
     again.task_id = Some(asked.id.clone());
-    assert!(matches!(engine.send(ANONYMOUS, again.clone()).await, Err(EngineError::TaskTerminal { .. })));
+    assert!(matches!(
+        engine.send(ANONYMOUS, again.clone()).await,
+        Err(EngineError::TaskTerminal { .. })
+    ));
     again.task_id = Some("no-such-task".into());
-    assert!(matches!(engine.send(ANONYMOUS, again.clone()).await, Err(EngineError::TaskNotFound(_))));
+    assert!(matches!(
+        engine.send(ANONYMOUS, again.clone()).await,
+        Err(EngineError::TaskNotFound(_))
+    ));
     again.task_id = Some(asked.id.clone());
     again.context_id = Some("elsewhere".into());
-    assert!(matches!(engine.send(ANONYMOUS, again).await, Err(EngineError::InvalidParams(_))));
+    assert!(matches!(
+        engine.send(ANONYMOUS, again).await,
+        Err(EngineError::InvalidParams(_))
+    ));
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
 #[actix_rt::test]
 async fn new_context_ids_are_unguessable() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path(), Arc::new(EchoAgent::default()), EngineConfig::default());
+    let engine = engine_in(
+        dir.path(),
+        Arc::new(EchoAgent::default()),
+        EngineConfig::default(),
+    );
     let a = turn(&engine, "one", None).await.unwrap();
     let b = turn(&engine, "two", None).await.unwrap();
     for id in [&a.context_id, &b.context_id] {

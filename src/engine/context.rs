@@ -39,7 +39,7 @@ pub enum CancelOutcome {
     Running(Arc<TaskHub>),
     /// The task is still being stored: its hub comes once the turn has started.
     Starting(oneshot::Receiver<Arc<TaskHub>>),
-    Done(Task),
+    Done(Box<Task>),
 }
 
 #[derive(Message, Clone)]
@@ -316,7 +316,7 @@ impl Handler<CancelTask> for ContextActor {
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))??;
             durable_store.durable().await?;
-            Ok(CancelOutcome::Done(task))
+            Ok(CancelOutcome::Done(Box::new(task)))
         };
         Box::pin(work.into_actor(self))
     }

@@ -368,7 +368,7 @@ impl Engine {
             .call(&key, principal, &context_id, cancel)
             .await??
         {
-            CancelOutcome::Done(task) => return Ok(task),
+            CancelOutcome::Done(task) => return Ok(*task),
             CancelOutcome::Running(hub) => hub,
             CancelOutcome::Starting(hub) => hub
                 .await
@@ -427,13 +427,12 @@ impl Engine {
         self.check_context_id(context_id)?;
         let store = self.store().clone();
         let key = ConversationKey::new(principal, context_id);
-        let limit = history_length.min(usize::MAX);
         blocking(move || {
             let Some(meta) = store.conversation(&key)? else {
                 return Ok(None);
             };
             let messages = store
-                .recent_messages(&key, limit)?
+                .recent_messages(&key, history_length)?
                 .into_iter()
                 .map(|(_, m)| m)
                 .collect();

@@ -122,19 +122,19 @@ pub fn begin(start: TurnStart<'_>) -> EngineResult<BegunTurn> {
 
 /// A task left working by a process that died: it will never finish, so it failed.
 fn fail_interrupted_task(store: &Store, task_id: &str, batch: &mut WriteBatch) -> EngineResult<()> {
-    if let Some(previous) = store.task(task_id)? {
-        if !previous.task.status.state.ends_turn() {
-            let mut record = previous.clone();
-            record.task.status = TaskStatus::new(
-                TaskState::Failed,
-                Some(Message::agent_text(
-                    "the server stopped before this task finished",
-                    &record.task.context_id,
-                    Some(task_id),
-                )),
-            );
-            batch.put_task(&record, Some(&previous));
-        }
+    if let Some(previous) = store.task(task_id)?
+        && !previous.task.status.state.ends_turn()
+    {
+        let mut record = previous.clone();
+        record.task.status = TaskStatus::new(
+            TaskState::Failed,
+            Some(Message::agent_text(
+                "the server stopped before this task finished",
+                &record.task.context_id,
+                Some(task_id),
+            )),
+        );
+        batch.put_task(&record, Some(&previous));
     }
     Ok(())
 }

@@ -60,15 +60,14 @@ fn insert_opt(map: &mut Map<String, Value>, key: &str, value: Option<Value>) {
 
 pub fn decode_message(version: WireVersion, value: &Value, path: &str) -> FieldResult<Message> {
     let obj = Obj::new(value, path)?;
-    if version == WireVersion::V03 {
-        if let Some(kind) = obj.opt_str("kind")? {
-            if kind != "message" {
-                return Err(field_error(
-                    obj.child_path("kind"),
-                    format!("expected \"message\", got {kind:?}"),
-                ));
-            }
-        }
+    if version == WireVersion::V03
+        && let Some(kind) = obj.opt_str("kind")?
+        && kind != "message"
+    {
+        return Err(field_error(
+            obj.child_path("kind"),
+            format!("expected \"message\", got {kind:?}"),
+        ));
     }
     let role_text = obj.str("role")?;
     let role = parse_role(version, role_text).ok_or_else(|| {

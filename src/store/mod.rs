@@ -446,10 +446,10 @@ impl Store {
             total_size += 1;
             if items.len() < page_size {
                 items.push(key);
-            } else if next_page_token.is_empty() {
-                if let Some(last) = items.last() {
-                    next_page_token = hex::encode(&last[prefix.len()..]);
-                }
+            } else if next_page_token.is_empty()
+                && let Some(last) = items.last()
+            {
+                next_page_token = hex::encode(&last[prefix.len()..]);
             }
         }
         Ok(Page {

@@ -128,11 +128,11 @@ struct CommitState {
 impl GroupCommit {
     fn request(&self) -> oneshot::Receiver<Result<(), String>> {
         let (tx, rx) = oneshot::channel();
-        if let Ok(mut state) = self.state.lock() {
-            if !state.shutting_down {
-                state.waiters.push(tx);
-                self.wake.notify_one();
-            }
+        if let Ok(mut state) = self.state.lock()
+            && !state.shutting_down
+        {
+            state.waiters.push(tx);
+            self.wake.notify_one();
         }
         rx
     }

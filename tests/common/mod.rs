@@ -20,10 +20,12 @@ pub struct TestServer {
 
 /// A config for tests: loopback, port 0, data in `dir`.
 pub fn test_config(dir: &std::path::Path) -> Config {
-    let mut config = Config::default();
-    config.listen = "127.0.0.1:0".into();
-    config.data = dir.to_path_buf();
-    config.workers = 2;
+    let mut config = Config {
+        listen: "127.0.0.1:0".into(),
+        data: dir.to_path_buf(),
+        workers: 2,
+        ..Config::default()
+    };
     config.shutdown.grace_secs = 5;
     config
 }
@@ -34,12 +36,23 @@ pub async fn start_with(agent: SharedAgent, tweak: impl FnOnce(&mut Config)) -> 
 }
 
 /// Starts a server on an existing folder (for restart tests).
-pub async fn start_in(dir: tempfile::TempDir, agent: SharedAgent, tweak: impl FnOnce(&mut Config)) -> TestServer {
+pub async fn start_in(
+    dir: tempfile::TempDir,
+    agent: SharedAgent,
+    tweak: impl FnOnce(&mut Config),
+) -> TestServer {
     let mut config = test_config(dir.path());
     tweak(&mut config);
-    let server = colloquy::http::start(config, agent).await.expect("server starts");
+    let server = colloquy::http::start(config, agent)
+        .await
+        .expect("server starts");
     let url = server.url();
-    TestServer { server, dir, url, client: reqwest::Client::new() }
+    TestServer {
+        server,
+        dir,
+        url,
+        client: reqwest::Client::new(),
+    }
 }
 
 pub async fn start_echo() -> TestServer {
@@ -69,8 +82,17 @@ impl TestServer {
     }
 
     /// Raw POST of `body` with the given content type and version header.
-    pub async fn post_raw(&self, version: Option<&str>, content_type: &str, body: Vec<u8>) -> (u16, Value) {
-        let mut request = self.client.post(&self.url).header("Content-Type", content_type).body(body);
+    pub async fn post_raw(
+        &self,
+        version: Option<&str>,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("Content-Type", content_type)
+            .body(body);
         if let Some(version) = version {
             request = request.header("A2A-Version", version);
         }
@@ -81,9 +103,19 @@ impl TestServer {
     }
 
     /// Sends `text` as a user message (v1.0 shapes for "1.0", v0.3 otherwise).
-    pub async fn send_text(&self, version: &str, text: &str, context_id: Option<&str>, task_id: Option<&str>) -> Value {
-        self.rpc(version, send_method(version), json!({"message": user_message(version, text, context_id, task_id)}))
-            .await
+    pub async fn send_text(
+        &self,
+        version: &str,
+        text: &str,
+        context_id: Option<&str>,
+        task_id: Option<&str>,
+    ) -> Value {
+        self.rpc(
+            version,
+            send_method(version),
+            json!({"message": user_message(version, text, context_id, task_id)}),
+        )
+        .await
     }
 
     pub async fn stop(self) -> tempfile::TempDir {
@@ -93,10 +125,19 @@ impl TestServer {
 }
 
 pub fn send_method(version: &str) -> &'static str {
-    if version == V1 { "SendMessage" } else { "message/send" }
+    if version == V1 {
+        "SendMessage"
+    } else {
+        "message/send"
+    }
 }
 
-pub fn user_message(version: &str, text: &str, context_id: Option<&str>, task_id: Option<&str>) -> Value {
+pub fn user_message(
+    version: &str,
+    text: &str,
+    context_id: Option<&str>,
+    task_id: Option<&str>,
+) -> Value {
     let mut message = if version == V1 {
         json!({"messageId": format!("m-{}", next_id()), "role": "ROLE_USER", "parts": [{"text": text}]})
     } else {
@@ -114,7 +155,11 @@ pub fn user_message(version: &str, text: &str, context_id: Option<&str>, task_id
 /// The task inside a send result (v1.0 wraps it in `task`).
 pub fn task_of(response: &Value) -> &Value {
     let result = &response["result"];
-    if result.get("task").is_some() { &result["task"] } else { result }
+    if result.get("task").is_some() {
+        &result["task"]
+    } else {
+        result
+    }
 }
 
 /// All text of a task's artifacts, concatenated.
@@ -155,31 +200,46 @@ impl colloquy::agent::Agent for ScriptedAgent {
             let text = request.message.text();
             if let Some(question) = text.strip_prefix("ask: ") {
                 return sink
-                    .send(AgentEvent::Status { state: TaskState::InputRequired, text: Some(question.to_owned()) })
+                    .send(AgentEvent::Status {
+                        state: TaskState::InputRequired,
+                        text: Some(question.to_owned()),
+                    })
                     .await;
             }
             match text.as_str() {
                 "fail" => return Err(AgentError::Failed("scripted failure".into())),
                 "reject" => {
                     return sink
-                        .send(AgentEvent::Status { state: TaskState::Rejected, text: Some("not doing that".into()) })
+                        .send(AgentEvent::Status {
+                            state: TaskState::Rejected,
+                            text: Some("not doing that".into()),
+                        })
                         .await;
                 }
                 "panic" => panic!("scripted panic"),
                 _ => {}
             }
-            if let Some(ms) = text.strip_prefix("slow ").and_then(|n| n.trim().parse::<u64>().ok()) {
+            if let Some(ms) = text
+                .strip_prefix("slow ")
+                .and_then(|n| n.trim().parse::<u64>().ok())
+            {
                 tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
             }
-            if let Some((count, body)) = text.strip_prefix("chunks ").and_then(|r| r.split_once(": ")) {
+            if let Some((count, body)) = text
+                .strip_prefix("chunks ")
+                .and_then(|r| r.split_once(": "))
+            {
                 let count: usize = count.parse().unwrap_or(1);
                 let bytes = body.as_bytes();
-                let mut cuts: Vec<usize> = (0..count.saturating_sub(1)).map(|_| rand::random::<usize>() % (bytes.len() + 1)).collect();
+                let mut cuts: Vec<usize> = (0..count.saturating_sub(1))
+                    .map(|_| rand::random::<usize>() % (bytes.len() + 1))
+                    .collect();
                 cuts.push(0);
                 cuts.push(bytes.len());
                 cuts.sort_unstable();
                 for pair in cuts.windows(2) {
-                    sink.send(AgentEvent::Bytes(bytes[pair[0]..pair[1]].to_vec())).await?;
+                    sink.send(AgentEvent::Bytes(bytes[pair[0]..pair[1]].to_vec()))
+                        .await?;
                 }
                 return Ok(());
             }
@@ -200,7 +260,9 @@ pub async fn sse_events(response: reqwest::Response) -> Vec<Value> {
     let mut stream = eventsource_stream::EventStream::new(response.bytes_stream());
     while let Some(event) = stream.next().await {
         match event {
-            Ok(event) if !event.data.is_empty() => events.push(serde_json::from_str(&event.data).expect("JSON event")),
+            Ok(event) if !event.data.is_empty() => {
+                events.push(serde_json::from_str(&event.data).expect("JSON event"))
+            }
             Ok(_) => {}
             Err(e) => panic!("SSE stream error: {e}"),
         }
@@ -212,21 +274,40 @@ impl TestServer {
     /// Opens a JSON-RPC SSE stream (SendStreamingMessage, SubscribeToTask ...).
     pub async fn stream(&self, version: &str, method: &str, params: Value) -> reqwest::Response {
         let body = json!({"jsonrpc": "2.0", "id": next_id(), "method": method, "params": params});
-        self.client.post(&self.url).header("A2A-Version", version).json(&body).send().await.expect("stream opened")
+        self.client
+            .post(&self.url)
+            .header("A2A-Version", version)
+            .json(&body)
+            .send()
+            .await
+            .expect("stream opened")
     }
 
     /// The stored messages of a conversation (via colloquy/getConversation).
     pub async fn stored_messages(&self, version: &str, context_id: &str) -> Vec<Value> {
         let response = self
-            .rpc(version, "colloquy/getConversation", json!({"contextId": context_id, "historyLength": 200}))
+            .rpc(
+                version,
+                "colloquy/getConversation",
+                json!({"contextId": context_id, "historyLength": 200}),
+            )
             .await;
-        response["result"]["messages"].as_array().cloned().unwrap_or_default()
+        response["result"]["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
     }
 }
 
 /// The text parts of a wire message, joined.
 pub fn message_text(message: &Value) -> String {
-    message["parts"].as_array().into_iter().flatten().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join("\n")
+    message["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The text streamed by artifact-update events (either version), concatenated.
@@ -235,8 +316,42 @@ pub fn streamed_text(events: &[Value]) -> String {
         .iter()
         .filter_map(|e| {
             let r = &e["result"];
-            if let Some(update) = r.get("artifactUpdate") { Some(update) } else if r["kind"] == "artifact-update" { Some(r) } else { None }
+            if let Some(update) = r.get("artifactUpdate") {
+                Some(update)
+            } else if r["kind"] == "artifact-update" {
+                Some(r)
+            } else {
+                None
+            }
         })
         .map(|update| artifact_text(&json!({"artifacts": [update["artifact"].clone()]})))
         .collect()
+}
+
+/// Asserts `value` is valid against the official v0.3 schema's `definition`.
+pub fn assert_v03_valid(definition: &str, value: &Value) {
+    static SCHEMA: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    let schema = SCHEMA.get_or_init(|| {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../shared/spec/a2a-v0.3.0.schema.json"
+        );
+        let text = std::fs::read_to_string(path)
+            .expect("the v0.3 schema is beside the repo in ../shared/spec");
+        serde_json::from_str(&text).expect("schema JSON")
+    });
+    let root = json!({
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "$ref": format!("#/definitions/{definition}"),
+        "definitions": schema["definitions"].clone(),
+    });
+    let validator = jsonschema::validator_for(&root).expect("schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(value)
+        .map(|e| format!("{e} at {}", e.instance_path))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "not a valid v0.3 {definition}: {errors:?}\n{value:#}"
+    );
 }
