@@ -105,7 +105,7 @@ async fn stream_results(server: &TestServer, text: &str, context_id: &str) -> Ve
         .collect()
 }
 
-/// The text chunks of the reply artifact, in the order streamed.
+/// The non-empty text chunks of the reply artifact, in the order streamed.
 fn reply_chunks(events: &[Value]) -> Vec<String> {
     let updates: Vec<&Value> = events
         .iter()
@@ -125,6 +125,8 @@ fn reply_chunks(events: &[Value]) -> Vec<String> {
                 .unwrap_or_default()
         })
         .filter_map(|p| p["text"].as_str().map(str::to_owned))
+        // The closing `lastChunk` update carries no text.
+        .filter(|t| !t.is_empty())
         .collect()
 }
 

@@ -11,7 +11,7 @@ mod openai;
 
 pub use echo::EchoAgent;
 pub use exec::ExecAgent;
-pub use openai::OpenAiAgent;
+pub use openai::{HISTORY_NOTE as OPENAI_HISTORY_NOTE, OpenAiAgent};
 
 use crate::history::HistoryEntry;
 use crate::model::{Artifact, Message, TaskState};
