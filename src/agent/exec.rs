@@ -100,10 +100,17 @@ impl Agent for ExecAgent {
     }
 
     fn description(&self) -> String {
-        let name = std::path::Path::new(&self.settings.program)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| self.settings.program.clone());
+        // The program and its first argument (often the script an interpreter runs), by file name.
+        let base = |path: &str| {
+            std::path::Path::new(path)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| path.to_owned())
+        };
+        let mut name = base(&self.settings.program);
+        if let Some(first) = self.settings.args.first().filter(|a| !a.starts_with('-')) {
+            name = format!("{name} {}", base(first));
+        }
         format!(
             "Runs the program {name} for each message, with the whole conversation \
              (earlier turns as reference) on its input."
