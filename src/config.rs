@@ -87,11 +87,29 @@ pub struct AgentConfig {
     pub env: Vec<String>,
     /// openai: base URL, e.g. `http://127.0.0.1:11434/v1`.
     pub base_url: Option<String>,
+    /// openai: the model name sent with each request.
     pub model: Option<String>,
     /// Name of the environment variable holding the API key (the key never sits in config).
     pub api_key_env: Option<String>,
+    /// openai: a system prompt sent before everything else.
     pub system_prompt: Option<String>,
+    /// openai: retries of a request answered 429 or 5xx (or not connected), before any chunk arrived.
     pub retries: u32,
+    /// openai: the first retry's delay in milliseconds; each further retry doubles it (at most 30 s).
+    /// A `Retry-After` header in seconds, if longer, is honoured up to the same cap.
+    pub retry_backoff_ms: u64,
+    /// openai: seconds to connect to the upstream server.
+    pub connect_timeout_secs: u64,
+    /// openai: seconds the upstream may stay silent (before answering, or between chunks).
+    pub read_timeout_secs: u64,
+    /// exec: seconds between SIGTERM and SIGKILL when a task is canceled or times out.
+    pub grace_secs: u64,
+    /// exec: the longest stdout line, in bytes; a longer line fails the task.
+    pub max_line_bytes: usize,
+    /// exec: total stdout bytes per task; more fails the task.
+    pub max_output_bytes: usize,
+    /// exec: the tail of stderr kept per task (the status message of a failed run), in bytes.
+    pub max_stderr_bytes: usize,
     /// a2a: the peer agent's URL.
     pub peer_url: Option<String>,
     /// a2a: name of the environment variable holding the peer's bearer token.
@@ -113,6 +131,13 @@ impl Default for AgentConfig {
             api_key_env: None,
             system_prompt: None,
             retries: 3,
+            retry_backoff_ms: 500,
+            connect_timeout_secs: 10,
+            read_timeout_secs: 120,
+            grace_secs: 5,
+            max_line_bytes: 1024 * 1024,
+            max_output_bytes: 16 * 1024 * 1024,
+            max_stderr_bytes: 8 * 1024,
             peer_url: None,
             token_env: None,
             max_turns_per_context: 20,

@@ -6,8 +6,12 @@
 //! only that task.
 
 mod echo;
+mod exec;
+mod openai;
 
 pub use echo::EchoAgent;
+pub use exec::ExecAgent;
+pub use openai::{HISTORY_NOTE as OPENAI_HISTORY_NOTE, OpenAiAgent};
 
 use crate::history::HistoryEntry;
 use crate::model::{Artifact, Message, TaskState};
@@ -55,6 +59,18 @@ pub enum AgentEvent {
 pub enum AgentError {
     #[error("{0}")]
     Failed(String),
+}
+
+/// A backend's configuration does not allow it to start.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AgentBuildError {
+    #[error("{field} is required: {why}")]
+    Missing {
+        field: &'static str,
+        why: &'static str,
+    },
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// Where a backend writes its events. Sending fails once the task was canceled or timed out.

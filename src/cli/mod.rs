@@ -3,6 +3,8 @@
 mod serve;
 mod store_commands;
 
+pub use serve::build_agent;
+
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,6 +1,6 @@
 //! `colloquy serve`.
 
-use crate::agent::{EchoAgent, SharedAgent};
+use crate::agent::{EchoAgent, ExecAgent, OpenAiAgent, SharedAgent};
 use crate::config::Config;
 use clap::Args;
 use serde_json::{Map, Value, json};
@@ -124,8 +124,14 @@ pub fn build_agent(config: &Config) -> Result<SharedAgent, String> {
             config.agent.echo.chunk_chars,
             Duration::from_millis(config.agent.echo.delay_ms),
         ))),
+        "exec" => ExecAgent::from_config(&config.agent)
+            .map(|agent| Arc::new(agent) as SharedAgent)
+            .map_err(|e| format!("agent.kind \"exec\": {e}")),
+        "openai" => OpenAiAgent::from_config(config)
+            .map(|agent| Arc::new(agent) as SharedAgent)
+            .map_err(|e| format!("agent.kind \"openai\": {e}")),
         other => Err(format!(
-            "agent.kind {other:?} is not available; use \"echo\""
+            "agent.kind {other:?} is not available; use \"echo\", \"exec\" or \"openai\""
         )),
     }
 }

@@ -201,7 +201,11 @@ async fn drive(agent: SharedAgent, turn: RunTurn) -> TurnOutcome {
         }
     }
     let rest = progress.utf8.finish();
-    progress.append(&hub, &rest);
+    // Only real leftover bytes count as output: an empty append would turn a sole plain-message
+    // answer into reply text.
+    if !rest.is_empty() {
+        progress.append(&hub, &rest);
+    }
     let mut outcome = progress.outcome;
     if let Some((state, text)) = stopped {
         run.abort();
