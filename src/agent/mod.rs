@@ -5,8 +5,10 @@
 //! final status. The engine runs each call in its own task, so a panic or a hang in a backend ends
 //! only that task.
 
+mod a2a;
 mod echo;
 
+pub use a2a::{A2aAgent, DelegationState};
 pub use echo::EchoAgent;
 
 use crate::history::HistoryEntry;
