@@ -58,9 +58,9 @@ impl A2aAgent {
 
 fn peer_error(url: &str, e: ClientError) -> AgentError {
     match e {
-        ClientError::Rpc { message, code, .. } => {
-            AgentError::Failed(format!("the peer agent at {url} answered error {code}: {message}"))
-        }
+        ClientError::Rpc { message, code, .. } => AgentError::Failed(format!(
+            "the peer agent at {url} answered error {code}: {message}"
+        )),
         other => AgentError::Failed(format!("delegating to the peer agent: {other}")),
     }
 }
@@ -83,7 +83,11 @@ impl Inner {
         }
     }
 
-    async fn run(self: Arc<Self>, request: AgentRequest, sink: AgentSink) -> Result<(), AgentError> {
+    async fn run(
+        self: Arc<Self>,
+        request: AgentRequest,
+        sink: AgentSink,
+    ) -> Result<(), AgentError> {
         let mut state: DelegationState = request
             .state
             .clone()
@@ -226,10 +230,12 @@ impl Inner {
                 "the peer agent's task failed: {}",
                 peer_text.unwrap_or_else(|| "(no message)".into())
             ))),
-            state @ (TaskState::Submitted | TaskState::Working) => Err(AgentError::Failed(format!(
-                "the peer agent stopped answering while its task was {}",
-                state.as_str()
-            ))),
+            state @ (TaskState::Submitted | TaskState::Working) => {
+                Err(AgentError::Failed(format!(
+                    "the peer agent stopped answering while its task was {}",
+                    state.as_str()
+                )))
+            }
         }
     }
 }

@@ -354,6 +354,11 @@ impl Peer {
         self.card.get("name").and_then(Value::as_str)
     }
 
+    /// The longest wait for an answer.
+    pub fn timeout(&self) -> Duration {
+        self.options.timeout
+    }
+
     fn method(&self, v1: &'static str, v03: &'static str) -> &'static str {
         match self.version {
             WireVersion::V1 => v1,
@@ -397,11 +402,11 @@ impl Peer {
             .send()
             .await
             .map_err(|e| ClientError::from_reqwest(&self.endpoint, e, timeout))?;
-        let response =
-            check_status(&self.endpoint, response, self.options.token.is_some()).await?;
-        let value: Value = response.json().await.map_err(|e| {
-            malformed_or_io(&self.endpoint, e, timeout, "the response is not JSON")
-        })?;
+        let response = check_status(&self.endpoint, response, self.options.token.is_some()).await?;
+        let value: Value = response
+            .json()
+            .await
+            .map_err(|e| malformed_or_io(&self.endpoint, e, timeout, "the response is not JSON"))?;
         self.result_of(value)
     }
 
@@ -453,8 +458,7 @@ impl Peer {
             .send()
             .await
             .map_err(|e| ClientError::from_reqwest(&self.endpoint, e, timeout))?;
-        let response =
-            check_status(&self.endpoint, response, self.options.token.is_some()).await?;
+        let response = check_status(&self.endpoint, response, self.options.token.is_some()).await?;
         let is_sse = response
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
@@ -466,8 +470,8 @@ impl Peer {
                 malformed_or_io(&self.endpoint, e, timeout, "the response is not JSON")
             })?;
             let result = self.result_of(value)?;
-            let item = codec::decode_stream_item(self.version, &result)
-                .map_err(|e| self.malformed(e))?;
+            let item =
+                codec::decode_stream_item(self.version, &result).map_err(|e| self.malformed(e))?;
             return Ok(futures_util::stream::iter([Ok(item)]).boxed());
         }
         let version = self.version;
@@ -632,11 +636,7 @@ pub fn status_text(task: &Task) -> Option<String> {
 }
 
 /// A user message with one text part.
-pub fn user_text_message(
-    text: &str,
-    context_id: Option<&str>,
-    task_id: Option<&str>,
-) -> Message {
+pub fn user_text_message(text: &str, context_id: Option<&str>, task_id: Option<&str>) -> Message {
     Message {
         message_id: uuid::Uuid::new_v4().to_string(),
         role: crate::model::Role::User,
@@ -658,11 +658,21 @@ mod tests {
     fn negotiation_prefers_v1_and_falls_back_to_v03() {
         let dual = json!({"supportedInterfaces":[{"url":"http://a/","protocolBinding":"JSONRPC","protocolVersion":"1.0"}],
             "protocolVersion":"0.3.0","url":"http://b/"});
-        assert_eq!(negotiate(&dual, "http://x").unwrap(), (WireVersion::V1, "http://a/".into()));
-        let legacy = json!({"protocolVersion":"0.3.0","url":"http://b/","preferredTransport":"JSONRPC"});
-        assert_eq!(negotiate(&legacy, "http://x").unwrap(), (WireVersion::V03, "http://b/".into()));
+        assert_eq!(
+            negotiate(&dual, "http://x").unwrap(),
+            (WireVersion::V1, "http://a/".into())
+        );
+        let legacy =
+            json!({"protocolVersion":"0.3.0","url":"http://b/","preferredTransport":"JSONRPC"});
+        assert_eq!(
+            negotiate(&legacy, "http://x").unwrap(),
+            (WireVersion::V03, "http://b/".into())
+        );
         let only03 = json!({"supportedInterfaces":[{"url":"http://c/","protocolBinding":"JSONRPC","protocolVersion":"0.3"}]});
-        assert_eq!(negotiate(&only03, "http://x").unwrap(), (WireVersion::V03, "http://c/".into()));
+        assert_eq!(
+            negotiate(&only03, "http://x").unwrap(),
+            (WireVersion::V03, "http://c/".into())
+        );
         assert!(negotiate(&json!({"name":"x"}), "http://x").is_err());
         let grpc = json!({"supportedInterfaces":[{"url":"http://a/","protocolBinding":"GRPC","protocolVersion":"1.0"}]});
         assert!(negotiate(&grpc, "http://x").is_err());
@@ -686,8 +696,14 @@ mod tests {
 
     #[test]
     fn card_url_forms() {
-        assert_eq!(card_url("http://h:1/"), "http://h:1/.well-known/agent-card.json");
-        assert_eq!(card_url("http://h:1"), "http://h:1/.well-known/agent-card.json");
+        assert_eq!(
+            card_url("http://h:1/"),
+            "http://h:1/.well-known/agent-card.json"
+        );
+        assert_eq!(
+            card_url("http://h:1"),
+            "http://h:1/.well-known/agent-card.json"
+        );
         assert_eq!(
             card_url("http://h:1/.well-known/agent-card.json"),
             "http://h:1/.well-known/agent-card.json"

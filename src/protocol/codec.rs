@@ -479,12 +479,7 @@ fn decode_time(obj: &Obj<'_>, name: &str) -> FieldResult<chrono::DateTime<chrono
         None => Ok(crate::model::now()),
         Some(text) => chrono::DateTime::parse_from_rfc3339(text)
             .map(|t| t.with_timezone(&chrono::Utc))
-            .map_err(|e| {
-                field_error(
-                    obj.child_path(name),
-                    format!("not an RFC 3339 time: {e}"),
-                )
-            }),
+            .map_err(|e| field_error(obj.child_path(name), format!("not an RFC 3339 time: {e}"))),
     }
 }
 
@@ -508,7 +503,10 @@ pub fn decode_status(version: WireVersion, value: &Value, path: &str) -> FieldRe
     let state = parse_state(version, state_text).ok_or_else(|| {
         field_error(
             obj.child_path("state"),
-            format!("unknown task state {state_text:?} for A2A {}", version.label()),
+            format!(
+                "unknown task state {state_text:?} for A2A {}",
+                version.label()
+            ),
         )
     })?;
     let message = obj
@@ -562,14 +560,23 @@ pub fn decode_task(version: WireVersion, value: &Value, path: &str) -> FieldResu
     Ok(Task {
         id: obj.str("id")?.to_owned(),
         context_id: obj.str("contextId")?.to_owned(),
-        status: decode_status(version, obj.get("status").unwrap_or(&Value::Null), &obj.child_path("status"))?,
+        status: decode_status(
+            version,
+            obj.get("status").unwrap_or(&Value::Null),
+            &obj.child_path("status"),
+        )?,
         artifacts,
         history,
         metadata: obj.opt_map("metadata")?,
     })
 }
 
-fn decode_event(version: WireVersion, kind: &str, value: &Value, path: &str) -> FieldResult<TaskEvent> {
+fn decode_event(
+    version: WireVersion,
+    kind: &str,
+    value: &Value,
+    path: &str,
+) -> FieldResult<TaskEvent> {
     let obj = Obj::new(value, path)?;
     check_kind(version, &obj, kind)?;
     let task_id = obj.str("taskId")?.to_owned();
@@ -620,7 +627,11 @@ pub fn decode_stream_item(version: WireVersion, value: &Value) -> FieldResult<St
             .filter(|(key, _)| obj.has(key))
             .collect();
             match found.as_slice() {
-                [(key, kind)] => (*kind, obj.get(key).unwrap_or(&Value::Null), obj.child_path(key)),
+                [(key, kind)] => (
+                    *kind,
+                    obj.get(key).unwrap_or(&Value::Null),
+                    obj.child_path(key),
+                ),
                 _ => {
                     return Err(field_error(
                         path,
@@ -643,7 +654,11 @@ pub fn decode_stream_item(version: WireVersion, value: &Value) -> FieldResult<St
     };
     match kind {
         "task" => Ok(StreamItem::Task(decode_task(version, inner, &inner_path)?)),
-        "message" => Ok(StreamItem::Message(decode_message(version, inner, &inner_path)?)),
+        "message" => Ok(StreamItem::Message(decode_message(
+            version,
+            inner,
+            &inner_path,
+        )?)),
         "status-update" | "artifact-update" => Ok(StreamItem::Event(decode_event(
             version,
             kind,
