@@ -27,7 +27,11 @@ impl Run {
     /// The contextId printed in the trailer `[context ctx-... · ...]`.
     fn context(&self) -> String {
         let at = self.stderr.find("[context ").expect("a context trailer") + "[context ".len();
-        self.stderr[at..].split_whitespace().next().expect("an id").to_owned()
+        self.stderr[at..]
+            .split_whitespace()
+            .next()
+            .expect("an id")
+            .to_owned()
     }
 }
 
@@ -58,7 +62,11 @@ impl Cli {
             .arg(&self.config)
             .args(args)
             .env("COLLOQUY_HOME", self.home.path())
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
@@ -68,7 +76,10 @@ impl Cli {
         let mut child = command.spawn().expect("colloquy runs");
         if let Some(text) = stdin {
             let mut input = child.stdin.take().expect("stdin");
-            input.write_all(text.as_bytes()).await.expect("stdin written");
+            input
+                .write_all(text.as_bytes())
+                .await
+                .expect("stdin written");
             drop(input);
         }
         let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
@@ -99,7 +110,9 @@ async fn counting_proxy(upstream: &str) -> CountingProxy {
         .trim_start_matches("http://")
         .trim_end_matches('/')
         .to_owned();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let url = format!("http://{}/", listener.local_addr().expect("addr"));
     let connections = Arc::new(AtomicUsize::new(0));
     let counter = connections.clone();
@@ -125,7 +138,11 @@ fn closed_port_url() -> String {
 }
 
 fn assert_ok(run: &Run) {
-    assert_eq!(run.code, 0, "stdout: {}\nstderr: {}", run.stdout, run.stderr);
+    assert_eq!(
+        run.code, 0,
+        "stdout: {}\nstderr: {}",
+        run.stdout, run.stderr
+    );
 }
 
 #[actix_rt::test]
@@ -142,13 +159,19 @@ async fn every_target_form_reaches_the_peer_and_sessions_continue() {
     // a2a:NAME continues the last conversation with that peer.
     let second = cli.run(&["--to", "a2a:alpha", "two"]).await;
     assert_ok(&second);
-    assert_eq!(second.stdout.trim(), "echo: two (turn 2; previously: \"one\")");
+    assert_eq!(
+        second.stdout.trim(),
+        "echo: two (turn 2; previously: \"one\")"
+    );
     assert_eq!(second.context(), ctx);
 
     // A ctx- session id, in a separate invocation, text from stdin.
     let third = cli.run_with(&["--to", &ctx, "-"], Some("three"), &[]).await;
     assert_ok(&third);
-    assert_eq!(third.stdout.trim(), "echo: three (turn 3; previously: \"two\")");
+    assert_eq!(
+        third.stdout.trim(),
+        "echo: three (turn 3; previously: \"two\")"
+    );
 
     // --new starts another conversation with the same peer; then the peer name continues it.
     let fresh = cli.run(&["--to", "alpha", "--new", "fresh"]).await;
@@ -157,11 +180,17 @@ async fn every_target_form_reaches_the_peer_and_sessions_continue() {
     let fresh_ctx = fresh.context();
     assert_ne!(fresh_ctx, ctx);
     let again = cli.run(&["--to", "alpha", "again"]).await;
-    assert_eq!(again.stdout.trim(), "echo: again (turn 2; previously: \"fresh\")");
+    assert_eq!(
+        again.stdout.trim(),
+        "echo: again (turn 2; previously: \"fresh\")"
+    );
 
     // The first session is still reachable by its id, and by --context.
     let back = cli.run(&["--to", "alpha", "--context", &ctx, "four"]).await;
-    assert_eq!(back.stdout.trim(), "echo: four (turn 4; previously: \"three\")");
+    assert_eq!(
+        back.stdout.trim(),
+        "echo: four (turn 4; previously: \"three\")"
+    );
 
     // A URL target is its own peer key: a new conversation, then continued.
     let by_url = cli.run(&["--to", &server.url, "--json", "u1"]).await;
@@ -172,13 +201,19 @@ async fn every_target_form_reaches_the_peer_and_sessions_continue() {
     assert_eq!(summary["protocolVersion"], "1.0");
     let url_ctx = summary["contextId"].as_str().expect("contextId").to_owned();
     let by_url2 = cli.run(&["--to", &server.url, "u2"]).await;
-    assert_eq!(by_url2.stdout.trim(), "echo: u2 (turn 2; previously: \"u1\")");
+    assert_eq!(
+        by_url2.stdout.trim(),
+        "echo: u2 (turn 2; previously: \"u1\")"
+    );
     assert_eq!(by_url2.context(), url_ctx);
 
     let sessions = cli.sessions();
     let list = sessions["sessions"].as_array().expect("sessions");
     assert_eq!(list.len(), 3, "{sessions}");
-    let first_session = list.iter().find(|s| s["contextId"] == ctx.as_str()).expect("first");
+    let first_session = list
+        .iter()
+        .find(|s| s["contextId"] == ctx.as_str())
+        .expect("first");
     assert_eq!(first_session["turns"], 4);
     assert_eq!(first_session["peer"], "alpha");
     server.stop().await;
@@ -188,10 +223,14 @@ async fn every_target_form_reaches_the_peer_and_sessions_continue() {
 async fn streaming_prints_every_chunk_and_the_whole_reply() {
     let server = common::start_with(Arc::new(EchoAgent::new(3, Duration::ZERO)), |_| {}).await;
     let cli = Cli::new(&[("alpha", &server.url, None)]);
-    let run = cli.run(&["--to", "alpha", "--stream", "stream me please"]).await;
+    let run = cli
+        .run(&["--to", "alpha", "--stream", "stream me please"])
+        .await;
     assert_ok(&run);
     assert_eq!(run.stdout, "echo: stream me please (turn 1)\n");
-    let json = cli.run(&["--to", "alpha", "--stream", "--json", "more"]).await;
+    let json = cli
+        .run(&["--to", "alpha", "--stream", "--json", "more"])
+        .await;
     assert_ok(&json);
     let lines: Vec<Value> = json
         .stdout
@@ -202,7 +241,10 @@ async fn streaming_prints_every_chunk_and_the_whole_reply() {
     let last = lines.last().expect("a result line");
     assert!(lines.len() > 3, "several chunks: {}", json.stdout);
     assert_eq!(chunks, last["reply"].as_str().expect("reply"));
-    assert_eq!(chunks, "echo: more (turn 2; previously: \"stream me please\")");
+    assert_eq!(
+        chunks,
+        "echo: more (turn 2; previously: \"stream me please\")"
+    );
     server.stop().await;
 }
 
@@ -218,24 +260,54 @@ async fn unknown_targets_exit_2_and_send_nothing() {
     let before = proxy.connections.load(Ordering::SeqCst);
     assert!(before > 0, "the proxy counts connections");
 
-    for target in ["nosuch", "a2a:nosuch", "a2a:", "ctx-00000000", "127.0.0.1:9", "ftp://127.0.0.1/", "http://"] {
+    for target in [
+        "nosuch",
+        "a2a:nosuch",
+        "a2a:",
+        "ctx-00000000",
+        "127.0.0.1:9",
+        "ftp://127.0.0.1/",
+        "http://",
+    ] {
         let run = cli.run(&["--to", target, "hi"]).await;
-        assert_eq!(run.code, 2, "{target}: stdout {} stderr {}", run.stdout, run.stderr);
+        assert_eq!(
+            run.code, 2,
+            "{target}: stdout {} stderr {}",
+            run.stdout, run.stderr
+        );
         assert!(run.stdout.is_empty(), "{target}: {}", run.stdout);
         if target != "http://" && target != "ftp://127.0.0.1/" {
-            assert!(run.stderr.contains("cannot resolve target"), "{target}: {}", run.stderr);
+            assert!(
+                run.stderr.contains("cannot resolve target"),
+                "{target}: {}",
+                run.stderr
+            );
             assert!(run.stderr.contains("tried"), "{}", run.stderr);
-            assert!(run.stderr.contains("alpha"), "names the known peers: {}", run.stderr);
-            assert!(run.stderr.contains(&ctx), "names the known sessions: {}", run.stderr);
+            assert!(
+                run.stderr.contains("alpha"),
+                "names the known peers: {}",
+                run.stderr
+            );
+            assert!(
+                run.stderr.contains(&ctx),
+                "names the known sessions: {}",
+                run.stderr
+            );
         }
     }
     // Usage errors are status 2 too, and send nothing.
-    let contradiction = cli.run(&["--to", &ctx, "--context", "ctx-other", "hi"]).await;
+    let contradiction = cli
+        .run(&["--to", &ctx, "--context", "ctx-other", "hi"])
+        .await;
     assert_eq!(contradiction.code, 2, "{}", contradiction.stderr);
     let empty = cli.run(&["--to", "alpha", "  "]).await;
     assert_eq!(empty.code, 2, "{}", empty.stderr);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(proxy.connections.load(Ordering::SeqCst), before, "nothing reached the server");
+    assert_eq!(
+        proxy.connections.load(Ordering::SeqCst),
+        before,
+        "nothing reached the server"
+    );
     server.stop().await;
 }
 
@@ -254,12 +326,27 @@ async fn list_shows_reachable_and_unreachable_peers_and_sessions() {
             .unwrap_or_else(|| panic!("a line for {name}: {}", run.stdout))
             .to_owned()
     };
-    assert!(line("up").contains("card: colloquy (A2A 1.0)"), "{}", run.stdout);
+    assert!(
+        line("up").contains("card: colloquy (A2A 1.0)"),
+        "{}",
+        run.stdout
+    );
     assert!(line("up").contains(&server.url));
-    assert!(line("down").contains("unreachable: connection refused"), "{}", run.stdout);
+    assert!(
+        line("down").contains("unreachable: connection refused"),
+        "{}",
+        run.stdout
+    );
     assert!(run.stdout.contains("sessions:"));
-    let session = run.stdout.lines().find(|l| l.trim_start().starts_with("ctx-")).expect("a session line");
-    assert!(session.contains(" up ") && session.contains("1 turn"), "{session}");
+    let session = run
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("ctx-"))
+        .expect("a session line");
+    assert!(
+        session.contains(" up ") && session.contains("1 turn"),
+        "{session}"
+    );
 
     let json = cli.run(&["--list", "--json"]).await;
     let value: Value = serde_json::from_str(json.stdout.trim()).expect("JSON");
@@ -274,36 +361,63 @@ async fn errors_have_their_exit_codes() {
     let cli = Cli::new(&[("down", &closed_port_url(), None)]);
     let refused = cli.run(&["--to", "down", "hi"]).await;
     assert_eq!(refused.code, 3, "{}", refused.stderr);
-    assert!(refused.stderr.contains("connection refused"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("connection refused"),
+        "{}",
+        refused.stderr
+    );
 
     // HTTP 401 without the token: 4; with it: 0.
     let secured = common::start_with(Arc::new(EchoAgent::default()), |c| {
         c.auth.tokens.insert("me".into(), "s3cret-token".into());
     })
     .await;
-    let cli = Cli::new(&[("open", &secured.url, None), ("keyed", &secured.url, Some("SEND_TEST_TOKEN"))]);
+    let cli = Cli::new(&[
+        ("open", &secured.url, None),
+        ("keyed", &secured.url, Some("SEND_TEST_TOKEN")),
+    ]);
     let denied = cli.run(&["--to", "open", "hi"]).await;
     assert_eq!(denied.code, 4, "{}", denied.stderr);
     assert!(denied.stderr.contains("401"), "{}", denied.stderr);
     let missing = cli.run(&["--to", "keyed", "hi"]).await;
     assert_eq!(missing.code, 4, "{}", missing.stderr);
-    assert!(missing.stderr.contains("SEND_TEST_TOKEN"), "{}", missing.stderr);
-    let allowed = cli.run_with(&["--to", "keyed", "hi"], None, &[("SEND_TEST_TOKEN", "s3cret-token")]).await;
+    assert!(
+        missing.stderr.contains("SEND_TEST_TOKEN"),
+        "{}",
+        missing.stderr
+    );
+    let allowed = cli
+        .run_with(
+            &["--to", "keyed", "hi"],
+            None,
+            &[("SEND_TEST_TOKEN", "s3cret-token")],
+        )
+        .await;
     assert_ok(&allowed);
     secured.server.stop().await;
 
     // Busy: 5, with the message naming the running task.
-    let slow = common::start_with(Arc::new(EchoAgent::new(0, Duration::from_millis(2500))), |_| {}).await;
+    let slow = common::start_with(
+        Arc::new(EchoAgent::new(0, Duration::from_millis(2500))),
+        |_| {},
+    )
+    .await;
     let cli = Arc::new(Cli::new(&[("slow", &slow.url, None)]));
     let first = {
         let cli = cli.clone();
-        actix_rt::spawn(async move { cli.run(&["--to", "slow", "--context", "ctx-busy-test", "first"]).await })
+        actix_rt::spawn(async move {
+            cli.run(&["--to", "slow", "--context", "ctx-busy-test", "first"])
+                .await
+        })
     };
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let busy = cli.run(&["--to", "slow", "--context", "ctx-busy-test", "second"]).await;
+    let busy = cli
+        .run(&["--to", "slow", "--context", "ctx-busy-test", "second"])
+        .await;
     assert_eq!(busy.code, 5, "{}", busy.stderr);
     assert!(
-        busy.stderr.contains("the peer is still working on task") && busy.stderr.contains("retry later"),
+        busy.stderr.contains("the peer is still working on task")
+            && busy.stderr.contains("retry later"),
         "{}",
         busy.stderr
     );
@@ -339,7 +453,9 @@ async fn sdk_server(venv: &str, script: &str) -> Option<SdkServer> {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/interop").join(script);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/interop")
+        .join(script);
     let child = tokio::process::Command::new(python)
         .arg(script)
         .arg("--port")
@@ -378,15 +494,29 @@ async fn sdk_conversation(venv: &str, script: &str, version: &str) {
     // Second turn through the ctx- session, streaming.
     let two = cli.run(&["--to", &ctx, "--stream", "beta"]).await;
     assert_ok(&two);
-    assert_eq!(two.stdout, "sdk-echo: beta (turn 2; previously: \"alpha\")\n");
+    assert_eq!(
+        two.stdout,
+        "sdk-echo: beta (turn 2; previously: \"alpha\")\n"
+    );
     assert_eq!(two.context(), ctx);
 
     // And a streamed new conversation, chunk by chunk as JSON lines.
-    let three = cli.run(&["--to", "sdk", "--new", "--stream", "--json", "gamma"]).await;
+    let three = cli
+        .run(&["--to", "sdk", "--new", "--stream", "--json", "gamma"])
+        .await;
     assert_ok(&three);
-    let lines: Vec<Value> = three.stdout.lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    let lines: Vec<Value> = three
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
     let chunks: Vec<&str> = lines.iter().filter_map(|l| l["chunk"].as_str()).collect();
-    assert_eq!(chunks.len(), 3, "the SDK server sends three chunks: {}", three.stdout);
+    assert_eq!(
+        chunks.len(),
+        3,
+        "the SDK server sends three chunks: {}",
+        three.stdout
+    );
     assert_eq!(chunks.concat(), "sdk-echo: gamma (turn 1)");
     assert_ne!(lines.last().expect("result")["contextId"], ctx.as_str());
     let _ = server.child.kill().await;
