@@ -172,10 +172,10 @@ impl Inner {
             if let (false, Some(task)) = (assembler.finished, assembler.task.as_ref()) {
                 let full = peer.get_task(&task.id).await.map_err(Failure::Peer)?;
                 let full_text = client::task_text(&full);
-                if let Some(rest) = full_text.strip_prefix(&assembler.streamed_text) {
-                    if !rest.is_empty() {
-                        sink.text(rest).await.map_err(Failure::Sink)?;
-                    }
+                if let Some(rest) = full_text.strip_prefix(&assembler.streamed_text)
+                    && !rest.is_empty()
+                {
+                    sink.text(rest).await.map_err(Failure::Sink)?;
                 }
                 assembler.task = Some(full);
             }
@@ -265,11 +265,11 @@ async fn learn_context(
             Some(context_id.as_str())
         }
     };
-    if let Some(context) = context {
-        if state.upstream_context_id.as_deref() != Some(context) {
-            state.upstream_context_id = Some(context.to_owned());
-            emit_state(sink, state).await.map_err(Failure::Sink)?;
-        }
+    if let Some(context) = context
+        && state.upstream_context_id.as_deref() != Some(context)
+    {
+        state.upstream_context_id = Some(context.to_owned());
+        emit_state(sink, state).await.map_err(Failure::Sink)?;
     }
     Ok(())
 }

@@ -553,10 +553,10 @@ async fn run_async(args: SendArgs) -> Result<u8, SendFailure> {
     let state_label = state.map(TaskState::as_str).unwrap_or("message");
     match state {
         Some(s) if s.is_interrupted() => {
-            if let Some(question) = &status_text {
-                if reply.trim() != question.trim() {
-                    let _ = writeln!(out, "{question}");
-                }
+            if let Some(question) = &status_text
+                && reply.trim() != question.trim()
+            {
+                let _ = writeln!(out, "{question}");
             }
             let _ = out.flush();
             eprintln!(
@@ -604,10 +604,10 @@ async fn stream_reply(
             }
         }
     }
-    if let Some(message) = assembler.message.take() {
-        if assembler.task.is_none() {
-            return Ok(SendResult::Message(message));
-        }
+    if let Some(message) = assembler.message.take()
+        && assembler.task.is_none()
+    {
+        return Ok(SendResult::Message(message));
     }
     let Some(task) = assembler.task.clone() else {
         return Err(broken.map(SendFailure::from).unwrap_or_else(|| {

@@ -317,10 +317,10 @@ async fn check_status(
     }
     let body = response.text().await.unwrap_or_default();
     // A JSON-RPC error sent with an HTTP error status is still the peer's JSON-RPC error.
-    if let Ok(value) = serde_json::from_str::<Value>(&body) {
-        if let Some(error) = value.get("error").filter(|e| e.get("code").is_some()) {
-            return Err(rpc_error(error));
-        }
+    if let Ok(value) = serde_json::from_str::<Value>(&body)
+        && let Some(error) = value.get("error").filter(|e| e.get("code").is_some())
+    {
+        return Err(rpc_error(error));
     }
     let mut body: String = body.chars().take(300).collect();
     if body.is_empty() {

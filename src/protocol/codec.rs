@@ -484,15 +484,14 @@ fn decode_time(obj: &Obj<'_>, name: &str) -> FieldResult<chrono::DateTime<chrono
 }
 
 fn check_kind(version: WireVersion, obj: &Obj<'_>, expected: &str) -> FieldResult<()> {
-    if version == WireVersion::V03 {
-        if let Some(kind) = obj.opt_str("kind")? {
-            if kind != expected {
-                return Err(field_error(
-                    obj.child_path("kind"),
-                    format!("expected {expected:?}, got {kind:?}"),
-                ));
-            }
-        }
+    if version == WireVersion::V03
+        && let Some(kind) = obj.opt_str("kind")?
+        && kind != expected
+    {
+        return Err(field_error(
+            obj.child_path("kind"),
+            format!("expected {expected:?}, got {kind:?}"),
+        ));
     }
     Ok(())
 }
