@@ -424,6 +424,22 @@ async fn errors_have_their_exit_codes() {
     let first = first.await.expect("first run");
     assert_ok(&first);
     slow.server.stop().await;
+
+    // A failed task: 6, with the status message. (A delegating agent whose peer is down fails.)
+    let failing = common::start_with(
+        Arc::new(colloquy::agent::A2aAgent::new(closed_port_url(), None, 20)),
+        |_| {},
+    )
+    .await;
+    let cli = Cli::new(&[("failing", &failing.url, None)]);
+    let failed = cli.run(&["--to", "failing", "hi"]).await;
+    assert_eq!(failed.code, 6, "{}", failed.stderr);
+    assert!(
+        failed.stderr.contains(" failed: ") && failed.stderr.contains("connection refused"),
+        "{}",
+        failed.stderr
+    );
+    failing.server.stop().await;
 }
 
 // ---- the official Python SDK servers ----
@@ -530,4 +546,74 @@ async fn python_sdk_03_server_two_turns_and_streaming() {
 #[actix_rt::test]
 async fn python_sdk_1x_server_two_turns_and_streaming() {
     sdk_conversation("sdk1", "sdk_server1.py", "1.0").await;
+}
+
+/// Asks "which day?" first, then books for the answer.
+struct Asker;
+
+impl colloquy::agent::Agent for Asker {
+    fn kind(&self) -> &'static str {
+        "asker"
+    }
+
+    fn description(&self) -> String {
+        "asks a question first".into()
+    }
+
+    fn run(
+        &self,
+        request: colloquy::agent::AgentRequest,
+        sink: colloquy::agent::AgentSink,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
+        Box::pin(async move {
+            if request
+                .history
+                .last()
+                .is_some_and(|h| h.text == "which day?")
+            {
+                sink.text(format!("booked for {}", request.message.text()))
+                    .await
+            } else {
+                sink.send(colloquy::agent::AgentEvent::Status {
+                    state: colloquy::model::TaskState::InputRequired,
+                    text: Some("which day?".into()),
+                })
+                .await
+            }
+        })
+    }
+}
+
+#[actix_rt::test]
+async fn input_required_prints_the_question_and_how_to_answer() {
+    let server = common::start_with(Arc::new(Asker), |_| {}).await;
+    let cli = Cli::new(&[("booker", &server.url, None)]);
+    let asked = cli.run(&["--to", "booker", "book a table"]).await;
+    assert_ok(&asked);
+    assert_eq!(asked.stdout.trim(), "which day?");
+    let ctx = asked.context();
+    let at = asked.stderr.find("--task ").expect("how to answer") + "--task ".len();
+    let task_id = asked.stderr[at..]
+        .split_whitespace()
+        .next()
+        .expect("task id")
+        .to_owned();
+    assert!(
+        asked
+            .stderr
+            .contains(&format!("colloquy send --to {ctx} --task {task_id}")),
+        "{}",
+        asked.stderr
+    );
+    assert!(
+        cli.run(&["--list"])
+            .await
+            .stdout
+            .contains(&format!("waiting: task {task_id}"))
+    );
+
+    let answered = cli.run(&["--to", &ctx, "--task", &task_id, "friday"]).await;
+    assert_ok(&answered);
+    assert_eq!(answered.stdout.trim(), "booked for friday");
+    server.stop().await;
 }

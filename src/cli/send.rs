@@ -569,7 +569,8 @@ async fn run_async(args: SendArgs) -> Result<u8, SendFailure> {
         Some(s) if code == EXIT_TASK => {
             let _ = out.flush();
             eprintln!(
-                "[context {answered_context} · the task was {}{}]",
+                "[context {answered_context} · task {} {}{}]",
+                task.map(|t| t.id.as_str()).unwrap_or(""),
                 s.as_str(),
                 status_text.map(|t| format!(": {t}")).unwrap_or_default()
             );
