@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod engine;
 pub mod history;

@@ -5,10 +5,12 @@
 //! final status. The engine runs each call in its own task, so a panic or a hang in a backend ends
 //! only that task.
 
+mod a2a;
 mod echo;
 mod exec;
 mod openai;
 
+pub use a2a::{A2aAgent, DelegationState};
 pub use echo::EchoAgent;
 pub use exec::ExecAgent;
 pub use openai::{HISTORY_NOTE as OPENAI_HISTORY_NOTE, OpenAiAgent};

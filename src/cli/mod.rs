@@ -1,5 +1,6 @@
 //! The `colloquy` command line: `serve` (the default), the store commands, `send`.
 
+mod send;
 mod serve;
 mod store_commands;
 
@@ -33,6 +34,12 @@ enum Command {
     History(store_commands::HistoryArgs),
     /// Delete one conversation and its tasks.
     Delete(store_commands::DeleteArgs),
+    /// Send a message to an A2A agent: a configured peer, a2a:NAME, a URL or a ctx-... session.
+    ///
+    /// Exit status: 0 answered (completed or waiting for input), 1 local error, 2 target or usage
+    /// error (nothing sent), 3 connection refused / timeout / TLS, 4 HTTP 401 or missing token,
+    /// 5 the peer's JSON-RPC or protocol error, 6 the task failed, was rejected or canceled.
+    Send(send::SendArgs),
 }
 
 /// Where the store commands find the data folder.
@@ -56,6 +63,7 @@ pub fn run() -> ExitCode {
         Some(Command::Conversations(args)) => store_commands::list(args),
         Some(Command::History(args)) => store_commands::history(args),
         Some(Command::Delete(args)) => store_commands::delete(args),
+        Some(Command::Send(args)) => send::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,6 +1,6 @@
 //! `colloquy serve`.
 
-use crate::agent::{EchoAgent, ExecAgent, OpenAiAgent, SharedAgent};
+use crate::agent::{A2aAgent, EchoAgent, ExecAgent, OpenAiAgent, SharedAgent};
 use crate::config::Config;
 use clap::Args;
 use serde_json::{Map, Value, json};
@@ -130,8 +130,25 @@ pub fn build_agent(config: &Config) -> Result<SharedAgent, String> {
         "openai" => OpenAiAgent::from_config(config)
             .map(|agent| Arc::new(agent) as SharedAgent)
             .map_err(|e| format!("agent.kind \"openai\": {e}")),
+        "a2a" => {
+            let url = config.agent.peer_url.clone().ok_or_else(|| {
+                "agent.kind = \"a2a\" needs agent.peer_url (the peer agent's URL)".to_owned()
+            })?;
+            crate::client::check_url(&url).map_err(|e| format!("agent.peer_url: {e}"))?;
+            let token = match &config.agent.token_env {
+                None => None,
+                Some(name) => Some(std::env::var(name).map_err(|_| {
+                    format!("agent.token_env names {name}, which is not set in the environment")
+                })?),
+            };
+            Ok(Arc::new(A2aAgent::new(
+                url,
+                token,
+                config.agent.max_turns_per_context,
+            )))
+        }
         other => Err(format!(
-            "agent.kind {other:?} is not available; use \"echo\", \"exec\" or \"openai\""
+            "agent.kind {other:?} is not available; use \"echo\", \"exec\", \"openai\" or \"a2a\""
         )),
     }
 }

@@ -1,0 +1,712 @@
+//! An async A2A client: the agent card, protocol negotiation (v1.0 when the card offers it, else
+//! v0.3), blocking and streaming sends, `GetTask`; bearer tokens; typed errors.
+//!
+//! Shared by `colloquy send` and the `a2a` agent backend. Wire shapes come from
+//! [`crate::protocol::codec`], the same mapping the server uses.
+
+use crate::engine::StreamItem;
+use crate::model::{Artifact, Message, SendResult, Task, TaskEvent};
+use crate::protocol::WireVersion;
+use crate::protocol::codec;
+use eventsource_stream::Eventsource;
+use futures_util::stream::BoxStream;
+use futures_util::{Stream, StreamExt};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// Why a call to a peer failed. Each kind gets its own exit code in `colloquy send`.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{0:?} is not a usable URL: {1}")]
+    InvalidUrl(String, String),
+    #[error("connection refused by {url} (is the agent running?)")]
+    ConnectionRefused { url: String },
+    #[error("could not connect to {url}: {detail}")]
+    Connect { url: String, detail: String },
+    #[error("timed out after {secs} s waiting for {url}")]
+    Timeout { url: String, secs: u64 },
+    #[error("TLS failure talking to {url}: {detail}")]
+    Tls { url: String, detail: String },
+    #[error("{url} answered HTTP 401 Unauthorized{}", if *.with_token { " (the bearer token was refused)" } else { " (no bearer token was sent)" })]
+    Unauthorized { url: String, with_token: bool },
+    #[error("{url} answered HTTP {status}: {body}")]
+    Http {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("the peer answered JSON-RPC error {code}: {message}")]
+    Rpc {
+        code: i64,
+        message: String,
+        data: Option<Value>,
+    },
+    #[error("malformed response from {url}: {detail}")]
+    Malformed { url: String, detail: String },
+}
+
+/// The JSON-RPC code colloquy (and this client) uses for "context busy".
+pub const CONTEXT_BUSY: i64 = -32010;
+
+impl ClientError {
+    /// For a "context busy" error: the task the peer is still working on, if it says.
+    pub fn busy_task_id(&self) -> Option<String> {
+        let ClientError::Rpc { code, data, .. } = self else {
+            return None;
+        };
+        if *code != CONTEXT_BUSY {
+            return None;
+        }
+        let data = data.as_ref();
+        let from_v03 = data.and_then(|d| d.get("taskId")).and_then(Value::as_str);
+        let from_v1 = data
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find_map(|d| d.pointer("/metadata/taskId").and_then(Value::as_str));
+        Some(from_v03.or(from_v1).unwrap_or("(unknown)").to_owned())
+    }
+
+    fn from_reqwest(url: &str, error: reqwest::Error, timeout: Duration) -> ClientError {
+        let url = url.to_owned();
+        if error.is_timeout() {
+            return ClientError::Timeout {
+                url,
+                secs: timeout.as_secs(),
+            };
+        }
+        let mut chain = Vec::new();
+        let mut source: Option<&dyn std::error::Error> = Some(&error);
+        let mut refused = false;
+        while let Some(e) = source {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                match io.kind() {
+                    std::io::ErrorKind::ConnectionRefused => refused = true,
+                    std::io::ErrorKind::TimedOut => {
+                        return ClientError::Timeout {
+                            url,
+                            secs: timeout.as_secs(),
+                        };
+                    }
+                    _ => {}
+                }
+            }
+            chain.push(e.to_string());
+            source = e.source();
+        }
+        let detail = chain.last().cloned().unwrap_or_default();
+        let text = chain.join(": ").to_lowercase();
+        if refused {
+            ClientError::ConnectionRefused { url }
+        } else if ["tls", "certificate", "handshake", "rustls"]
+            .iter()
+            .any(|w| text.contains(w))
+        {
+            ClientError::Tls { url, detail }
+        } else if error.is_connect() {
+            ClientError::Connect { url, detail }
+        } else {
+            ClientError::Http {
+                url,
+                status: 0,
+                body: chain.join(": "),
+            }
+        }
+    }
+}
+
+pub type ClientResult<T> = Result<T, ClientError>;
+
+/// How to reach peers.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub token: Option<String>,
+    /// Connecting (TCP + TLS).
+    pub connect_timeout: Duration,
+    /// A blocking call, from sending to the whole response; for streams, the longest silence.
+    pub timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            token: None,
+            connect_timeout: Duration::from_secs(10),
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A peer whose card was read: where to post, in which version.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub base_url: String,
+    pub endpoint: String,
+    pub version: WireVersion,
+    pub card: Value,
+    pub streaming: bool,
+    http: reqwest::Client,
+    options: ClientOptions,
+}
+
+/// Where the card of the agent at `url` is: `url` itself when it names the card, else
+/// `<url>/.well-known/agent-card.json`.
+pub fn card_url(url: &str) -> String {
+    if url.ends_with("/.well-known/agent-card.json") || url.ends_with("/.well-known/agent.json") {
+        url.to_owned()
+    } else {
+        format!("{}/.well-known/agent-card.json", url.trim_end_matches('/'))
+    }
+}
+
+/// Checks that `url` is an absolute http(s) URL.
+pub fn check_url(url: &str) -> ClientResult<reqwest::Url> {
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|e| ClientError::InvalidUrl(url.to_owned(), e.to_string()))?;
+    match parsed.scheme() {
+        "http" | "https" if parsed.host().is_some() => Ok(parsed),
+        _ => Err(ClientError::InvalidUrl(
+            url.to_owned(),
+            "only http:// and https:// URLs are supported".into(),
+        )),
+    }
+}
+
+/// The version and endpoint the card offers: v1.0 JSONRPC in `supportedInterfaces`, else v0.3.
+pub fn negotiate(card: &Value, base_url: &str) -> Result<(WireVersion, String), String> {
+    let interfaces = card
+        .get("supportedInterfaces")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let jsonrpc = |i: &&Value| i.get("protocolBinding").and_then(Value::as_str) == Some("JSONRPC");
+    let version_of = |i: &Value| {
+        i.get("protocolVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    let url_of = |i: &Value| i.get("url").and_then(Value::as_str).map(str::to_owned);
+    if let Some(url) = interfaces
+        .iter()
+        .filter(jsonrpc)
+        .find(|i| {
+            let v = version_of(i);
+            v == "1.0" || v.starts_with("1.0.")
+        })
+        .and_then(url_of)
+    {
+        return Ok((WireVersion::V1, url));
+    }
+    if let Some(url) = interfaces
+        .iter()
+        .filter(jsonrpc)
+        .find(|i| version_of(i).starts_with("0.3"))
+        .and_then(url_of)
+    {
+        return Ok((WireVersion::V03, url));
+    }
+    let legacy_version = card
+        .get("protocolVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("0.3.0");
+    let transport = card
+        .get("preferredTransport")
+        .and_then(Value::as_str)
+        .unwrap_or("JSONRPC");
+    if let Some(url) = card.get("url").and_then(Value::as_str) {
+        if legacy_version.starts_with("0.3") && transport.eq_ignore_ascii_case("JSONRPC") {
+            return Ok((WireVersion::V03, url.to_owned()));
+        }
+        return Err(format!(
+            "the card offers protocol {legacy_version} over {transport}; colloquy speaks A2A 1.0 and 0.3 over JSON-RPC"
+        ));
+    }
+    Err(format!(
+        "the card at {} offers no JSON-RPC interface (no supportedInterfaces entry for 1.0 or 0.3, no url)",
+        card_url(base_url)
+    ))
+}
+
+fn build_http(options: &ClientOptions) -> ClientResult<reqwest::Client> {
+    reqwest::Client::builder()
+        .connect_timeout(options.connect_timeout)
+        .build()
+        .map_err(|e| ClientError::Connect {
+            url: String::new(),
+            detail: e.to_string(),
+        })
+}
+
+/// Reads the card at `url` and picks the version to speak.
+pub async fn connect(url: &str, options: ClientOptions) -> ClientResult<Peer> {
+    check_url(url)?;
+    let http = build_http(&options)?;
+    let card_url = card_url(url);
+    let mut request = http
+        .get(&card_url)
+        .timeout(options.timeout.min(Duration::from_secs(30)))
+        .header("Accept", "application/json");
+    if let Some(token) = &options.token {
+        request = request.bearer_auth(token);
+    }
+    let timeout = options.timeout.min(Duration::from_secs(30));
+    let response = request
+        .send()
+        .await
+        .map_err(|e| ClientError::from_reqwest(&card_url, e, timeout))?;
+    let response = check_status(&card_url, response, options.token.is_some()).await?;
+    let card: Value = response
+        .json()
+        .await
+        .map_err(|e| malformed_or_io(&card_url, e, timeout, "the agent card is not JSON"))?;
+    if !card.is_object() {
+        return Err(ClientError::Malformed {
+            url: card_url,
+            detail: "the agent card is not a JSON object".into(),
+        });
+    }
+    let (version, endpoint) = negotiate(&card, url).map_err(|detail| ClientError::Malformed {
+        url: card_url.clone(),
+        detail,
+    })?;
+    check_url(&endpoint).map_err(|e| ClientError::Malformed {
+        url: card_url.clone(),
+        detail: format!("the card's interface URL: {e}"),
+    })?;
+    let streaming = card
+        .pointer("/capabilities/streaming")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Ok(Peer {
+        base_url: url.to_owned(),
+        endpoint,
+        version,
+        card,
+        streaming,
+        http,
+        options,
+    })
+}
+
+fn malformed_or_io(url: &str, e: reqwest::Error, timeout: Duration, what: &str) -> ClientError {
+    if e.is_decode() {
+        ClientError::Malformed {
+            url: url.to_owned(),
+            detail: format!("{what}: {e}"),
+        }
+    } else {
+        ClientError::from_reqwest(url, e, timeout)
+    }
+}
+
+async fn check_status(
+    url: &str,
+    response: reqwest::Response,
+    with_token: bool,
+) -> ClientResult<reqwest::Response> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    if status == reqwest::StatusCode::UNAUTHORIZED {
+        return Err(ClientError::Unauthorized {
+            url: url.to_owned(),
+            with_token,
+        });
+    }
+    let body = response.text().await.unwrap_or_default();
+    // A JSON-RPC error sent with an HTTP error status is still the peer's JSON-RPC error.
+    if let Ok(value) = serde_json::from_str::<Value>(&body)
+        && let Some(error) = value.get("error").filter(|e| e.get("code").is_some())
+    {
+        return Err(rpc_error(error));
+    }
+    let mut body: String = body.chars().take(300).collect();
+    if body.is_empty() {
+        body = status.canonical_reason().unwrap_or("").to_owned();
+    }
+    Err(ClientError::Http {
+        url: url.to_owned(),
+        status: status.as_u16(),
+        body,
+    })
+}
+
+fn rpc_error(error: &Value) -> ClientError {
+    ClientError::Rpc {
+        code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
+        message: error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("(no message)")
+            .to_owned(),
+        data: error.get("data").cloned(),
+    }
+}
+
+/// What a stream yields: the task or message first, then status and artifact updates.
+pub type EventStream = BoxStream<'static, ClientResult<StreamItem>>;
+
+impl Peer {
+    /// The agent card's `name`.
+    pub fn name(&self) -> Option<&str> {
+        self.card.get("name").and_then(Value::as_str)
+    }
+
+    /// The longest wait for an answer.
+    pub fn timeout(&self) -> Duration {
+        self.options.timeout
+    }
+
+    fn method(&self, v1: &'static str, v03: &'static str) -> &'static str {
+        match self.version {
+            WireVersion::V1 => v1,
+            WireVersion::V03 => v03,
+        }
+    }
+
+    fn request(&self, method: &str, params: Value) -> reqwest::RequestBuilder {
+        let body = json!({
+            "jsonrpc": "2.0",
+            "id": uuid::Uuid::new_v4().to_string(),
+            "method": method,
+            "params": params,
+        });
+        let mut request = self.http.post(&self.endpoint).json(&body);
+        if self.version == WireVersion::V1 {
+            request = request.header("A2A-Version", "1.0");
+        }
+        if let Some(token) = &self.options.token {
+            request = request.bearer_auth(token);
+        }
+        request
+    }
+
+    fn send_params(&self, message: &Message) -> Value {
+        let configuration = match self.version {
+            WireVersion::V1 => json!({}),
+            WireVersion::V03 => json!({"blocking": true}),
+        };
+        json!({
+            "message": codec::encode_message(self.version, message),
+            "configuration": configuration,
+        })
+    }
+
+    async fn call(&self, method: &str, params: Value) -> ClientResult<Value> {
+        let timeout = self.options.timeout;
+        let response = self
+            .request(method, params)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| ClientError::from_reqwest(&self.endpoint, e, timeout))?;
+        let response = check_status(&self.endpoint, response, self.options.token.is_some()).await?;
+        let value: Value = response
+            .json()
+            .await
+            .map_err(|e| malformed_or_io(&self.endpoint, e, timeout, "the response is not JSON"))?;
+        self.result_of(value)
+    }
+
+    fn result_of(&self, value: Value) -> ClientResult<Value> {
+        if let Some(error) = value.get("error") {
+            return Err(rpc_error(error));
+        }
+        match value {
+            Value::Object(mut map) if map.contains_key("result") => {
+                Ok(map.remove("result").unwrap_or(Value::Null))
+            }
+            _ => Err(ClientError::Malformed {
+                url: self.endpoint.clone(),
+                detail: "a JSON-RPC response needs `result` or `error`".into(),
+            }),
+        }
+    }
+
+    fn malformed(&self, e: impl std::fmt::Display) -> ClientError {
+        ClientError::Malformed {
+            url: self.endpoint.clone(),
+            detail: e.to_string(),
+        }
+    }
+
+    /// A blocking send: waits until the task is terminal or waits for input.
+    pub async fn send(&self, message: &Message) -> ClientResult<SendResult> {
+        let method = self.method("SendMessage", "message/send");
+        let result = self.call(method, self.send_params(message)).await?;
+        codec::decode_send_result(self.version, &result).map_err(|e| self.malformed(e))
+    }
+
+    /// `GetTask` / `tasks/get`.
+    pub async fn get_task(&self, task_id: &str) -> ClientResult<Task> {
+        let method = self.method("GetTask", "tasks/get");
+        let result = self.call(method, json!({ "id": task_id })).await?;
+        codec::decode_task(self.version, &result, "result").map_err(|e| self.malformed(e))
+    }
+
+    /// A streaming send. Each item arrives as the peer sends it; the stream ends when the peer
+    /// closes it. A silence longer than the timeout ends it with [`ClientError::Timeout`].
+    pub async fn stream(&self, message: &Message) -> ClientResult<EventStream> {
+        let method = self.method("SendStreamingMessage", "message/stream");
+        let timeout = self.options.timeout;
+        let response = self
+            .request(method, self.send_params(message))
+            .header("Accept", "text/event-stream")
+            .header("Cache-Control", "no-store")
+            .send()
+            .await
+            .map_err(|e| ClientError::from_reqwest(&self.endpoint, e, timeout))?;
+        let response = check_status(&self.endpoint, response, self.options.token.is_some()).await?;
+        let is_sse = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if !is_sse {
+            // A plain JSON answer: an error, or one result.
+            let value: Value = response.json().await.map_err(|e| {
+                malformed_or_io(&self.endpoint, e, timeout, "the response is not JSON")
+            })?;
+            let result = self.result_of(value)?;
+            let item =
+                codec::decode_stream_item(self.version, &result).map_err(|e| self.malformed(e))?;
+            return Ok(futures_util::stream::iter([Ok(item)]).boxed());
+        }
+        let version = self.version;
+        let endpoint = self.endpoint.clone();
+        let events = response.bytes_stream().eventsource();
+        let peer = self.clone();
+        let items = idle_timeout(events, timeout).map(move |event| {
+            let event = match event {
+                Err(None) => {
+                    return Err(ClientError::Timeout {
+                        url: endpoint.clone(),
+                        secs: timeout.as_secs(),
+                    });
+                }
+                Err(Some(e)) => return Err(peer.malformed(format!("reading the stream: {e}"))),
+                Ok(event) => event,
+            };
+            let value: Value = serde_json::from_str(&event.data)
+                .map_err(|e| peer.malformed(format!("a stream event is not JSON: {e}")))?;
+            let result = peer.result_of(value)?;
+            codec::decode_stream_item(version, &result).map_err(|e| peer.malformed(e))
+        });
+        Ok(items.boxed())
+    }
+}
+
+/// Ends with `Err(None)` after `timeout` without an item; stream errors become `Err(Some(..))`.
+fn idle_timeout<S, T, E>(
+    stream: S,
+    timeout: Duration,
+) -> impl Stream<Item = Result<T, Option<String>>> + Send + 'static
+where
+    S: Stream<Item = Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    futures_util::stream::unfold(
+        (Box::pin(stream), false),
+        move |(mut stream, done)| async move {
+            if done {
+                return None;
+            }
+            match tokio::time::timeout(timeout, stream.next()).await {
+                Err(_) => Some((Err(None), (stream, true))),
+                Ok(None) => None,
+                Ok(Some(Ok(item))) => Some((Ok(item), (stream, false))),
+                Ok(Some(Err(e))) => Some((Err(Some(e.to_string())), (stream, true))),
+            }
+        },
+    )
+}
+
+/// Folds stream items into the task they describe, the way a careful client does: appended
+/// artifact chunks join their artifact, status updates replace the status.
+#[derive(Debug, Default, Clone)]
+pub struct TaskAssembler {
+    pub task: Option<Task>,
+    pub message: Option<Message>,
+    /// The reply text received so far, in order (text parts of artifact updates and of the first task).
+    pub streamed_text: String,
+    /// Whether a final status (terminal or interrupted) arrived.
+    pub finished: bool,
+}
+
+/// The text parts of an artifact, concatenated.
+pub fn artifact_text(artifact: &Artifact) -> String {
+    artifact
+        .parts
+        .iter()
+        .filter_map(crate::model::Part::as_text)
+        .collect()
+}
+
+/// All artifact text of a task, in order.
+pub fn task_text(task: &Task) -> String {
+    task.artifacts.iter().map(artifact_text).collect()
+}
+
+impl TaskAssembler {
+    /// Applies one item; returns the new reply text it carried (for printing as it arrives).
+    pub fn apply(&mut self, item: StreamItem) -> String {
+        match item {
+            StreamItem::Message(message) => {
+                let text = message.text();
+                self.streamed_text.push_str(&text);
+                self.message = Some(message);
+                self.finished = true;
+                text
+            }
+            StreamItem::Task(task) => {
+                let text = task_text(&task);
+                self.streamed_text.push_str(&text);
+                self.finished = task.status.state.ends_turn();
+                self.task = Some(task);
+                text
+            }
+            StreamItem::Event(TaskEvent::Status {
+                task_id,
+                context_id,
+                status,
+                is_final,
+            }) => {
+                self.finished = is_final || status.state.ends_turn();
+                let task = self.task.get_or_insert_with(|| Task {
+                    id: task_id,
+                    context_id,
+                    status: status.clone(),
+                    artifacts: Vec::new(),
+                    history: Vec::new(),
+                    metadata: None,
+                });
+                task.status = status;
+                String::new()
+            }
+            StreamItem::Event(TaskEvent::Artifact {
+                task_id,
+                context_id,
+                artifact,
+                append,
+                ..
+            }) => {
+                let text = artifact_text(&artifact);
+                self.streamed_text.push_str(&text);
+                let task = self.task.get_or_insert_with(|| Task {
+                    id: task_id,
+                    context_id,
+                    status: crate::model::TaskStatus::new(crate::model::TaskState::Working, None),
+                    artifacts: Vec::new(),
+                    history: Vec::new(),
+                    metadata: None,
+                });
+                match task
+                    .artifacts
+                    .iter_mut()
+                    .find(|a| a.artifact_id == artifact.artifact_id)
+                {
+                    Some(existing) if append => existing.parts.extend(artifact.parts),
+                    Some(existing) => *existing = artifact,
+                    None => task.artifacts.push(artifact),
+                }
+                text
+            }
+        }
+    }
+}
+
+/// The text a finished send answered with: the message's text, or the task's artifacts.
+pub fn reply_text(result: &SendResult) -> String {
+    match result {
+        SendResult::Message(message) => message.text(),
+        SendResult::Task(task) => task_text(task),
+    }
+}
+
+/// The status message text of a task, if any.
+pub fn status_text(task: &Task) -> Option<String> {
+    task.status
+        .message
+        .as_ref()
+        .map(Message::text)
+        .filter(|t| !t.is_empty())
+}
+
+/// A user message with one text part.
+pub fn user_text_message(text: &str, context_id: Option<&str>, task_id: Option<&str>) -> Message {
+    Message {
+        message_id: uuid::Uuid::new_v4().to_string(),
+        role: crate::model::Role::User,
+        parts: vec![crate::model::Part::text(text)],
+        context_id: context_id.map(str::to_owned),
+        task_id: task_id.map(str::to_owned),
+        reference_task_ids: Vec::new(),
+        metadata: None,
+        extensions: Vec::new(),
+        timestamp: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negotiation_prefers_v1_and_falls_back_to_v03() {
+        let dual = json!({"supportedInterfaces":[{"url":"http://a/","protocolBinding":"JSONRPC","protocolVersion":"1.0"}],
+            "protocolVersion":"0.3.0","url":"http://b/"});
+        assert_eq!(
+            negotiate(&dual, "http://x").unwrap(),
+            (WireVersion::V1, "http://a/".into())
+        );
+        let legacy =
+            json!({"protocolVersion":"0.3.0","url":"http://b/","preferredTransport":"JSONRPC"});
+        assert_eq!(
+            negotiate(&legacy, "http://x").unwrap(),
+            (WireVersion::V03, "http://b/".into())
+        );
+        let only03 = json!({"supportedInterfaces":[{"url":"http://c/","protocolBinding":"JSONRPC","protocolVersion":"0.3"}]});
+        assert_eq!(
+            negotiate(&only03, "http://x").unwrap(),
+            (WireVersion::V03, "http://c/".into())
+        );
+        assert!(negotiate(&json!({"name":"x"}), "http://x").is_err());
+        let grpc = json!({"supportedInterfaces":[{"url":"http://a/","protocolBinding":"GRPC","protocolVersion":"1.0"}]});
+        assert!(negotiate(&grpc, "http://x").is_err());
+    }
+
+    #[test]
+    fn busy_task_id_from_both_versions() {
+        let v1 = ClientError::Rpc {
+            code: CONTEXT_BUSY,
+            message: "busy".into(),
+            data: Some(json!([{"@type":"x","metadata":{"taskId":"t1","contextId":"c"}}])),
+        };
+        assert_eq!(v1.busy_task_id().as_deref(), Some("t1"));
+        let v03 = ClientError::Rpc {
+            code: CONTEXT_BUSY,
+            message: "busy".into(),
+            data: Some(json!({"taskId":"t2"})),
+        };
+        assert_eq!(v03.busy_task_id().as_deref(), Some("t2"));
+    }
+
+    #[test]
+    fn card_url_forms() {
+        assert_eq!(
+            card_url("http://h:1/"),
+            "http://h:1/.well-known/agent-card.json"
+        );
+        assert_eq!(
+            card_url("http://h:1"),
+            "http://h:1/.well-known/agent-card.json"
+        );
+        assert_eq!(
+            card_url("http://h:1/.well-known/agent-card.json"),
+            "http://h:1/.well-known/agent-card.json"
+        );
+    }
+}
