@@ -444,27 +444,14 @@ async fn errors_have_their_exit_codes() {
 
 // ---- the official Python SDK servers ----
 
-fn venvs() -> PathBuf {
-    std::env::var_os("INTEROP_VENVS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/interop"))
-}
-
 struct SdkServer {
     child: tokio::process::Child,
     url: String,
 }
 
-/// Starts `script` from the interop kit with the venv's python; None (with a message) when the venv is missing.
+/// Starts `script` from the interop kit with the venv's python (created on first use).
 async fn sdk_server(venv: &str, script: &str) -> Option<SdkServer> {
-    let python = venvs().join(venv).join("bin/python");
-    if !python.exists() {
-        eprintln!(
-            "SKIPPED: no a2a-sdk venv at {} (run tests/interop/setup.sh, or set INTEROP_VENVS)",
-            python.display()
-        );
-        return None;
-    }
+    let python = common::sdk_python(venv);
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()

@@ -225,6 +225,37 @@ impl colloquy::agent::Agent for ScriptedAgent {
             {
                 tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
             }
+            if let Some((spec, body)) = text.strip_prefix("drip ").and_then(|r| r.split_once(": "))
+            {
+                // `drip MS N: TEXT`: wait MS, then TEXT in N-character chunks, MS apart.
+                let mut numbers = spec
+                    .split_whitespace()
+                    .filter_map(|n| n.parse::<u64>().ok());
+                let (ms, n) = (
+                    numbers.next().unwrap_or(10),
+                    numbers.next().unwrap_or(1).max(1) as usize,
+                );
+                let chars: Vec<char> = body.chars().collect();
+                for chunk in chars.chunks(n) {
+                    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                    sink.text(chunk.iter().collect::<String>()).await?;
+                }
+                return Ok(());
+            }
+            if let Some(spec) = text.strip_prefix("flood ") {
+                // `flood COUNT SIZE`: COUNT chunks of SIZE bytes, 1 ms apart.
+                let mut numbers = spec
+                    .split_whitespace()
+                    .filter_map(|n| n.parse::<usize>().ok());
+                let (count, size) = (numbers.next().unwrap_or(10), numbers.next().unwrap_or(10));
+                for i in 0..count {
+                    let fill = char::from(b'a' + (i % 26) as u8);
+                    sink.text(std::iter::repeat_n(fill, size).collect::<String>())
+                        .await?;
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                return Ok(());
+            }
             if let Some((count, body)) = text
                 .strip_prefix("chunks ")
                 .and_then(|r| r.split_once(": "))
@@ -354,4 +385,45 @@ pub fn assert_v03_valid(definition: &str, value: &Value) {
         errors.is_empty(),
         "not a valid v0.3 {definition}: {errors:?}\n{value:#}"
     );
+}
+
+/// The python of an a2a-sdk venv (`sdk03` or `sdk1`), creating the venvs on first use
+/// (`tests/interop/setup.sh`, idempotent; `INTEROP_VENVS` overrides where they live).
+pub fn sdk_python(venv: &str) -> std::path::PathBuf {
+    static READY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let root = READY.get_or_init(|| {
+        let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let venvs = std::env::var_os("INTEROP_VENVS")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| manifest.join("target/interop"));
+        let status = std::process::Command::new("bash")
+            .arg(manifest.join("tests/interop/setup.sh"))
+            .env("INTEROP_VENVS", &venvs)
+            .status()
+            .expect("bash runs tests/interop/setup.sh");
+        assert!(
+            status.success(),
+            "tests/interop/setup.sh failed: the a2a-sdk venvs are needed for interop tests"
+        );
+        venvs
+    });
+    root.join(venv).join("bin/python")
+}
+
+/// Runs one of the interop kit's scripts with an SDK venv; returns (success, stdout + stderr).
+pub async fn run_sdk_script(venv: &str, script: &str, args: &[&str]) -> (bool, String) {
+    let python = sdk_python(venv);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/interop")
+        .join(script);
+    let output = tokio::process::Command::new(python)
+        .arg(script)
+        .args(args)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python runs");
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), text)
 }

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Creates the two a2a-sdk venvs used by the interop kit. Idempotent; needs python3 (>=3.10) + PyPI.
-#   INTEROP_VENVS (default /work/main/target/interop)  ->  $INTEROP_VENVS/sdk03, $INTEROP_VENVS/sdk1
+#   INTEROP_VENVS (default <repo>/target/interop)  ->  $INTEROP_VENVS/sdk03, $INTEROP_VENVS/sdk1
 #   PYTHON (default python3)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-VENVS="${INTEROP_VENVS:-/work/main/target/interop}"
+VENVS="${INTEROP_VENVS:-$HERE/../../target/interop}"
 PY="${PYTHON:-python3}"
 mkdir -p "$VENVS"
 
