@@ -180,6 +180,8 @@ pub struct ContextsConfig {
     pub idle_timeout_secs: u64,
     /// Arbiter threads hosting conversation actors (0 = one per core).
     pub arbiters: usize,
+    /// Live conversation actors; past it idle ones are stopped first, past 110% new ones are refused.
+    pub max_resident: usize,
 }
 
 impl Default for ContextsConfig {
@@ -187,6 +189,7 @@ impl Default for ContextsConfig {
         ContextsConfig {
             idle_timeout_secs: 300,
             arbiters: 0,
+            max_resident: 1_000_000,
         }
     }
 }
@@ -376,6 +379,7 @@ impl Config {
             },
             max_running_turns: self.limits.running_turns.max(1),
             max_context_id_bytes: self.limits.context_id_bytes,
+            max_resident: self.contexts.max_resident.max(1),
         }
     }
 }

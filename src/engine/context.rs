@@ -12,6 +12,7 @@ use actix::prelude::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 /// Start a turn with `message`; `task_id` names the (waiting) task it answers.
 #[derive(Message, Clone)]
@@ -45,6 +46,22 @@ pub enum CancelOutcome {
 #[derive(Message, Clone)]
 #[rtype(result = "EngineResult<bool>")]
 pub struct DeleteConversation;
+
+/// Stops the actor if no turn runs in it (to make room under the resident limit).
+#[derive(Message, Clone)]
+#[rtype(result = "()")]
+pub struct StopIfIdle;
+
+impl Handler<StopIfIdle> for ContextActor {
+    type Result = ();
+
+    fn handle(&mut self, _: StopIfIdle, ctx: &mut Context<Self>) {
+        if self.running.is_none() {
+            metrics::counter!("colloquy_context_evictions_total").increment(1);
+            ctx.stop();
+        }
+    }
+}
 
 /// Ends the running turn (if any) as failed: the server is going down.
 #[derive(Message, Clone)]
@@ -124,6 +141,7 @@ impl ContextActor {
         begun: BegunTurn,
         hub: Arc<TaskHub>,
         stop: oneshot::Receiver<StopReason>,
+        span: tracing::Span,
         ctx: &mut Context<Self>,
     ) {
         let shared = self.directory.shared().clone();
@@ -156,7 +174,8 @@ impl ContextActor {
                 Err(e) => Err(e.clone()),
             };
             (result, durable)
-        };
+        }
+        .instrument(span);
         ctx.spawn(work.into_actor(self).map(move |(result, durable), act, _| {
             act.running = None;
             act.last_activity = Instant::now();
@@ -233,6 +252,8 @@ impl Handler<StartTurn> for ContextActor {
         let limits = shared.config.history;
         let message = start.message;
         let stream = start.stream;
+        let span = tracing::info_span!("turn", context_id = %self.context_id, task_id = %task_id);
+        let turn_span = span.clone();
         let persist = async move {
             let begun = actix_rt::task::spawn_blocking(move || {
                 turn::begin(TurnStart {
@@ -250,7 +271,8 @@ impl Handler<StartTurn> for ContextActor {
             .map_err(|e| EngineError::Internal(format!("starting the turn: {e}")))??;
             shared.store.durable().await?;
             Ok::<_, EngineError>(begun)
-        };
+        }
+        .instrument(span);
         Box::pin(persist.into_actor(self).map(move |begun, act, ctx| {
             let begun = match begun {
                 Ok(begun) => begun,
@@ -276,7 +298,7 @@ impl Handler<StartTurn> for ContextActor {
                 }
             }
             let subscription = stream.then(|| hub.subscribe());
-            act.run_agent(begun, hub.clone(), stop_rx, ctx);
+            act.run_agent(begun, hub.clone(), stop_rx, turn_span, ctx);
             Ok(TurnStarted { hub, subscription })
         }))
     }

@@ -7,16 +7,18 @@
 
 use super::Shared;
 use super::agent_actor::AgentActor;
-use super::context::ContextActor;
+use super::context::{ContextActor, StopIfIdle};
 use super::error::{EngineError, EngineResult};
 use crate::store::ConversationKey;
 use actix::prelude::*;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 const SHARDS: usize = 64;
 const DELIVERY_ATTEMPTS: usize = 8;
+/// Actors asked to stop-if-idle each time a new one would pass the resident limit.
+const EVICTION_BATCH: usize = 64;
 
 struct Resident {
     generation: u64,
@@ -37,6 +39,8 @@ pub struct Directory {
     shared: Arc<Shared>,
     generations: AtomicU64,
     threads: Threads,
+    resident: AtomicUsize,
+    next_eviction_shard: AtomicUsize,
 }
 
 impl Directory {
@@ -59,6 +63,8 @@ impl Directory {
             shared,
             generations: AtomicU64::new(0),
             threads: Mutex::new(threads),
+            resident: AtomicUsize::new(0),
+            next_eviction_shard: AtomicUsize::new(0),
         })
     }
 
@@ -82,10 +88,14 @@ impl Directory {
         key: &ConversationKey,
         principal: &str,
         context_id: &str,
-    ) -> Addr<ContextActor> {
+    ) -> EngineResult<Addr<ContextActor>> {
+        if let Some(resident) = self.shard(key).get(key).filter(|r| r.addr.connected()) {
+            return Ok(resident.addr.clone());
+        }
+        self.make_room()?;
         let mut shard = self.shard(key);
         if let Some(resident) = shard.get(key).filter(|r| r.addr.connected()) {
-            return resident.addr.clone();
+            return Ok(resident.addr.clone());
         }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let worker = &self.workers[key.shard(self.workers.len())];
@@ -102,15 +112,49 @@ impl Directory {
                 agent,
             )
         });
-        shard.insert(
+        let replaced = shard.insert(
             *key,
             Resident {
                 generation,
                 addr: addr.clone(),
             },
         );
-        metrics::gauge!("colloquy_contexts_resident").increment(1.0);
-        addr
+        if replaced.is_none() {
+            self.resident.fetch_add(1, Ordering::AcqRel);
+            metrics::gauge!("colloquy_contexts_resident").increment(1.0);
+        }
+        Ok(addr)
+    }
+
+    /// At the resident limit, asks a batch of actors to stop if idle; past 110%, refuses.
+    fn make_room(&self) -> EngineResult<()> {
+        let max = self.shared.config.max_resident.max(1);
+        let resident = self.resident.load(Ordering::Acquire);
+        if resident < max {
+            return Ok(());
+        }
+        let start = self.next_eviction_shard.fetch_add(1, Ordering::Relaxed);
+        let mut asked = 0;
+        for offset in 0..SHARDS {
+            let shard = self.shards[(start + offset) % SHARDS]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for resident in shard.values().take(EVICTION_BATCH - asked) {
+                resident.addr.do_send(StopIfIdle);
+                asked += 1;
+            }
+            if asked >= EVICTION_BATCH {
+                break;
+            }
+        }
+        if resident >= max + max / 10 {
+            metrics::counter!("colloquy_overload_rejections_total").increment(1);
+            return Err(EngineError::Overloaded {
+                running: resident,
+                retry_after_ms: 100,
+            });
+        }
+        Ok(())
     }
 
     /// Removes the entry if it is still the actor of that generation (a newer one may have replaced it).
@@ -118,6 +162,7 @@ impl Directory {
         let mut shard = self.shard(key);
         if shard.get(key).is_some_and(|r| r.generation == generation) {
             shard.remove(key);
+            self.resident.fetch_sub(1, Ordering::AcqRel);
             metrics::gauge!("colloquy_contexts_resident").decrement(1.0);
         }
     }
@@ -136,7 +181,7 @@ impl Directory {
         ContextActor: Handler<M>,
     {
         for _ in 0..DELIVERY_ATTEMPTS {
-            let addr = self.resident(key, principal, context_id);
+            let addr = self.resident(key, principal, context_id)?;
             match addr.send(message.clone()).await {
                 Ok(result) => return Ok(result),
                 Err(MailboxError::Closed) => continue,
@@ -149,10 +194,7 @@ impl Directory {
     }
 
     pub fn resident_count(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len())
-            .sum()
+        self.resident.load(Ordering::Acquire)
     }
 
     /// Every live actor (for shutdown).

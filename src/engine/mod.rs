@@ -42,6 +42,9 @@ pub struct EngineConfig {
     /// Turns running at once across all conversations; beyond, sends are refused as overloaded.
     pub max_running_turns: usize,
     pub max_context_id_bytes: usize,
+    /// Live conversation actors; past it idle ones are stopped first, and past 110% new
+    /// conversations are refused as overloaded.
+    pub max_resident: usize,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +57,7 @@ impl Default for EngineConfig {
             arbiters: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_running_turns: 10_000,
             max_context_id_bytes: 256,
+            max_resident: 1_000_000,
         }
     }
 }

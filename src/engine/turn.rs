@@ -50,6 +50,7 @@ pub fn begin(start: TurnStart<'_>) -> EngineResult<BegunTurn> {
     if let Some(stale) = meta.running_task.take() {
         fail_interrupted_task(store, &stale, &mut batch)?;
     }
+    let render_started = std::time::Instant::now();
     let history: Vec<HistoryEntry> = store
         .recent_messages(&key, limits.limit)?
         .iter()
@@ -103,6 +104,8 @@ pub fn begin(start: TurnStart<'_>) -> EngineResult<BegunTurn> {
     let mut task = record.task.clone();
     task.history = store.messages(&key, &record.history_seqs)?;
     let prompt = render_prompt(&history, &message.text(), limits);
+    metrics::histogram!("colloquy_history_render_seconds").record(render_started.elapsed());
+    metrics::counter!("colloquy_history_messages_rendered_total").increment(history.len() as u64);
     let request = AgentRequest {
         context_id: context_id.to_owned(),
         task_id,
