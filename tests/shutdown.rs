@@ -1,0 +1,152 @@
+//! SIGTERM: running turns finish within the grace period (or fail clearly past it), the process
+//! exits 0, and what was acknowledged is there after a restart.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Process {
+    child: Child,
+    url: String,
+}
+
+async fn spawn(data: &std::path::Path, grace_secs: u64, delay_ms: u64) -> Process {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_colloquy"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
+        .arg(data)
+        .args(["--echo-delay-ms", &delay_ms.to_string()])
+        .env("COLLOQUY_SHUTDOWN__GRACE_SECS", grace_secs.to_string())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("colloquy starts");
+    let url = format!("http://127.0.0.1:{port}/");
+    let client = reqwest::Client::new();
+    for _ in 0..200 {
+        if client.get(format!("{url}healthz")).send().await.is_ok() {
+            return Process { child, url };
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("colloquy did not come up");
+}
+
+async fn rpc(url: &str, method: &str, params: Value) -> Value {
+    reqwest::Client::new()
+        .post(url)
+        .header("A2A-Version", V1)
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("JSON")
+}
+
+fn terminate(process: &Process) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(process.child.id() as libc::pid_t, libc::SIGTERM) };
+}
+
+async fn wait_exit(mut process: Process) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = process.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_running_turn_finishes_within_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let process = spawn(dir.path(), 10, 1500).await;
+    let url = process.url.clone();
+    let turn = tokio::spawn(async move {
+        rpc(
+            &url,
+            "SendMessage",
+            json!({"message": user_message(V1, "finish me", Some("graceful"), None)}),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    terminate(&process);
+    let reply = turn.await.unwrap();
+    assert_eq!(task_of(&reply)["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(artifact_text(task_of(&reply)), "echo: finish me (turn 1)");
+    let status = wait_exit(process).await;
+    assert!(status.success(), "exit status {status:?}");
+
+    let process = spawn(dir.path(), 10, 0).await;
+    let history = rpc(
+        &process.url,
+        "colloquy/getConversation",
+        json!({"contextId": "graceful"}),
+    )
+    .await;
+    let texts: Vec<String> = history["result"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(message_text)
+        .collect();
+    assert_eq!(texts, ["finish me", "echo: finish me (turn 1)"]);
+    terminate(&process);
+    assert!(wait_exit(process).await.success());
+}
+
+#[actix_rt::test]
+async fn turns_past_the_grace_period_fail_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let process = spawn(dir.path(), 1, 6000).await;
+    let url = process.url.clone();
+    let turn = tokio::spawn(async move {
+        rpc(
+            &url,
+            "SendMessage",
+            json!({"message": user_message(V1, "too slow", Some("cut"), None)}),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    terminate(&process);
+    let reply = turn.await.unwrap();
+    let task = task_of(&reply);
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED");
+    assert!(message_text(&task["status"]["message"]).contains("shut down"));
+    let started = Instant::now();
+    assert!(wait_exit(process).await.success());
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    let process = spawn(dir.path(), 1, 0).await;
+    let task_id = task["id"].as_str().unwrap();
+    let stored = rpc(&process.url, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(stored["result"]["status"]["state"], "TASK_STATE_FAILED");
+    assert_eq!(message_text(&stored["result"]["history"][0]), "too slow");
+    let next = rpc(
+        &process.url,
+        "SendMessage",
+        json!({"message": user_message(V1, "again", Some("cut"), None)}),
+    )
+    .await;
+    assert_eq!(task_of(&next)["status"]["state"], "TASK_STATE_COMPLETED");
+    terminate(&process);
+    assert!(wait_exit(process).await.success());
+}
