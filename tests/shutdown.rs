@@ -23,7 +23,7 @@ struct Process {
 
 async fn spawn(data: &std::path::Path, grace_secs: u64, delay_ms: u64) -> Process {
     let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_colloquy"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_colloquy"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
         .arg(data)
         .args(["--echo-delay-ms", &delay_ms.to_string()])
@@ -41,6 +41,8 @@ async fn spawn(data: &std::path::Path, grace_secs: u64, delay_ms: u64) -> Proces
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("colloquy did not come up");
 }
 
