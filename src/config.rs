@@ -33,6 +33,7 @@ pub struct Config {
     /// The URL clients should use, for the agent card; default: from the request's Host.
     pub public_url: Option<String>,
     /// Listen on a non-loopback address without any token configured.
+    #[serde(deserialize_with = "flexible_bool")]
     pub allow_unauthenticated: bool,
     /// `pretty` or `json`.
     pub log_format: String,
@@ -311,6 +312,35 @@ pub struct PeerConfig {
     pub url: String,
     #[serde(default)]
     pub token_env: Option<String>,
+}
+
+/// A boolean that also accepts the environment's usual spellings: `1`/`0`, `yes`/`no`.
+fn flexible_bool<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Flexible {
+        Bool(bool),
+        Number(u64),
+        Text(String),
+    }
+    match Flexible::deserialize(deserializer)? {
+        Flexible::Bool(b) => Ok(b),
+        Flexible::Number(0) => Ok(false),
+        Flexible::Number(1) => Ok(true),
+        Flexible::Text(t)
+            if ["1", "true", "yes", "on"].contains(&t.to_ascii_lowercase().as_str()) =>
+        {
+            Ok(true)
+        }
+        Flexible::Text(t)
+            if ["0", "false", "no", "off", ""].contains(&t.to_ascii_lowercase().as_str()) =>
+        {
+            Ok(false)
+        }
+        _ => Err(serde::de::Error::custom(
+            "expected a boolean (true/false, 1/0, yes/no)",
+        )),
+    }
 }
 
 impl Config {
