@@ -3,7 +3,7 @@
 use super::StoreArgs;
 use crate::config::Config;
 use crate::model::{Role, format_time};
-use crate::store::{ConversationKey, Store};
+use crate::store::{ConversationKey, ConversationMeta, Store};
 use clap::Args;
 use std::process::ExitCode;
 
@@ -80,15 +80,24 @@ pub fn list(args: ListArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Opens the store and finds the principal's conversation, or says it is not there.
+fn find(
+    args: &StoreArgs,
+    context_id: &str,
+) -> Result<(Store, ConversationKey, ConversationMeta), String> {
+    let store = open(args)?;
+    let key = ConversationKey::new(&args.principal, context_id);
+    match store.conversation(&key).map_err(|e| e.to_string())? {
+        Some(meta) => Ok((store, key, meta)),
+        None => Err(format!(
+            "no conversation {context_id:?} for principal {:?}",
+            args.principal
+        )),
+    }
+}
+
 pub fn history(args: HistoryArgs) -> Result<ExitCode, String> {
-    let store = open(&args.store)?;
-    let key = ConversationKey::new(&args.store.principal, &args.context_id);
-    let Some(meta) = store.conversation(&key).map_err(|e| e.to_string())? else {
-        return Err(format!(
-            "no conversation {:?} for principal {:?}",
-            args.context_id, args.store.principal
-        ));
-    };
+    let (store, key, meta) = find(&args.store, &args.context_id)?;
     println!(
         "conversation {} ({} turns, updated {})",
         meta.context_id,
@@ -114,14 +123,7 @@ pub fn history(args: HistoryArgs) -> Result<ExitCode, String> {
 }
 
 pub fn delete(args: DeleteArgs) -> Result<ExitCode, String> {
-    let store = open(&args.store)?;
-    let key = ConversationKey::new(&args.store.principal, &args.context_id);
-    let Some(meta) = store.conversation(&key).map_err(|e| e.to_string())? else {
-        return Err(format!(
-            "no conversation {:?} for principal {:?}",
-            args.context_id, args.store.principal
-        ));
-    };
+    let (store, _, meta) = find(&args.store, &args.context_id)?;
     store
         .delete_conversation(&meta)
         .map_err(|e| e.to_string())?;

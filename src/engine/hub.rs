@@ -68,6 +68,29 @@ impl Subscription {
     }
 }
 
+/// An update of the reply artifact carrying one chunk of text.
+fn reply_chunk(
+    task: &Task,
+    reply: &Artifact,
+    chunk: &str,
+    append: bool,
+    last_chunk: bool,
+) -> TaskEvent {
+    TaskEvent::Artifact {
+        task_id: task.id.clone(),
+        context_id: task.context_id.clone(),
+        artifact: Artifact {
+            artifact_id: reply.artifact_id.clone(),
+            name: reply.name.clone(),
+            description: None,
+            parts: vec![Part::text(chunk)],
+            metadata: None,
+        },
+        append,
+        last_chunk,
+    }
+}
+
 impl TaskHub {
     pub fn new(principal: String, task: Task, open: bool, buffer: usize) -> Arc<Self> {
         let (done, _) = watch::channel(None);
@@ -175,19 +198,7 @@ impl TaskHub {
         {
             text.push_str(chunk);
         }
-        let event = TaskEvent::Artifact {
-            task_id: task.id.clone(),
-            context_id: task.context_id.clone(),
-            artifact: Artifact {
-                artifact_id: artifact.artifact_id.clone(),
-                name: artifact.name.clone(),
-                description: None,
-                parts: vec![Part::text(chunk)],
-                metadata: None,
-            },
-            append,
-            last_chunk: false,
-        };
+        let event = reply_chunk(task, &task.artifacts[index], chunk, append, false);
         Self::broadcast(&mut state, StreamItem::Event(event));
     }
 
@@ -246,20 +257,9 @@ impl TaskHub {
             SendResult::Task(task) => {
                 Self::open_locked(&mut state);
                 if let Some(index) = state.reply_artifact {
-                    let artifact = &state.task.artifacts[index];
-                    let event = TaskEvent::Artifact {
-                        task_id: task.id.clone(),
-                        context_id: task.context_id.clone(),
-                        artifact: Artifact {
-                            artifact_id: artifact.artifact_id.clone(),
-                            name: artifact.name.clone(),
-                            description: None,
-                            parts: vec![Part::text("")],
-                            metadata: None,
-                        },
-                        append: true,
-                        last_chunk: true,
-                    };
+                    // The closing chunk is empty: chunks are sent as they come, before the end is known.
+                    let event =
+                        reply_chunk(&state.task, &state.task.artifacts[index], "", true, true);
                     Self::broadcast(&mut state, StreamItem::Event(event));
                 }
                 let event = TaskEvent::Status {

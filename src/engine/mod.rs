@@ -287,25 +287,24 @@ impl Engine {
         task_id: &str,
         context_id: Option<&str>,
     ) -> EngineResult<String> {
-        let store = self.store().clone();
-        let (principal_owned, id) = (principal.to_owned(), task_id.to_owned());
-        let record = blocking(move || Ok(store.task(&id)?)).await?;
-        let record = record
-            .filter(|r| r.principal == principal_owned)
-            .ok_or_else(|| EngineError::TaskNotFound(task_id.to_owned()))?;
+        let record = self.owned_task(principal, task_id).await?;
         if let Some(context_id) = context_id.filter(|c| *c != record.task.context_id) {
             return Err(EngineError::InvalidParams(format!(
                 "contextId: {context_id:?} is not the context of task {task_id}"
             )));
         }
-        let state = record.task.status.state;
-        if state.is_terminal() {
-            return Err(EngineError::TaskTerminal {
-                task_id: task_id.to_owned(),
-                state,
-            });
-        }
+        turn::ensure_open(&record)?;
         Ok(record.task.context_id)
+    }
+
+    async fn owned_task(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> EngineResult<crate::store::TaskRecord> {
+        let store = self.store().clone();
+        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
+        blocking(move || turn::owned_task(&store, &principal, &task_id)).await
     }
 
     /// The task as it is now: live for a running task, else as stored.
@@ -349,19 +348,8 @@ impl Engine {
     }
 
     pub async fn cancel(&self, principal: &str, task_id: &str) -> EngineResult<Task> {
-        let store = self.store().clone();
-        let (principal_owned, id) = (principal.to_owned(), task_id.to_owned());
-        let record = blocking(move || Ok(store.task(&id)?))
-            .await?
-            .filter(|r| r.principal == principal_owned)
-            .ok_or_else(|| EngineError::TaskNotFound(task_id.to_owned()))?;
-        let state = record.task.status.state;
-        if state.is_terminal() {
-            return Err(EngineError::TaskNotCancelable {
-                task_id: task_id.to_owned(),
-                state,
-            });
-        }
+        let record = self.owned_task(principal, task_id).await?;
+        turn::ensure_cancelable(&record)?;
         let context_id = record.task.context_id.clone();
         let key = record.conversation();
         let cancel = CancelTask {

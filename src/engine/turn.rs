@@ -58,16 +58,11 @@ pub fn begin(start: TurnStart<'_>) -> EngineResult<BegunTurn> {
         .collect();
 
     let (mut record, previous) = if continuing {
-        let record = store
-            .task(&task_id)?
-            .filter(|r| r.principal == principal && r.task.context_id == context_id)
-            .ok_or_else(|| EngineError::TaskNotFound(task_id.clone()))?;
-        if record.task.status.state.is_terminal() {
-            return Err(EngineError::TaskTerminal {
-                task_id,
-                state: record.task.status.state,
-            });
+        let record = owned_task(store, principal, &task_id)?;
+        if record.task.context_id != context_id {
+            return Err(EngineError::TaskNotFound(task_id));
         }
+        ensure_open(&record)?;
         (record.clone(), Some(record))
     } else {
         let record = TaskRecord {
@@ -206,17 +201,8 @@ pub fn finish(
 
 /// Cancels a task that is not running (waiting for input): it becomes canceled.
 pub fn cancel_waiting(store: &Store, principal: &str, task_id: &str) -> EngineResult<Task> {
-    let previous = store
-        .task(task_id)?
-        .filter(|r| r.principal == principal)
-        .ok_or_else(|| EngineError::TaskNotFound(task_id.to_owned()))?;
-    let state = previous.task.status.state;
-    if state.is_terminal() {
-        return Err(EngineError::TaskNotCancelable {
-            task_id: task_id.to_owned(),
-            state,
-        });
-    }
+    let previous = owned_task(store, principal, task_id)?;
+    ensure_cancelable(&previous)?;
     let mut record = previous.clone();
     record.task.status = TaskStatus::new(
         TaskState::Canceled,
@@ -234,16 +220,45 @@ pub fn cancel_waiting(store: &Store, principal: &str, task_id: &str) -> EngineRe
     Ok(task)
 }
 
+/// The stored task if it belongs to `principal`; another principal's task is simply not found.
+pub fn owned_task(store: &Store, principal: &str, task_id: &str) -> EngineResult<TaskRecord> {
+    store
+        .task(task_id)?
+        .filter(|r| r.principal == principal)
+        .ok_or_else(|| EngineError::TaskNotFound(task_id.to_owned()))
+}
+
+/// A message may continue this task only while it is not terminal.
+pub fn ensure_open(record: &TaskRecord) -> EngineResult<()> {
+    let state = record.task.status.state;
+    if state.is_terminal() {
+        return Err(EngineError::TaskTerminal {
+            task_id: record.task.id.clone(),
+            state,
+        });
+    }
+    Ok(())
+}
+
+/// Only a task that has not ended can be canceled.
+pub fn ensure_cancelable(record: &TaskRecord) -> EngineResult<()> {
+    let state = record.task.status.state;
+    if state.is_terminal() {
+        return Err(EngineError::TaskNotCancelable {
+            task_id: record.task.id.clone(),
+            state,
+        });
+    }
+    Ok(())
+}
+
 /// A stored task with its history, as `GetTask` shows it.
 pub fn load_task(
     store: &Store,
     principal: &str,
     task_id: &str,
 ) -> EngineResult<(TaskRecord, Task)> {
-    let record = store
-        .task(task_id)?
-        .filter(|r| r.principal == principal)
-        .ok_or_else(|| EngineError::TaskNotFound(task_id.to_owned()))?;
+    let record = owned_task(store, principal, task_id)?;
     let mut task = record.task.clone();
     task.history = store.messages(&record.conversation(), &record.history_seqs)?;
     Ok((record, task))
