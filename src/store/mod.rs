@@ -395,7 +395,10 @@ impl Store {
             CONVERSATIONS_BY_PRINCIPAL,
             &[PrincipalKey::new(principal).as_bytes()],
         );
-        let page = self.page(&prefix, page_size, page_token, |_, _| true)?;
+        // An entry naming a key of another namespace version is not this version's to list.
+        let current_version =
+            |key: &[u8], _: &[u8]| ConversationKey::from_bytes(&key[prefix.len() + 8..]).is_some();
+        let page = self.page(&prefix, page_size, page_token, current_version)?;
         let mut items = Vec::with_capacity(page.items.len());
         for key in &page.items {
             let Some(conversation) = ConversationKey::from_bytes(&key[prefix.len() + 8..]) else {
