@@ -1,5 +1,6 @@
 //! The `colloquy` command line: `serve` (the default), the store commands, `send`.
 
+mod loadgen;
 mod serve;
 mod store_commands;
 
@@ -31,6 +32,8 @@ enum Command {
     History(store_commands::HistoryArgs),
     /// Delete one conversation and its tasks.
     Delete(store_commands::DeleteArgs),
+    /// Drive many multi-turn conversations against a server and report turns/s and latency.
+    Loadgen(loadgen::LoadgenArgs),
 }
 
 /// Where the store commands find the data folder.
@@ -54,6 +57,7 @@ pub fn run() -> ExitCode {
         Some(Command::Conversations(args)) => store_commands::list(args),
         Some(Command::History(args)) => store_commands::history(args),
         Some(Command::Delete(args)) => store_commands::delete(args),
+        Some(Command::Loadgen(args)) => loadgen::run(args),
     };
     match result {
         Ok(code) => code,

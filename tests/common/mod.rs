@@ -34,12 +34,23 @@ pub async fn start_with(agent: SharedAgent, tweak: impl FnOnce(&mut Config)) -> 
 }
 
 /// Starts a server on an existing folder (for restart tests).
-pub async fn start_in(dir: tempfile::TempDir, agent: SharedAgent, tweak: impl FnOnce(&mut Config)) -> TestServer {
+pub async fn start_in(
+    dir: tempfile::TempDir,
+    agent: SharedAgent,
+    tweak: impl FnOnce(&mut Config),
+) -> TestServer {
     let mut config = test_config(dir.path());
     tweak(&mut config);
-    let server = colloquy::http::start(config, agent).await.expect("server starts");
+    let server = colloquy::http::start(config, agent)
+        .await
+        .expect("server starts");
     let url = server.url();
-    TestServer { server, dir, url, client: reqwest::Client::new() }
+    TestServer {
+        server,
+        dir,
+        url,
+        client: reqwest::Client::new(),
+    }
 }
 
 pub async fn start_echo() -> TestServer {
@@ -69,8 +80,17 @@ impl TestServer {
     }
 
     /// Raw POST of `body` with the given content type and version header.
-    pub async fn post_raw(&self, version: Option<&str>, content_type: &str, body: Vec<u8>) -> (u16, Value) {
-        let mut request = self.client.post(&self.url).header("Content-Type", content_type).body(body);
+    pub async fn post_raw(
+        &self,
+        version: Option<&str>,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("Content-Type", content_type)
+            .body(body);
         if let Some(version) = version {
             request = request.header("A2A-Version", version);
         }
@@ -81,9 +101,19 @@ impl TestServer {
     }
 
     /// Sends `text` as a user message (v1.0 shapes for "1.0", v0.3 otherwise).
-    pub async fn send_text(&self, version: &str, text: &str, context_id: Option<&str>, task_id: Option<&str>) -> Value {
-        self.rpc(version, send_method(version), json!({"message": user_message(version, text, context_id, task_id)}))
-            .await
+    pub async fn send_text(
+        &self,
+        version: &str,
+        text: &str,
+        context_id: Option<&str>,
+        task_id: Option<&str>,
+    ) -> Value {
+        self.rpc(
+            version,
+            send_method(version),
+            json!({"message": user_message(version, text, context_id, task_id)}),
+        )
+        .await
     }
 
     pub async fn stop(self) -> tempfile::TempDir {
@@ -93,10 +123,19 @@ impl TestServer {
 }
 
 pub fn send_method(version: &str) -> &'static str {
-    if version == V1 { "SendMessage" } else { "message/send" }
+    if version == V1 {
+        "SendMessage"
+    } else {
+        "message/send"
+    }
 }
 
-pub fn user_message(version: &str, text: &str, context_id: Option<&str>, task_id: Option<&str>) -> Value {
+pub fn user_message(
+    version: &str,
+    text: &str,
+    context_id: Option<&str>,
+    task_id: Option<&str>,
+) -> Value {
     let mut message = if version == V1 {
         json!({"messageId": format!("m-{}", next_id()), "role": "ROLE_USER", "parts": [{"text": text}]})
     } else {
@@ -114,7 +153,11 @@ pub fn user_message(version: &str, text: &str, context_id: Option<&str>, task_id
 /// The task inside a send result (v1.0 wraps it in `task`).
 pub fn task_of(response: &Value) -> &Value {
     let result = &response["result"];
-    if result.get("task").is_some() { &result["task"] } else { result }
+    if result.get("task").is_some() {
+        &result["task"]
+    } else {
+        result
+    }
 }
 
 /// All text of a task's artifacts, concatenated.
