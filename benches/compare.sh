@@ -45,19 +45,26 @@ wait_port() { # url
 }
 
 "$BASELINE" --listen 127.0.0.1:$BASE_PORT 2>"$WORK/baseline.log" &
-PIDS+=($!)
+BASE_PID=$!
+PIDS+=($BASE_PID)
 "$COLLOQUY" serve --listen 127.0.0.1:$COLL_PORT --data "$WORK/data" \
   --log-format json 2>"$WORK/colloquy.log" &
-PIDS+=($!)
+COLL_PID=$!
+PIDS+=($COLL_PID)
 wait_port "http://127.0.0.1:$BASE_PORT/"
 wait_port "http://127.0.0.1:$COLL_PORT/"
 
-run() { # name port conversations extra-args...
-  local name=$1 port=$2 c=$3; shift 3
-  local total=$((c * TOTAL_FACTOR))
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+run() { # name port server-pid conversations extra-args...
+  local name=$1 port=$2 pid=$3 c=$4; shift 4
+  local total=$((c * TOTAL_FACTOR)) before after
+  before=$(cpu_ticks "$pid")
   timeout 600 "$COLLOQUY" loadgen --url "http://127.0.0.1:$port/" --conversations "$c" \
     --turns "$TURNS" --total "$total" --text-bytes "$TEXT" --version 1.0 --timeout-secs 60 \
-    --json "$@" | tail -1 | jq -c --arg name "$name" '. + {name: $name}' || true
+    --json "$@" | tail -1 >"$WORK/last.json" || true
+  after=$(cpu_ticks "$pid")
+  jq -c --arg name "$name" --argjson ticks $((after - before)) --argjson hz "$(getconf CLK_TCK)" \
+    '. + {name: $name, server_cpu_s: ($ticks / $hz)}' "$WORK/last.json"
 }
 
 RESULTS="$WORK/results.jsonl"
@@ -66,25 +73,26 @@ echo "nproc=$(nproc) load=$(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for round in $(seq 1 "$ROUNDS"); do
   for c in $LEVELS; do
     # Warm both (connections, allocator, page cache), then measure, alternating the order.
-    run warm "$BASE_PORT" "$c" --no-echo-check >/dev/null
-    run warm "$COLL_PORT" "$c" >/dev/null
+    run warm "$BASE_PORT" "$BASE_PID" "$c" --no-echo-check >/dev/null
+    run warm "$COLL_PORT" "$COLL_PID" "$c" >/dev/null
     if [ $((round % 2)) -eq 1 ]; then
-      run baseline "$BASE_PORT" "$c" --no-echo-check >>"$RESULTS"
-      run colloquy "$COLL_PORT" "$c" >>"$RESULTS"
+      run baseline "$BASE_PORT" "$BASE_PID" "$c" --no-echo-check >>"$RESULTS"
+      run colloquy "$COLL_PORT" "$COLL_PID" "$c" >>"$RESULTS"
     else
-      run colloquy "$COLL_PORT" "$c" >>"$RESULTS"
-      run baseline "$BASE_PORT" "$c" --no-echo-check >>"$RESULTS"
+      run colloquy "$COLL_PORT" "$COLL_PID" "$c" >>"$RESULTS"
+      run baseline "$BASE_PORT" "$BASE_PID" "$c" --no-echo-check >>"$RESULTS"
     fi
   done
 done
 echo "load after=$(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
-RSS_KB=$(awk '/VmRSS/ {print $2}' /proc/"${PIDS[1]}"/status 2>/dev/null || echo "?")
+RSS_KB=$(awk '/VmRSS/ {print $2}' /proc/"$COLL_PID"/status 2>/dev/null || echo "?")
+cp "$RESULTS" "${RESULTS_OUT:-/dev/null}" 2>/dev/null || true
 python3 - "$RESULTS" "$RSS_KB" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print()
-print(f"{'conv':>6} {'server':<9} {'turns/s':>9} {'ratio':>6} {'p50 ms':>8} {'p90':>7} {'p99':>7} {'p999':>7} {'max':>7} {'ok/sent':>13} errors")
+print(f"{'conv':>6} {'server':<9} {'turns/s':>9} {'ratio':>6} {'p50 ms':>8} {'p90':>7} {'p99':>7} {'p999':>7} {'max':>7} {'cpu us/turn':>11} {'ok/sent':>13} errors")
 by = {}
 for r in rows:
     by.setdefault(r['conversations'], []).append(r)
@@ -97,6 +105,6 @@ for c, rs in sorted(by.items()):
         ratio = r['turns_per_s'] / b['turns_per_s'] if b and b['turns_per_s'] else float('nan')
         l = r['latency_ms']
         errs = ",".join(f"{k}={v}" for k, v in r['errors'].items()) or "0"
-        print(f"{c:>6} {r['name']:<9} {r['turns_per_s']:>9.0f} {ratio:>6.2f} {l['p50']:>8.2f} {l['p90']:>7.2f} {l['p99']:>7.2f} {l['p999']:>7.2f} {l['max']:>7.1f} {str(r['turns_ok'])+'/'+str(r['turns_sent']):>13} {errs}")
+        print(f"{c:>6} {r['name']:<9} {r['turns_per_s']:>9.0f} {ratio:>6.2f} {l['p50']:>8.2f} {l['p90']:>7.2f} {l['p99']:>7.2f} {l['p999']:>7.2f} {l['max']:>7.1f} {1e6 * r['server_cpu_s'] / max(r['turns_ok'], 1):>11.0f} {str(r['turns_ok'])+'/'+str(r['turns_sent']):>13} {errs}")
 print(f"\ncolloquy RSS at the end: {sys.argv[2]} KiB")
 EOF

@@ -125,12 +125,13 @@ async fn drive(
     client: reqwest::Client,
     url: String,
     label: String,
+    round: usize,
     mut context_id: Option<String>,
     turns: usize,
     acked: Arc<Mutex<Acked>>,
-) {
+) -> bool {
     for turn in 0..turns {
-        let text = format!("{label} says {turn}");
+        let text = format!("{label} says {round}.{turn}");
         let mut message = json!({"messageId": format!("{label}-m{turn}"), "role": "ROLE_USER",
             "parts": [{"text": text}]});
         if let Some(context_id) = &context_id {
@@ -138,7 +139,7 @@ async fn drive(
         }
         let Ok(response) = rpc(&client, &url, "SendMessage", json!({"message": message})).await
         else {
-            return; // the server is gone
+            return true; // the server is gone, a turn cut off
         };
         let task = &response["result"]["task"];
         if task["status"]["state"] != "TASK_STATE_COMPLETED" {
@@ -146,7 +147,7 @@ async fn drive(
                 response.get("error").is_some() || task["status"]["state"].is_string(),
                 "odd answer: {response}"
             );
-            return;
+            return true;
         }
         let returned = task["contextId"].as_str().expect("contextId").to_owned();
         if let Some(ours) = &context_id {
@@ -173,6 +174,7 @@ async fn drive(
             .push((text, reply));
         context_id = Some(returned);
     }
+    false
 }
 
 /// Every acknowledged turn is stored in order; every stored user message was sent to this conversation.
@@ -254,6 +256,7 @@ async fn acknowledged_turns_survive_sigkill() {
     let mut labels: BTreeMap<String, String> = BTreeMap::new();
     let mut rng = rand::thread_rng();
     let mut total_acked = 0;
+    let mut cut_off = 0;
     for round in 0..ROUNDS {
         let mut server = start(&data, &log, &client).await;
         let snapshot = acked.lock().expect("acked lock").clone();
@@ -274,6 +277,7 @@ async fn acknowledged_turns_survive_sigkill() {
                 client.clone(),
                 server.url.clone(),
                 label,
+                round,
                 Some(context_id),
                 turns,
                 acked.clone(),
@@ -288,6 +292,7 @@ async fn acknowledged_turns_survive_sigkill() {
                 client.clone(),
                 server.url.clone(),
                 label,
+                round,
                 None,
                 turns,
                 acked.clone(),
@@ -298,7 +303,9 @@ async fn acknowledged_turns_survive_sigkill() {
         server.child.kill().expect("SIGKILL");
         let _ = server.child.wait();
         for task in tasks {
-            task.await.expect("load task");
+            if task.await.expect("load task") {
+                cut_off += 1;
+            }
         }
         // Learn the labels of the conversations that started this round.
         for (context_id, turns) in acked.lock().expect("acked lock").iter() {
@@ -329,8 +336,13 @@ async fn acknowledged_turns_survive_sigkill() {
         total_acked > ROUNDS,
         "too little load ran: {total_acked} acknowledged turns"
     );
+    assert!(
+        cut_off >= ROUNDS / 2,
+        "the kills rarely hit running load: {cut_off}"
+    );
     eprintln!(
-        "kill9: {ROUNDS} rounds, {} conversations, {total_acked} acknowledged turns checked, {:?}",
+        "kill9: {ROUNDS} rounds, {} conversations, {total_acked} acknowledged turns checked, \
+         {cut_off} conversations cut off mid-turn by the kills, {:?}",
         snapshot.len(),
         started.elapsed()
     );
