@@ -7,6 +7,7 @@
 //! Writes `--conversations` conversations of the anonymous principal, with contextIds
 //! `<prefix>-<n>`, each holding `--messages` messages (user and agent, alternating), as the engine
 //! stores them after that many completed turns. Tasks are not written (only history is needed).
+//! `--batch OPS` sets the writes per atomic batch (default 20,000; the engine writes about 8).
 
 use colloquy::engine::ANONYMOUS;
 use colloquy::model::{Message, Part, Role};
@@ -28,6 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut conversations: u64 = 1;
     let mut messages: u64 = 2;
     let mut prefix = "bulk".to_owned();
+    let mut batch_ops: u64 = 20_000;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -35,6 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--conversations" => conversations = args.next().ok_or("value")?.parse()?,
             "--messages" => messages = args.next().ok_or("value")?.parse()?,
             "--prefix" => prefix = args.next().ok_or("value")?,
+            "--batch" => batch_ops = args.next().ok_or("value")?.parse()?,
             _ => {}
         }
     }
@@ -60,7 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             batch.append_message(&key, seq, &message(role, &context_id, text));
             in_batch += 1;
-            if in_batch >= 20_000 {
+            if in_batch >= batch_ops {
                 store.apply(std::mem::take(&mut batch))?;
                 in_batch = 0;
             }
@@ -69,7 +72,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         meta.turns = messages.div_ceil(2);
         batch.put_conversation(&meta, None);
         in_batch += 2;
-        if in_batch >= 20_000 {
+        if in_batch >= batch_ops {
             store.apply(std::mem::take(&mut batch))?;
             in_batch = 0;
         }
@@ -82,8 +85,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     store.apply(batch)?;
     runtime.block_on(store.durable())?;
+    let rss = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .map(|l| l.trim_start_matches("VmRSS:").trim().to_owned())
+        })
+        .unwrap_or_default();
     eprintln!(
-        "filled {conversations} conversations x {messages} messages in {:.1} s; {} bytes on disk",
+        "filled {conversations} conversations x {messages} messages in {:.1} s; {} bytes on disk; RSS {rss}",
         started.elapsed().as_secs_f64(),
         store.size_on_disk()?
     );

@@ -30,6 +30,9 @@ load() { # conversations-in-total
 }
 stop() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
 
+PHASES=${PHASES:-"live evict"}
+START=0; AFTER=0; RESIDENT=; PER=0
+if [[ " $PHASES " == *" live "* ]]; then
 echo "== live idle conversations (idle timeout 3600 s)" >&2
 serve "$WORK/d1" 3600
 load 1000 >/dev/null
@@ -41,6 +44,7 @@ AFTER=$(rss_kb $PID)
 RESIDENT=$(metric $PORT colloquy_contexts_resident)
 stop
 PER=$(( (AFTER - START) * 1024 / N ))
+fi
 
 echo "== idle eviction (idle timeout $IDLE s)" >&2
 serve "$WORK/d2" "$IDLE"
@@ -53,6 +57,13 @@ PEAK_RES=$(metric $PORT colloquy_contexts_resident)
 sleep $((IDLE + 10))
 EVICTED=$(rss_kb $PID)
 EVICTED_RES=$(metric $PORT colloquy_contexts_resident)
+# Diagnostic: is what stays resident freed heap that glibc keeps (returned by malloc_trim)?
+TRIMMED=n/a
+if command -v gdb >/dev/null; then
+  gdb -p "$PID" -batch -ex 'call (int) malloc_trim(0)' >/dev/null 2>&1 || true
+  sleep 1
+  TRIMMED=$(rss_kb $PID)
+fi
 stop
 
 cat <<T
@@ -61,6 +72,7 @@ memory, N=$N idle conversations (one turn each), $C in flight while creating the
   live:    RSS before ${START} KiB, after ${AFTER} KiB, resident actors ${RESIDENT:-?}
            per conversation: ${PER} bytes (target <= 4096)
   evicted: floor ${FLOOR} KiB, right after load ${PEAK} KiB (resident ${PEAK_RES:-?}),
-           $((IDLE + 10)) s later ${EVICTED} KiB (resident ${EVICTED_RES:-?})
+           $((IDLE + 10)) s later ${EVICTED} KiB (resident ${EVICTED_RES:-?});
+           after malloc_trim(0) (via gdb, diagnostic only): ${TRIMMED} KiB
 T
 echo "{\"n\":$N,\"rss_before_kb\":$START,\"rss_after_kb\":$AFTER,\"bytes_per_conversation\":$PER,\"floor_kb\":$FLOOR,\"peak_kb\":$PEAK,\"evicted_kb\":$EVICTED}"

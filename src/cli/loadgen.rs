@@ -344,11 +344,11 @@ async fn conversation(shared: &Shared, n: u64, histogram: &mut Histogram<u64>) {
                 shared.error("echo_missing_own_text");
                 return;
             }
-            if let Some(previous) = &previous {
-                if !reply.text.contains(&format!("previously: \"{previous}\"")) {
-                    shared.error("echo_missing_previous_text");
-                    return;
-                }
+            if let Some(previous) = &previous
+                && !reply.text.contains(&format!("previously: \"{previous}\""))
+            {
+                shared.error("echo_missing_previous_text");
+                return;
             }
         }
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
