@@ -73,8 +73,8 @@ echo "nproc=$(nproc) load=$(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for round in $(seq 1 "$ROUNDS"); do
   for c in $LEVELS; do
     # Warm both (connections, allocator, page cache), then measure, alternating the order.
-    run warm "$BASE_PORT" "$BASE_PID" "$c" --no-echo-check >/dev/null
-    run warm "$COLL_PORT" "$COLL_PID" "$c" >/dev/null
+    TOTAL_FACTOR=1 run warm "$BASE_PORT" "$BASE_PID" "$c" --no-echo-check >/dev/null
+    TOTAL_FACTOR=1 run warm "$COLL_PORT" "$COLL_PID" "$c" >/dev/null
     if [ $((round % 2)) -eq 1 ]; then
       run baseline "$BASE_PORT" "$BASE_PID" "$c" --no-echo-check >>"$RESULTS"
       run colloquy "$COLL_PORT" "$COLL_PID" "$c" >>"$RESULTS"

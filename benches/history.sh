@@ -18,8 +18,8 @@ PID=
 cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-timeout 600 "$FILL" --data "$WORK/d" --conversations 1 --messages 10 --prefix short
-timeout 600 "$FILL" --data "$WORK/d" --conversations 1 --messages "$MESSAGES" --prefix long
+timeout 600 "$FILL" --data "$WORK/d" --conversations 1 --messages 10 --prefix short --batch 2000
+timeout 600 "$FILL" --data "$WORK/d" --conversations 1 --messages "$MESSAGES" --prefix long --batch 2000
 "$COLLOQUY" serve --listen 127.0.0.1:$PORT --data "$WORK/d" 2>"$WORK/server.log" &
 PID=$!
 wait_ready $PORT
@@ -34,4 +34,4 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 echo
 echo "history: $TURNS sequential turns per run (latency ms)"
-jq -r '"  \(.label | . + " " * (16 - length)) turns/s \(.turns_per_s | floor)  p50 \(.latency_ms.p50)  p90 \(.latency_ms.p90)  p99 \(.latency_ms.p99)  max \(.latency_ms.max)  errors \(.error_total)"' "$RES"
+jq -r '"  \(.label): turns/s \(.turns_per_s | floor)  p50 \(.latency_ms.p50)  p90 \(.latency_ms.p90)  p99 \(.latency_ms.p99)  max \(.latency_ms.max)  errors \(.error_total)"' "$RES"

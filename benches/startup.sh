@@ -21,7 +21,7 @@ trap cleanup EXIT
 if [ ! -d "$WORK/big" ]; then
   echo "filling $CONVERSATIONS conversations..." >&2
   T0=$(now_ms)
-  timeout 1200 "$FILL" --data "$WORK/big" --conversations "$CONVERSATIONS" --messages 2 --prefix bulk
+  timeout 1200 "$FILL" --data "$WORK/big" --conversations "$CONVERSATIONS" --messages 2 --prefix bulk --batch 2000
   echo "fill took $(( $(now_ms) - T0 )) ms; $(du -sh "$WORK/big" | cut -f1) on disk" >&2
 fi
 mkdir -p "$WORK/empty"
@@ -43,10 +43,14 @@ start_once() { # data context-id
   echo "$((t1 - t0)) $((t2 - t0)) $rss"
 }
 
-declare -a EMPTY BIG
+# sled alone: open the folder through the Store API (no server), as often.
+open_once() { local t0; t0=$(now_ms); "$FILL" --data "$1" --conversations 0 --messages 0 2>/dev/null; echo "$(( $(now_ms) - t0 )) 0 0"; }
+declare -a EMPTY BIG OPEN_EMPTY OPEN_BIG
 for i in $(seq 1 "$RUNS"); do
   EMPTY+=("$(start_once "$WORK/empty" "fresh-$i")")
   BIG+=("$(start_once "$WORK/big" "bulk-$((CONVERSATIONS - i))")")
+  OPEN_EMPTY+=("$(open_once "$WORK/empty")")
+  OPEN_BIG+=("$(open_once "$WORK/big")")
 done
 summary() { # label rows...
   local label=$1; shift
@@ -58,3 +62,6 @@ echo
 echo "start-up, $RUNS runs each (spawn -> /readyz 200; -> first turn in an old conversation done)"
 summary "empty store" "${EMPTY[@]}"
 summary "$CONVERSATIONS conversations" "${BIG[@]}"
+echo "sled open alone (Store::open_sled + a durable flush, no server), ms:"
+summary "empty store" "${OPEN_EMPTY[@]}"
+summary "$CONVERSATIONS conversations" "${OPEN_BIG[@]}"
