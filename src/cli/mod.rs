@@ -1,5 +1,6 @@
 //! The `colloquy` command line: `serve` (the default), the store commands, `send`.
 
+mod loadgen;
 mod send;
 mod serve;
 mod store_commands;
@@ -40,6 +41,8 @@ enum Command {
     /// error (nothing sent), 3 connection refused / timeout / TLS, 4 HTTP 401 or missing token,
     /// 5 the peer's JSON-RPC or protocol error, 6 the task failed, was rejected or canceled.
     Send(send::SendArgs),
+    /// Drive many multi-turn conversations against a server and report turns/s and latency.
+    Loadgen(loadgen::LoadgenArgs),
 }
 
 /// Where the store commands find the data folder.
@@ -64,6 +67,7 @@ pub fn run() -> ExitCode {
         Some(Command::History(args)) => store_commands::history(args),
         Some(Command::Delete(args)) => store_commands::delete(args),
         Some(Command::Send(args)) => send::run(args),
+        Some(Command::Loadgen(args)) => loadgen::run(args),
     };
     match result {
         Ok(code) => code,

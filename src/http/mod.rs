@@ -122,6 +122,9 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     });
     let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))
         .workers(workers)
+        // SSE sends several small writes per turn: without TCP_NODELAY, Nagle holds each one
+        // back until the client's delayed ACK (~40 ms on Linux loopback).
+        .tcp_nodelay(true)
         .disable_signals()
         .shutdown_timeout(grace.as_secs() + 5)
         .bind(&listen)

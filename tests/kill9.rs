@@ -1,0 +1,349 @@
+//! kill -9 durability: the server runs as a child process under concurrent multi-turn load, is
+//! SIGKILLed at a random moment, and restarted on the same folder. Every turn whose reply came back
+//! completed must be in its conversation (the user's text and the reply, in order), no conversation
+//! may hold another's message, and the store must open cleanly. Conversations carry on across
+//! crashes, so older ones are checked again after every restart.
+
+use rand::Rng;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const ROUNDS: usize = 20;
+const NEW_PER_ROUND: usize = 4;
+const CONTINUED_PER_ROUND: usize = 4;
+const MAX_TURNS_PER_ROUND: usize = 30;
+const MAX_TURNS_PER_CONVERSATION: usize = 60;
+
+/// Acknowledged turns per conversation: (user text, reply text), in order.
+type Acked = BTreeMap<String, Vec<(String, String)>>;
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener.local_addr().expect("local addr").port()
+}
+
+async fn start(data: &Path, log: &Path, client: &reqwest::Client) -> Server {
+    let mut last_error = String::new();
+    for _attempt in 0..3 {
+        let port = free_port();
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("log file");
+        let err_file = log_file.try_clone().expect("log file clone");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_colloquy"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
+            .arg(data)
+            .env("RUST_LOG", "warn")
+            .env_remove("COLLOQUY_TOKENS")
+            .stdin(Stdio::null())
+            .stdout(log_file)
+            .stderr(err_file)
+            .spawn()
+            .expect("spawn colloquy");
+        let url = format!("http://127.0.0.1:{port}/");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                last_error = format!("server exited with {status} on start");
+                break;
+            }
+            let ready = client
+                .get(format!("{url}readyz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if ready {
+                return Server { child, url };
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        if last_error.is_empty() {
+            last_error = "server not ready within 20 s".into();
+        }
+    }
+    let log_text = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: String = log_text
+        .lines()
+        .rev()
+        .take(30)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("\n");
+    panic!("the store did not open cleanly: {last_error}\n{tail}");
+}
+
+async fn rpc(
+    client: &reqwest::Client,
+    url: &str,
+    method: &str,
+    params: Value,
+) -> reqwest::Result<Value> {
+    client
+        .post(url)
+        .header("A2A-Version", "1.0")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+        .send()
+        .await?
+        .json()
+        .await
+}
+
+fn text_of(parts: &Value) -> String {
+    parts
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["text"].as_str())
+        .collect()
+}
+
+/// Drives one conversation until the server dies or its turns run out. Returns the
+/// contextId (`None` if the first turn never came back) and records every acknowledged turn.
+async fn drive(
+    client: reqwest::Client,
+    url: String,
+    label: String,
+    round: usize,
+    mut context_id: Option<String>,
+    turns: usize,
+    acked: Arc<Mutex<Acked>>,
+) -> bool {
+    for turn in 0..turns {
+        let text = format!("{label} says {round}.{turn}");
+        let mut message = json!({"messageId": format!("{label}-m{turn}"), "role": "ROLE_USER",
+            "parts": [{"text": text}]});
+        if let Some(context_id) = &context_id {
+            message["contextId"] = json!(context_id);
+        }
+        let Ok(response) = rpc(&client, &url, "SendMessage", json!({"message": message})).await
+        else {
+            return true; // the server is gone, a turn cut off
+        };
+        let task = &response["result"]["task"];
+        if task["status"]["state"] != "TASK_STATE_COMPLETED" {
+            assert!(
+                response.get("error").is_some() || task["status"]["state"].is_string(),
+                "odd answer: {response}"
+            );
+            return true;
+        }
+        let returned = task["contextId"].as_str().expect("contextId").to_owned();
+        if let Some(ours) = &context_id {
+            assert_eq!(
+                ours, &returned,
+                "reply carries another conversation's contextId"
+            );
+        }
+        let reply: String = task["artifacts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| text_of(&a["parts"]))
+            .collect();
+        assert!(
+            reply.contains(&text),
+            "reply {reply:?} does not echo {text:?}"
+        );
+        acked
+            .lock()
+            .expect("acked lock")
+            .entry(returned.clone())
+            .or_default()
+            .push((text, reply));
+        context_id = Some(returned);
+    }
+    false
+}
+
+/// Every acknowledged turn is stored in order; every stored user message was sent to this conversation.
+async fn verify(
+    client: &reqwest::Client,
+    url: &str,
+    acked: &Acked,
+    labels: &BTreeMap<String, String>,
+) {
+    for (context_id, turns) in acked {
+        let label = &labels[context_id];
+        let response = rpc(
+            client,
+            url,
+            "colloquy/getConversation",
+            json!({"contextId": context_id, "historyLength": 100_000}),
+        )
+        .await
+        .expect("getConversation");
+        let messages = response["result"]["messages"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no conversation {context_id}: {response}"));
+        let stored: Vec<(String, String)> = messages
+            .iter()
+            .map(|m| {
+                (
+                    m["role"].as_str().unwrap_or("").to_owned(),
+                    text_of(&m["parts"]),
+                )
+            })
+            .collect();
+        for (role, text) in &stored {
+            if role == "ROLE_USER" {
+                assert!(
+                    text.starts_with(&format!("{label} says ")),
+                    "conversation {context_id} ({label}) holds a foreign message {text:?}"
+                );
+            } else if let Some(quoted) = text.strip_prefix("echo: ") {
+                assert!(
+                    quoted.starts_with(&format!("{label} says ")),
+                    "conversation {context_id} ({label}) holds a foreign reply {text:?}"
+                );
+            }
+        }
+        // The acknowledged turns appear in order, each user message followed by its reply.
+        let mut at = 0;
+        for (user, reply) in turns {
+            let found = stored[at..]
+                .iter()
+                .position(|(role, text)| role == "ROLE_USER" && text == user)
+                .unwrap_or_else(|| {
+                    panic!("acknowledged message {user:?} lost from {context_id}: {stored:?}")
+                });
+            at += found + 1;
+            let next = stored
+                .get(at)
+                .unwrap_or_else(|| panic!("acknowledged reply to {user:?} lost from {context_id}"));
+            assert_eq!(next.0, "ROLE_AGENT", "after {user:?} in {context_id}");
+            assert_eq!(
+                &next.1, reply,
+                "stored reply differs from the acknowledged one"
+            );
+            at += 1;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_turns_survive_sigkill() {
+    let started = Instant::now();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client");
+    let acked: Arc<Mutex<Acked>> = Arc::default();
+    let mut labels: BTreeMap<String, String> = BTreeMap::new();
+    let mut rng = rand::thread_rng();
+    let mut total_acked = 0;
+    let mut cut_off = 0;
+    for round in 0..ROUNDS {
+        let mut server = start(&data, &log, &client).await;
+        let snapshot = acked.lock().expect("acked lock").clone();
+        verify(&client, &server.url, &snapshot, &labels).await;
+
+        // Carry on some earlier conversations, start some new ones.
+        let mut tasks = Vec::new();
+        let continued: Vec<(String, String)> = snapshot
+            .iter()
+            .filter(|(_, turns)| turns.len() < MAX_TURNS_PER_CONVERSATION)
+            .rev()
+            .take(CONTINUED_PER_ROUND)
+            .map(|(cid, _)| (cid.clone(), labels[cid].clone()))
+            .collect();
+        for (context_id, label) in continued {
+            let turns = rng.gen_range(1..=MAX_TURNS_PER_ROUND);
+            tasks.push(tokio::spawn(drive(
+                client.clone(),
+                server.url.clone(),
+                label,
+                round,
+                Some(context_id),
+                turns,
+                acked.clone(),
+            )));
+        }
+        let mut new_labels = Vec::new();
+        for i in 0..NEW_PER_ROUND {
+            let label = format!("r{round}c{i}");
+            new_labels.push(label.clone());
+            let turns = rng.gen_range(1..=MAX_TURNS_PER_ROUND);
+            tasks.push(tokio::spawn(drive(
+                client.clone(),
+                server.url.clone(),
+                label,
+                round,
+                None,
+                turns,
+                acked.clone(),
+            )));
+        }
+        // SIGKILL at a random moment while the load runs.
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(20..400))).await;
+        server.child.kill().expect("SIGKILL");
+        let _ = server.child.wait();
+        for task in tasks {
+            if task.await.expect("load task") {
+                cut_off += 1;
+            }
+        }
+        // Learn the labels of the conversations that started this round.
+        for (context_id, turns) in acked.lock().expect("acked lock").iter() {
+            if labels.contains_key(context_id) {
+                continue;
+            }
+            let label = new_labels
+                .iter()
+                .find(|l| turns[0].0.starts_with(&format!("{l} says ")))
+                .expect("a new conversation's label")
+                .clone();
+            labels.insert(context_id.clone(), label);
+        }
+        total_acked = acked
+            .lock()
+            .expect("acked lock")
+            .values()
+            .map(Vec::len)
+            .sum();
+    }
+    // A last restart checks the last crash.
+    let mut server = start(&data, &log, &client).await;
+    let snapshot = acked.lock().expect("acked lock").clone();
+    verify(&client, &server.url, &snapshot, &labels).await;
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    assert!(
+        total_acked > ROUNDS,
+        "too little load ran: {total_acked} acknowledged turns"
+    );
+    assert!(
+        cut_off >= ROUNDS / 2,
+        "the kills rarely hit running load: {cut_off}"
+    );
+    eprintln!(
+        "kill9: {ROUNDS} rounds, {} conversations, {total_acked} acknowledged turns checked, \
+         {cut_off} conversations cut off mid-turn by the kills, {:?}",
+        snapshot.len(),
+        started.elapsed()
+    );
+}
