@@ -2,6 +2,7 @@
 //! runs, persists first, and stops when idle (its state lives on disk).
 
 use super::agent_actor::{AgentActor, RunTurn, StopReason, TurnOutcome};
+use super::blocking;
 use super::directory::Directory;
 use super::error::{EngineError, EngineResult};
 use super::hub::{Subscription, TaskHub};
@@ -163,12 +164,8 @@ impl ContextActor {
             let artifacts = finish_hub.artifacts();
             let reply_text = finish_hub.reply_text();
             let store = shared.store.clone();
-            let result = actix_rt::task::spawn_blocking(move || {
-                turn::finish(&store, begun, outcome, artifacts, reply_text)
-            })
-            .await
-            .map_err(|e| EngineError::Internal(format!("finishing the turn: {e}")))
-            .and_then(|r| r);
+            let result =
+                blocking(move || turn::finish(&store, begun, outcome, artifacts, reply_text)).await;
             let durable = match &result {
                 Ok(_) => shared.store.durable().await.map_err(EngineError::from),
                 Err(e) => Err(e.clone()),
@@ -255,7 +252,7 @@ impl Handler<StartTurn> for ContextActor {
         let span = tracing::info_span!("turn", context_id = %self.context_id, task_id = %task_id);
         let turn_span = span.clone();
         let persist = async move {
-            let begun = actix_rt::task::spawn_blocking(move || {
+            let begun = blocking(move || {
                 turn::begin(TurnStart {
                     store: &store,
                     key,
@@ -267,8 +264,7 @@ impl Handler<StartTurn> for ContextActor {
                     limits,
                 })
             })
-            .await
-            .map_err(|e| EngineError::Internal(format!("starting the turn: {e}")))??;
+            .await?;
             shared.store.durable().await?;
             Ok::<_, EngineError>(begun)
         }
@@ -332,11 +328,8 @@ impl Handler<CancelTask> for ContextActor {
         let principal = self.principal.clone();
         let work = async move {
             let durable_store = store.clone();
-            let task = actix_rt::task::spawn_blocking(move || {
-                turn::cancel_waiting(&store, &principal, &cancel.task_id)
-            })
-            .await
-            .map_err(|e| EngineError::Internal(e.to_string()))??;
+            let task =
+                blocking(move || turn::cancel_waiting(&store, &principal, &cancel.task_id)).await?;
             durable_store.durable().await?;
             Ok(CancelOutcome::Done(Box::new(task)))
         };
@@ -362,13 +355,11 @@ impl Handler<DeleteConversation> for ContextActor {
         let key = self.key;
         let work = async move {
             let durable_store = store.clone();
-            let deleted =
-                actix_rt::task::spawn_blocking(move || match store.conversation(&key)? {
-                    Some(meta) => store.delete_conversation(&meta).map(|_| true),
-                    None => Ok::<_, crate::store::StoreError>(false),
-                })
-                .await
-                .map_err(|e| EngineError::Internal(e.to_string()))??;
+            let deleted = blocking(move || match store.conversation(&key)? {
+                Some(meta) => Ok(store.delete_conversation(&meta)?),
+                None => Ok(false),
+            })
+            .await?;
             durable_store.durable().await?;
             Ok(deleted)
         };
