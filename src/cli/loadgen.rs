@@ -8,6 +8,10 @@
 //! Every reply is checked: the task must be completed, carry this conversation's `contextId`
 //! (never another live conversation's), and (unless `--no-echo-check`) echo this turn's text and
 //! this conversation's previous text, as the built-in echo agent does.
+//!
+//! With `--stream` it also measures, per good turn, the time to first chunk (request sent to the
+//! first artifact-update event with non-empty text read), and counts every artifact-update event
+//! received (chunks delivered).
 
 use clap::Args;
 use hdrhistogram::Histogram;
@@ -97,6 +101,8 @@ struct Shared {
     deadline: Option<Instant>,
     turns_ok: AtomicU64,
     turns_sent: AtomicU64,
+    /// Artifact-update events received, in all turns (streaming only).
+    chunks: AtomicU64,
 }
 
 impl Shared {
@@ -129,8 +135,24 @@ pub struct Report {
     pub turns_ok: u64,
     pub turns_per_s: f64,
     pub latency_ms: Latency,
+    /// Time to first chunk of good turns (streaming only; `null` otherwise).
+    pub ttfc_ms: Option<Ttfc>,
+    /// Artifact-update events received in all turns (streaming only).
+    pub chunks: u64,
+    pub chunks_per_s: f64,
     pub errors: BTreeMap<String, u64>,
     pub error_total: u64,
+}
+
+/// Time to first chunk: request sent to the first artifact-update event with text read.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Ttfc {
+    /// Good turns that had a chunk with text (the histogram's sample count).
+    pub count: u64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -208,6 +230,7 @@ async fn drive(args: LoadgenArgs) -> Result<Report, LoadgenError> {
         deadline,
         turns_ok: AtomicU64::new(0),
         turns_sent: AtomicU64::new(0),
+        chunks: AtomicU64::new(0),
         args: args.clone(),
     });
     let mut workers = Vec::with_capacity(args.conversations);
@@ -216,11 +239,17 @@ async fn drive(args: LoadgenArgs) -> Result<Report, LoadgenError> {
         workers.push(tokio::spawn(worker(shared)));
     }
     let mut histogram = new_histogram()?;
+    let mut ttfc_histogram = new_histogram()?;
     for worker in workers {
         match worker.await {
-            Ok(Ok(h)) => histogram
-                .add(&h)
-                .map_err(|e| LoadgenError::Histogram(e.to_string()))?,
+            Ok(Ok(h)) => {
+                histogram
+                    .add(&h.latency)
+                    .map_err(|e| LoadgenError::Histogram(e.to_string()))?;
+                ttfc_histogram
+                    .add(&h.ttfc)
+                    .map_err(|e| LoadgenError::Histogram(e.to_string()))?;
+            }
             Ok(Err(e)) => return Err(e),
             Err(e) => shared.error(&format!("worker_panicked: {e}")),
         }
@@ -245,6 +274,27 @@ async fn drive(args: LoadgenArgs) -> Result<Report, LoadgenError> {
             max: ms(histogram.max()),
         }
     };
+    let ttfc = args.stream.then(|| {
+        if ttfc_histogram.is_empty() {
+            Ttfc::default()
+        } else {
+            Ttfc {
+                count: ttfc_histogram.len(),
+                p50: ms(ttfc_histogram.value_at_quantile(0.50)),
+                p90: ms(ttfc_histogram.value_at_quantile(0.90)),
+                p99: ms(ttfc_histogram.value_at_quantile(0.99)),
+                max: ms(ttfc_histogram.max()),
+            }
+        }
+    });
+    let chunks = shared.chunks.load(Ordering::Relaxed);
+    let per_s = |n: u64| {
+        if elapsed > 0.0 {
+            n as f64 / elapsed
+        } else {
+            0.0
+        }
+    };
     Ok(Report {
         url: args.url.clone(),
         version: args.version.clone(),
@@ -256,12 +306,11 @@ async fn drive(args: LoadgenArgs) -> Result<Report, LoadgenError> {
         elapsed_s: elapsed,
         turns_sent: shared.turns_sent.load(Ordering::Relaxed),
         turns_ok,
-        turns_per_s: if elapsed > 0.0 {
-            turns_ok as f64 / elapsed
-        } else {
-            0.0
-        },
+        turns_per_s: per_s(turns_ok),
         latency_ms: latency,
+        ttfc_ms: ttfc,
+        chunks,
+        chunks_per_s: per_s(chunks),
         error_total: errors.values().sum(),
         errors,
     })
@@ -273,12 +322,29 @@ fn new_histogram() -> Result<Histogram<u64>, LoadgenError> {
         .map_err(|e| LoadgenError::Histogram(e.to_string()))
 }
 
-async fn worker(shared: Arc<Shared>) -> Result<Histogram<u64>, LoadgenError> {
-    let mut histogram = new_histogram()?;
+/// One worker's samples, in microseconds.
+struct Histograms {
+    /// Per good turn: request sent to reply read.
+    latency: Histogram<u64>,
+    /// Per good streamed turn with a chunk: request sent to the first chunk with text read.
+    ttfc: Histogram<u64>,
+}
+
+async fn worker(shared: Arc<Shared>) -> Result<Histograms, LoadgenError> {
+    let mut histograms = Histograms {
+        latency: new_histogram()?,
+        ttfc: new_histogram()?,
+    };
     while let Some(n) = shared.claim_conversation() {
-        conversation(&shared, n, &mut histogram).await;
+        conversation(&shared, n, &mut histograms).await;
     }
-    Ok(histogram)
+    Ok(histograms)
+}
+
+fn micros(elapsed: Duration) -> u64 {
+    u64::try_from(elapsed.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// This turn's text: unique to the conversation and turn, padded to `bytes`.
@@ -299,7 +365,7 @@ fn run_id() -> u32 {
     *RUN_ID.get_or_init(rand::random::<u32>)
 }
 
-async fn conversation(shared: &Shared, n: u64, histogram: &mut Histogram<u64>) {
+async fn conversation(shared: &Shared, n: u64, histograms: &mut Histograms) {
     let args = &shared.args;
     let mut context_id = args.context_id.clone();
     let mut previous: Option<String> = None;
@@ -307,7 +373,7 @@ async fn conversation(shared: &Shared, n: u64, histogram: &mut Histogram<u64>) {
         let text = turn_text(run_id(), n, turn, args.text_bytes);
         shared.turns_sent.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let result = one_turn(shared, &text, context_id.as_deref()).await;
+        let result = one_turn(shared, &text, context_id.as_deref(), started).await;
         let elapsed = started.elapsed();
         let reply = match result {
             Ok(reply) => reply,
@@ -351,8 +417,10 @@ async fn conversation(shared: &Shared, n: u64, histogram: &mut Histogram<u64>) {
                 return;
             }
         }
-        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        histogram.saturating_record(micros.max(1));
+        histograms.latency.saturating_record(micros(elapsed));
+        if let Some(first_chunk) = reply.first_chunk {
+            histograms.ttfc.saturating_record(micros(first_chunk));
+        }
         shared.turns_ok.fetch_add(1, Ordering::Relaxed);
         previous = Some(text);
     }
@@ -361,6 +429,8 @@ async fn conversation(shared: &Shared, n: u64, histogram: &mut Histogram<u64>) {
 struct Reply {
     context_id: Option<String>,
     text: String,
+    /// Streaming: from the turn's start to the first artifact-update event with text.
+    first_chunk: Option<Duration>,
 }
 
 fn request_body(args: &LoadgenArgs, text: &str, context_id: Option<&str>, id: u64) -> Value {
@@ -390,6 +460,7 @@ async fn one_turn(
     shared: &Shared,
     text: &str,
     context_id: Option<&str>,
+    started: Instant,
 ) -> Result<Reply, TurnError> {
     let args = &shared.args;
     let id = REQUEST_IDS.fetch_add(1, Ordering::Relaxed);
@@ -415,7 +486,7 @@ async fn one_turn(
         return Err(TurnError::kind(format!("http_{}", status.as_u16())));
     }
     if args.stream {
-        stream_reply(response).await
+        stream_reply(response, started, &shared.chunks).await
     } else {
         let bytes = response.bytes().await.map_err(|e| {
             TurnError::kind(if e.is_timeout() {
@@ -480,12 +551,18 @@ fn blocking_reply(value: &Value) -> Result<Reply, TurnError> {
             .and_then(Value::as_str)
             .map(str::to_owned),
         text: artifacts_text(task),
+        first_chunk: None,
     })
 }
 
 /// Reads an SSE answer to its end: the final state, the contextId every event carries, and
-/// the reply text put together from the artifact chunks.
-async fn stream_reply(response: reqwest::Response) -> Result<Reply, TurnError> {
+/// the reply text put together from the artifact chunks. Counts each artifact-update event in
+/// `chunks` and notes when the first one with text arrived (measured from `started`).
+async fn stream_reply(
+    response: reqwest::Response,
+    started: Instant,
+    chunks: &AtomicU64,
+) -> Result<Reply, TurnError> {
     use futures_util::StreamExt;
     let mut body = response.bytes_stream();
     let mut buffer: Vec<u8> = Vec::new();
@@ -493,6 +570,7 @@ async fn stream_reply(response: reqwest::Response) -> Result<Reply, TurnError> {
     let mut text = String::new();
     let mut state = String::new();
     let mut foreign = false;
+    let mut first_chunk: Option<Duration> = None;
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(|e| {
             TurnError::kind(if e.is_timeout() {
@@ -537,6 +615,10 @@ async fn stream_reply(response: reqwest::Response) -> Result<Reply, TurnError> {
                     }
                     "artifact" => {
                         let chunk = parts_text(&item["artifact"]["parts"]);
+                        chunks.fetch_add(1, Ordering::Relaxed);
+                        if first_chunk.is_none() && !chunk.is_empty() {
+                            first_chunk = Some(started.elapsed());
+                        }
                         if item.get("append").and_then(Value::as_bool) == Some(true) {
                             text.push_str(&chunk);
                         } else {
@@ -558,7 +640,11 @@ async fn stream_reply(response: reqwest::Response) -> Result<Reply, TurnError> {
     if !is_completed(&state) {
         return Err(TurnError::kind(format!("stream_state_{state}")));
     }
-    Ok(Reply { context_id, text })
+    Ok(Reply {
+        context_id,
+        text,
+        first_chunk,
+    })
 }
 
 /// The end of the first complete event in `buffer`: (its length, the separator's length).
@@ -618,6 +704,16 @@ pub fn table(report: &Report) -> String {
         "  latency ms        mean {:.2}  p50 {:.2}  p90 {:.2}  p99 {:.2}  p999 {:.2}  max {:.2}\n",
         l.mean, l.p50, l.p90, l.p99, l.p999, l.max
     ));
+    if let Some(t) = &report.ttfc_ms {
+        out.push_str(&format!(
+            "  first chunk ms    p50 {:.2}  p90 {:.2}  p99 {:.2}  max {:.2}  ({} turns)\n",
+            t.p50, t.p90, t.p99, t.max, t.count
+        ));
+        out.push_str(&format!(
+            "  chunks            {:>10}\n  chunks/s          {:>10.1}\n",
+            report.chunks, report.chunks_per_s
+        ));
+    }
     if report.errors.is_empty() {
         out.push_str("  errors            0\n");
     } else {
