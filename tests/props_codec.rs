@@ -376,3 +376,47 @@ proptest! {
         prop_assert_eq!(from_v03, event);
     }
 }
+
+/// Found by the fuzzer: a peer's status time with sub-millisecond digits, or one that lands
+/// outside years 0000-9999 once converted to UTC, decoded to a time we could not pass on
+/// unchanged. Decoding now keeps milliseconds and refuses such years.
+#[test]
+fn decoded_times_re_encode_to_themselves() {
+    for (version, state) in [
+        (WireVersion::V1, "TASK_STATE_WORKING"),
+        (WireVersion::V03, "working"),
+    ] {
+        for (text, expected) in [
+            (
+                "2024-05-01T10:00:00.1023Z",
+                Some("2024-05-01T10:00:00.102Z"),
+            ),
+            (
+                "2024-05-01T12:00:00.999999999+02:00",
+                Some("2024-05-01T10:00:00.999Z"),
+            ),
+            ("0000-01-01T00:00:00Z", Some("0000-01-01T00:00:00.000Z")),
+            ("0000-01-01T00:00:00+01:00", None),
+            ("9999-12-31T23:59:59-01:00", None),
+        ] {
+            let wire = serde_json::json!({"state": state, "timestamp": text});
+            let decoded = codec::decode_status(version, &wire, "status");
+            match expected {
+                Some(expected) => {
+                    let status = decoded.expect("decodes");
+                    assert_eq!(colloquy::model::format_time(&status.timestamp), expected);
+                    let task = Task {
+                        id: "t".into(),
+                        context_id: "c".into(),
+                        status,
+                        artifacts: Vec::new(),
+                        history: Vec::new(),
+                        metadata: None,
+                    };
+                    assert_eq!(task_round_trip(version, &task), task);
+                }
+                None => assert!(decoded.is_err(), "{text} is refused"),
+            }
+        }
+    }
+}
