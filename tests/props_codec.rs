@@ -278,7 +278,7 @@ const BOTH: [(WireVersion, Profile); 2] = [
 ];
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(proptest::test_runner::Config::with_cases(cases(256)))]
 
     #[test]
     fn v1_messages_round_trip(message in message(Profile::V1)) {
@@ -318,7 +318,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(proptest::test_runner::Config::with_cases(cases(96)))]
 
     #[test]
     fn v1_tasks_round_trip(task in task(Profile::V1)) {
@@ -419,4 +419,12 @@ fn decoded_times_re_encode_to_themselves() {
             }
         }
     }
+}
+
+/// The case count: `PROPTEST_CASES` when set (for a long soak), else the suite's default.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
 }

@@ -135,7 +135,7 @@ fn check_fence(rendered: &str, shown: &[HistoryEntry]) -> Result<(), String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+    #![proptest_config(proptest::test_runner::Config::with_cases(cases(2048)))]
 
     #[test]
     fn stored_text_cannot_forge_the_fence_or_a_turn(
@@ -162,4 +162,12 @@ proptest! {
         let rendered = render_prompt(&one, &current, HistoryLimits { limit: 0, max_chars: 100 });
         prop_assert_eq!(rendered, current);
     }
+}
+
+/// The case count: `PROPTEST_CASES` when set (for a long soak), else the suite's default.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
 }

@@ -9,7 +9,7 @@
 use colloquy::store::{ConversationKey, ConversationMeta, Store, WriteBatch};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
-use proptest::test_runner::{Config, TestRunner};
+use proptest::test_runner::TestRunner;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,7 +106,7 @@ fn sorted(mut ids: Vec<String>) -> Vec<String> {
 }
 
 proptest! {
-    #![proptest_config(Config { cases: 512, ..Config::default() })]
+    #![proptest_config(proptest::test_runner::Config::with_cases(cases(512)))]
 
     /// Keys are equal exactly when (principal, contextId) pairs are.
     #[test]
@@ -144,7 +144,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(Config { cases: 96, ..Config::default() })]
+    #![proptest_config(proptest::test_runner::Config::with_cases(cases(96)))]
 
     /// Every id comes back from a real store exactly as written, under its own key only.
     #[test]
@@ -214,4 +214,12 @@ fn named_ids_and_generated_ids_survive_a_reopen() {
     let store = Store::open_sled(dir.path(), 16 << 20).expect("store reopens");
     assert_eq!(sorted(listed_ids(&store, "p")), sorted(ids.clone()));
     assert!(listed_ids(&store, "q").is_empty());
+}
+
+/// The case count: `PROPTEST_CASES` when set (for a long soak), else the suite's default.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
 }
