@@ -169,6 +169,9 @@ fn mutate(
     input.truncate(64 * 1024);
 }
 
+/// A target function, its dictionary, and the byte that separates its input's pieces.
+type Target = (fn(&[u8]) -> u8, &'static [&'static str], Option<u8>);
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage = "usage: fuzz_fallback rpc_codec|history_render SECONDS [SEED]";
@@ -181,7 +184,7 @@ fn main() {
         .get(3)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x9E37_79B9_7F4A_7C15);
-    let (run, tokens, separator): (fn(&[u8]) -> u8, &[&str], Option<u8>) = match target.as_str() {
+    let (run, tokens, separator): Target = match target.as_str() {
         "rpc_codec" => (colloquy_fuzz::rpc_codec, RPC_TOKENS, None),
         "history_render" => (colloquy_fuzz::history_render, HISTORY_TOKENS, Some(0xFF)),
         _ => {
