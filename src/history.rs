@@ -3,8 +3,9 @@
 //!
 //! Stored text cannot forge the fence or another turn: every line after a message's first is
 //! indented, so no line inside the block starts with a role or a marker, and marker text inside a
-//! message is neutralised (its bracket becomes a parenthesis). Unicode line separators count as
-//! line breaks, since a model may read them as such.
+//! message is neutralised (its bracket becomes a parenthesis). Unicode line separators (and the
+//! U+001C..U+001E separators Python's `splitlines` honours) count as line breaks, since a model
+//! or an agent's code may read them as such.
 
 use crate::model::{Message, Role};
 use chrono::{DateTime, Utc};
@@ -97,10 +98,20 @@ fn truncate(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// Every character some reader ends a line at: Unicode's mandatory breaks plus the file, group
+/// and record separators (U+001C..U+001E), which Python's `str.splitlines` also splits on.
 fn is_line_break(c: char) -> bool {
     matches!(
         c,
-        '\n' | '\r' | '\u{0B}' | '\u{0C}' | '\u{85}' | '\u{2028}' | '\u{2029}'
+        '\n' | '\r'
+            | '\u{0B}'
+            | '\u{0C}'
+            | '\u{1C}'
+            | '\u{1D}'
+            | '\u{1E}'
+            | '\u{85}'
+            | '\u{2028}'
+            | '\u{2029}'
     )
 }
 

@@ -476,9 +476,24 @@ fn decode_time(obj: &Obj<'_>, name: &str) -> FieldResult<chrono::DateTime<chrono
     match obj.opt_str(name)? {
         // The first Task of an SDK stream has no timestamp: it happened now, as far as we know.
         None => Ok(crate::model::now()),
-        Some(text) => chrono::DateTime::parse_from_rfc3339(text)
-            .map(|t| t.with_timezone(&chrono::Utc))
-            .map_err(|e| field_error(obj.child_path(name), format!("not an RFC 3339 time: {e}"))),
+        Some(text) => {
+            let time = chrono::DateTime::parse_from_rfc3339(text)
+                .map(|t| t.with_timezone(&chrono::Utc))
+                .map_err(|e| {
+                    field_error(obj.child_path(name), format!("not an RFC 3339 time: {e}"))
+                })?;
+            // Both versions carry milliseconds, UTC, years 0000-9999: keep only what we can pass on
+            // unchanged, so a decoded time re-encodes (and decodes again) to itself.
+            let millis = chrono::DateTime::from_timestamp_millis(time.timestamp_millis())
+                .filter(|t| (0..=9999).contains(&chrono::Datelike::year(t)))
+                .ok_or_else(|| {
+                    field_error(
+                        obj.child_path(name),
+                        "must lie between the years 0000 and 9999 in UTC",
+                    )
+                })?;
+            Ok(millis)
+        }
     }
 }
 
