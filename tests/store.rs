@@ -25,7 +25,7 @@ fn message(text: &str) -> Message {
 async fn keys_of_another_namespace_version_are_never_loaded_or_listed() {
     let dir = tempfile::tempdir().unwrap();
     let backend = Arc::new(SledBackend::open(dir.path(), 1 << 20).unwrap());
-    let store = Store::new(backend.clone());
+    let store = Store::new(backend.clone()).unwrap();
     let meta = ConversationMeta::new("p", "current");
     let mut batch = WriteBatch::new();
     batch.put_conversation(&meta, None);

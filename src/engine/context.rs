@@ -2,7 +2,6 @@
 //! runs, persists first, and stops when idle (its state lives on disk).
 
 use super::agent_actor::{AgentActor, RunTurn, StopReason, TurnOutcome};
-use super::blocking;
 use super::directory::Directory;
 use super::error::{EngineError, EngineResult};
 use super::hub::{Subscription, TaskHub};
@@ -163,25 +162,21 @@ impl ContextActor {
             });
             let artifacts = finish_hub.artifacts();
             let reply_text = finish_hub.reply_text();
-            let store = shared.store.clone();
-            let result =
-                blocking(move || turn::finish(&store, begun, outcome, artifacts, reply_text)).await;
-            let durable = match &result {
-                Ok(_) => shared.store.durable().await.map_err(EngineError::from),
-                Err(e) => Err(e.clone()),
-            };
-            (result, durable)
+            shared
+                .store
+                .write(move |store| turn::finish(store, begun, outcome, artifacts, reply_text))
+                .await
         }
         .instrument(span);
-        ctx.spawn(work.into_actor(self).map(move |(result, durable), act, _| {
+        ctx.spawn(work.into_actor(self).map(move |result, act, _| {
             act.running = None;
             act.last_activity = Instant::now();
             let shared = act.directory.shared();
             shared.live.remove(&hub);
             shared.turn_ended();
-            let result = match (result, durable) {
-                (Ok(result), Ok(())) => result,
-                (Err(e), _) | (_, Err(e)) => {
+            let result = match result {
+                Ok(result) => result,
+                Err(e) => {
                     tracing::error!(error = %e, "could not store the end of a turn");
                     let mut task = hub.snapshot();
                     task.status = crate::model::TaskStatus::new(
@@ -252,21 +247,20 @@ impl Handler<StartTurn> for ContextActor {
         let span = tracing::info_span!("turn", context_id = %self.context_id, task_id = %task_id);
         let turn_span = span.clone();
         let persist = async move {
-            let begun = blocking(move || {
-                turn::begin(TurnStart {
-                    store: &store,
-                    key,
-                    principal: &principal,
-                    context_id: &context_id,
-                    message,
-                    task_id,
-                    continuing,
-                    limits,
+            store
+                .write(move |store| {
+                    turn::begin(TurnStart {
+                        store,
+                        key,
+                        principal: &principal,
+                        context_id: &context_id,
+                        message,
+                        task_id,
+                        continuing,
+                        limits,
+                    })
                 })
-            })
-            .await?;
-            shared.store.durable().await?;
-            Ok::<_, EngineError>(begun)
+                .await
         }
         .instrument(span);
         Box::pin(persist.into_actor(self).map(move |begun, act, ctx| {
@@ -327,10 +321,9 @@ impl Handler<CancelTask> for ContextActor {
         let store = self.directory.shared().store.clone();
         let principal = self.principal.clone();
         let work = async move {
-            let durable_store = store.clone();
-            let task =
-                blocking(move || turn::cancel_waiting(&store, &principal, &cancel.task_id)).await?;
-            durable_store.durable().await?;
+            let task = store
+                .write(move |store| turn::cancel_waiting(store, &principal, &cancel.task_id))
+                .await?;
             Ok(CancelOutcome::Done(Box::new(task)))
         };
         Box::pin(work.into_actor(self))
@@ -354,14 +347,13 @@ impl Handler<DeleteConversation> for ContextActor {
         let store = self.directory.shared().store.clone();
         let key = self.key;
         let work = async move {
-            let durable_store = store.clone();
-            let deleted = blocking(move || match store.conversation(&key)? {
-                Some(meta) => Ok(store.delete_conversation(&meta)?),
-                None => Ok(false),
-            })
-            .await?;
-            durable_store.durable().await?;
-            Ok(deleted)
+            store
+                .write(move |store| match store.conversation(&key)? {
+                    Some(meta) => store.delete_conversation(&meta),
+                    None => Ok(false),
+                })
+                .await
+                .map_err(EngineError::from)
         };
         Box::pin(work.into_actor(self).map(|result, act, _| {
             act.running = None;

@@ -190,9 +190,7 @@ impl Engine {
 
     /// A durable write to the store: the readiness check.
     pub async fn probe_store(&self) -> EngineResult<()> {
-        let store = self.store().clone();
-        blocking(move || Ok(store.probe()?)).await?;
-        Ok(self.store().durable().await?)
+        Ok(self.store().write(|store| store.probe()).await?)
     }
 
     pub fn resident_contexts(&self) -> usize {

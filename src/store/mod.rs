@@ -12,6 +12,7 @@
 //! - `p` ++ principal key ++ !status ms ++ task id    -> state byte (tasks of a principal, newest first)
 //! - `l` ++ principal key ++ !updated ms ++ conv key  -> empty (conversations, newest first)
 
+mod commit;
 mod key;
 mod sled_backend;
 
@@ -25,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use std::ops::Bound;
 use std::sync::Arc;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("storage backend: {0}")]
     Backend(String),
@@ -57,8 +58,8 @@ pub trait KvBackend: Send + Sync + 'static {
         to: Bound<Vec<u8>>,
         reverse: bool,
     ) -> Box<dyn Iterator<Item = StoreResult<KvPair>> + 'a>;
-    /// Resolves once everything applied before the call is on disk. Concurrent callers share flushes.
-    fn durable(&self) -> BoxFuture<'static, StoreResult<()>>;
+    /// Makes everything applied before the call durable (blocks until it is on disk).
+    fn flush(&self) -> StoreResult<()>;
     fn size_on_disk(&self) -> StoreResult<u64>;
 }
 
@@ -254,20 +255,58 @@ impl WriteBatch {
     }
 }
 
-/// Typed access to colloquy's records. Methods may touch the disk: call them off actor and
-/// worker threads (`spawn_blocking`), and await [`Store::durable`] before acknowledging a write.
+/// Typed access to colloquy's records. Reads may touch the disk: call them off actor and worker
+/// threads (`spawn_blocking`). Writes that must be acknowledged go through [`Store::write`].
 #[derive(Clone)]
 pub struct Store {
     backend: Arc<dyn KvBackend>,
+    /// None inside the store thread itself.
+    commits: Option<Arc<commit::GroupCommit>>,
 }
 
 impl Store {
-    pub fn new(backend: Arc<dyn KvBackend>) -> Self {
-        Store { backend }
+    /// Wraps a backend and starts its store thread (group commit).
+    pub fn new(backend: Arc<dyn KvBackend>) -> StoreResult<Self> {
+        let commits = commit::GroupCommit::start(backend.clone())?;
+        Ok(Store {
+            backend,
+            commits: Some(Arc::new(commits)),
+        })
     }
 
     pub fn open_sled(path: &std::path::Path, cache_bytes: u64) -> StoreResult<Self> {
-        Ok(Store::new(Arc::new(SledBackend::open(path, cache_bytes)?)))
+        Store::new(Arc::new(SledBackend::open(path, cache_bytes)?))
+    }
+
+    /// Runs `work` on the store thread and resolves once its writes are on disk. Concurrent
+    /// writers share one flush.
+    pub async fn write<T, E>(
+        &self,
+        work: impl FnOnce(&Store) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let job: commit::Job = Box::new(move |store| {
+            let result = work(store);
+            Box::new(move |flushed: &StoreResult<()>| {
+                let result = match (result, flushed) {
+                    (Ok(value), Ok(())) => Ok(value),
+                    (Ok(_), Err(e)) => Err(E::from(e.clone())),
+                    (Err(e), _) => Err(e),
+                };
+                let _ = answer.send(result);
+            })
+        });
+        let closed = || E::from(StoreError::Backend("the store is closed".into()));
+        match &self.commits {
+            Some(commits) if commits.submit(job) => {
+                answered.await.unwrap_or_else(|_| Err(closed()))
+            }
+            _ => Err(closed()),
+        }
     }
 
     pub fn apply(&self, batch: WriteBatch) -> StoreResult<()> {
@@ -277,8 +316,10 @@ impl Store {
         self.backend.apply(batch.ops)
     }
 
+    /// Resolves once everything applied before the call is on disk.
     pub fn durable(&self) -> BoxFuture<'static, StoreResult<()>> {
-        self.backend.durable()
+        let store = self.clone();
+        Box::pin(async move { store.write(|_| Ok::<_, StoreError>(())).await })
     }
 
     /// Writes a probe record, to show the store takes writes (readiness).

@@ -1,0 +1,79 @@
+//! Group commit: one store thread runs write jobs and makes them durable together.
+//!
+//! Writers hand the thread a job; it drains every job queued, runs them in order, flushes once,
+//! then answers all of them. A job is answered only by a flush that followed its writes, so an
+//! answer means on disk; concurrent writers share flushes, and a write plus its flush costs one
+//! hand-off to this thread and one back.
+
+use super::{KvBackend, Store, StoreError, StoreResult};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// Runs on the store thread; returns what to do once the flush is known.
+pub(super) type Job = Box<dyn FnOnce(&Store) -> Completion + Send>;
+pub(super) type Completion = Box<dyn FnOnce(&StoreResult<()>) + Send>;
+
+/// Jobs taken into one flush at most (keeps a flood from delaying the first answers).
+const MAX_JOBS_PER_FLUSH: usize = 1024;
+
+pub(super) struct GroupCommit {
+    jobs: Option<mpsc::Sender<Job>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl GroupCommit {
+    pub(super) fn start(backend: Arc<dyn KvBackend>) -> StoreResult<Self> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let worker = std::thread::Builder::new()
+            .name("colloquy-store".into())
+            .spawn(move || run(backend, queue))
+            .map_err(|e| StoreError::Backend(format!("cannot start the store thread: {e}")))?;
+        Ok(GroupCommit {
+            jobs: Some(jobs),
+            worker: Some(worker),
+        })
+    }
+
+    /// Queues a job; false when the store thread is gone.
+    pub(super) fn submit(&self, job: Job) -> bool {
+        self.jobs
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(job).is_ok())
+    }
+}
+
+impl Drop for GroupCommit {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread once it has answered what is queued.
+        self.jobs.take();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+fn run(backend: Arc<dyn KvBackend>, queue: mpsc::Receiver<Job>) {
+    let store = Store {
+        backend: backend.clone(),
+        commits: None,
+    };
+    while let Ok(first) = queue.recv() {
+        let mut completions = vec![first(&store)];
+        while completions.len() < MAX_JOBS_PER_FLUSH {
+            match queue.try_recv() {
+                Ok(job) => completions.push(job(&store)),
+                Err(_) => break,
+            }
+        }
+        let started = Instant::now();
+        let flushed = backend.flush();
+        metrics::histogram!("colloquy_store_flush_seconds").record(started.elapsed());
+        metrics::counter!("colloquy_store_flushes_total").increment(1);
+        metrics::counter!("colloquy_store_flush_waiters_total").increment(completions.len() as u64);
+        for complete in completions {
+            complete(&flushed);
+        }
+    }
+}
