@@ -43,93 +43,6 @@ async fn python_server(tweak: impl Fn(&mut Config)) -> TestServer {
     exec_server(vec![python(), fixture("exec_agent.py")], tweak).await
 }
 
-fn reply_text(task: &Value) -> String {
-    task["artifacts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|a| a["name"] == "reply")
-        .flat_map(|a| a["parts"].as_array().into_iter().flatten())
-        .filter_map(|p| p["text"].as_str())
-        .collect()
-}
-
-fn status_text(task: &Value) -> String {
-    task["status"]["message"]["parts"][0]["text"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
-async fn stored_messages(server: &TestServer, context_id: &str) -> Vec<Value> {
-    let response = server
-        .rpc(
-            V1,
-            "colloquy/getConversation",
-            json!({"contextId": context_id}),
-        )
-        .await;
-    response["result"]["messages"]
-        .as_array()
-        .cloned()
-        .unwrap_or_else(|| panic!("conversation: {response}"))
-}
-
-fn message_text(message: &Value) -> String {
-    message["parts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p["text"].as_str())
-        .collect()
-}
-
-/// Posts a streaming request and returns every event's `result`.
-async fn stream_results(server: &TestServer, text: &str, context_id: &str) -> Vec<Value> {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
-        "params": {"message": user_message(V1, text, Some(context_id), None)}});
-    let raw = server
-        .client
-        .post(&server.url)
-        .header("A2A-Version", V1)
-        .json(&body)
-        .send()
-        .await
-        .expect("stream request")
-        .text()
-        .await
-        .expect("stream body");
-    raw.lines()
-        .filter_map(|line| line.strip_prefix("data: "))
-        .map(|data| serde_json::from_str::<Value>(data).expect("event JSON")["result"].clone())
-        .collect()
-}
-
-/// The non-empty text chunks of the reply artifact, in the order streamed.
-fn reply_chunks(events: &[Value]) -> Vec<String> {
-    let updates: Vec<&Value> = events
-        .iter()
-        .filter_map(|e| e.get("artifactUpdate"))
-        .collect();
-    let Some(first) = updates.iter().find(|u| u["artifact"]["name"] == "reply") else {
-        return Vec::new();
-    };
-    let id = first["artifact"]["artifactId"].clone();
-    updates
-        .iter()
-        .filter(|u| u["artifact"]["artifactId"] == id)
-        .flat_map(|u| {
-            u["artifact"]["parts"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .filter_map(|p| p["text"].as_str().map(str::to_owned))
-        // The closing `lastChunk` update carries no text.
-        .filter(|t| !t.is_empty())
-        .collect()
-}
-
 #[actix_rt::test]
 async fn each_kind_of_output_line() {
     let server = python_server(|_| {}).await;
@@ -152,7 +65,7 @@ async fn each_kind_of_output_line() {
         .find(|a| a["name"] == "extra")
         .unwrap_or_else(|| panic!("no extra artifact: {task}"));
     assert_eq!(extra["parts"], json!([{"text": "art"}, {"data": {"k": 1}}]));
-    let stored = stored_messages(&server, "kinds-1").await;
+    let stored = server.stored_messages(V1, "kinds-1").await;
     assert_eq!(stored.len(), 2);
     assert_eq!(message_text(&stored[1]), expected);
 
@@ -458,7 +371,7 @@ async fn two_hundred_concurrent_contexts_do_not_cross() {
     }
     // And the stored replies match, conversation by conversation.
     for i in [0, 57, 199] {
-        let stored = stored_messages(&server, &format!("conc-{i}")).await;
+        let stored = server.stored_messages(V1, &format!("conc-{i}")).await;
         assert_eq!(stored.len(), 2);
         assert!(message_text(&stored[1]).starts_with(&format!("ctx=conc-{i} ")));
         assert!(message_text(&stored[1]).ends_with(&format!("said=hello number {i}\n")));

@@ -427,3 +427,64 @@ pub async fn run_sdk_script(venv: &str, script: &str, args: &[&str]) -> (bool, S
     text.push_str(&String::from_utf8_lossy(&output.stderr));
     (output.status.success(), text)
 }
+
+pub fn reply_text(task: &Value) -> String {
+    task["artifacts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["name"] == "reply")
+        .flat_map(|a| a["parts"].as_array().into_iter().flatten())
+        .filter_map(|p| p["text"].as_str())
+        .collect()
+}
+pub fn status_text(task: &Value) -> String {
+    task["status"]["message"]["parts"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+/// Posts a streaming request and returns every event's `result`.
+pub async fn stream_results(server: &TestServer, text: &str, context_id: &str) -> Vec<Value> {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+        "params": {"message": user_message(V1, text, Some(context_id), None)}});
+    let raw = server
+        .client
+        .post(&server.url)
+        .header("A2A-Version", V1)
+        .json(&body)
+        .send()
+        .await
+        .expect("stream request")
+        .text()
+        .await
+        .expect("stream body");
+    raw.lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .map(|data| serde_json::from_str::<Value>(data).expect("event JSON")["result"].clone())
+        .collect()
+}
+/// The non-empty text chunks of the reply artifact, in the order streamed.
+pub fn reply_chunks(events: &[Value]) -> Vec<String> {
+    let updates: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e.get("artifactUpdate"))
+        .collect();
+    let Some(first) = updates.iter().find(|u| u["artifact"]["name"] == "reply") else {
+        return Vec::new();
+    };
+    let id = first["artifact"]["artifactId"].clone();
+    updates
+        .iter()
+        .filter(|u| u["artifact"]["artifactId"] == id)
+        .flat_map(|u| {
+            u["artifact"]["parts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|p| p["text"].as_str().map(str::to_owned))
+        // The closing `lastChunk` update carries no text.
+        .filter(|t| !t.is_empty())
+        .collect()
+}
