@@ -192,45 +192,9 @@ async fn peer_errors_fail_the_task_with_the_peers_message() {
     b.stop().await;
 }
 
-/// Asks "which day?" first, then books for the answer.
-pub struct Asker;
-
-impl colloquy::agent::Agent for Asker {
-    fn kind(&self) -> &'static str {
-        "asker"
-    }
-
-    fn description(&self) -> String {
-        "asks a question first".into()
-    }
-
-    fn run(
-        &self,
-        request: colloquy::agent::AgentRequest,
-        sink: colloquy::agent::AgentSink,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
-        Box::pin(async move {
-            let asked = request
-                .history
-                .last()
-                .is_some_and(|h| h.text == "which day?");
-            if asked {
-                sink.text(format!("booked for {}", request.message.text()))
-                    .await
-            } else {
-                sink.send(colloquy::agent::AgentEvent::Status {
-                    state: colloquy::model::TaskState::InputRequired,
-                    text: Some("which day?".into()),
-                })
-                .await
-            }
-        })
-    }
-}
-
 #[actix_rt::test]
 async fn input_required_is_passed_through_and_answered_upstream() {
-    let b = common::start_with(Arc::new(Asker), |_| {}).await;
+    let b = common::start_with(Arc::new(common::Asker), |_| {}).await;
     let a = common::start_with(delegating(&b.url, 20), |_| {}).await;
     let asked = a.send_text(V1, "book a table", Some("booking"), None).await;
     let task = task_of(&asked);

@@ -535,45 +535,9 @@ async fn python_sdk_1x_server_two_turns_and_streaming() {
     sdk_conversation("sdk1", "sdk_server1.py", "1.0").await;
 }
 
-/// Asks "which day?" first, then books for the answer.
-struct Asker;
-
-impl colloquy::agent::Agent for Asker {
-    fn kind(&self) -> &'static str {
-        "asker"
-    }
-
-    fn description(&self) -> String {
-        "asks a question first".into()
-    }
-
-    fn run(
-        &self,
-        request: colloquy::agent::AgentRequest,
-        sink: colloquy::agent::AgentSink,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
-        Box::pin(async move {
-            if request
-                .history
-                .last()
-                .is_some_and(|h| h.text == "which day?")
-            {
-                sink.text(format!("booked for {}", request.message.text()))
-                    .await
-            } else {
-                sink.send(colloquy::agent::AgentEvent::Status {
-                    state: colloquy::model::TaskState::InputRequired,
-                    text: Some("which day?".into()),
-                })
-                .await
-            }
-        })
-    }
-}
-
 #[actix_rt::test]
 async fn input_required_prints_the_question_and_how_to_answer() {
-    let server = common::start_with(Arc::new(Asker), |_| {}).await;
+    let server = common::start_with(Arc::new(common::Asker), |_| {}).await;
     let cli = Cli::new(&[("booker", &server.url, None)]);
     let asked = cli.run(&["--to", "booker", "book a table"]).await;
     assert_ok(&asked);

@@ -488,3 +488,39 @@ pub fn reply_chunks(events: &[Value]) -> Vec<String> {
         .filter(|t| !t.is_empty())
         .collect()
 }
+
+/// Asks "which day?" first, then books for the answer.
+pub struct Asker;
+
+impl colloquy::agent::Agent for Asker {
+    fn kind(&self) -> &'static str {
+        "asker"
+    }
+
+    fn description(&self) -> String {
+        "asks a question first".into()
+    }
+
+    fn run(
+        &self,
+        request: colloquy::agent::AgentRequest,
+        sink: colloquy::agent::AgentSink,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
+        Box::pin(async move {
+            let asked = request
+                .history
+                .last()
+                .is_some_and(|h| h.text == "which day?");
+            if asked {
+                sink.text(format!("booked for {}", request.message.text()))
+                    .await
+            } else {
+                sink.send(colloquy::agent::AgentEvent::Status {
+                    state: colloquy::model::TaskState::InputRequired,
+                    text: Some("which day?".into()),
+                })
+                .await
+            }
+        })
+    }
+}
