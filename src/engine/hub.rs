@@ -285,18 +285,6 @@ impl TaskHub {
         result.clone()
     }
 
-    pub fn is_finished(&self) -> bool {
-        self.lock().finished
-    }
-
-    /// The reply artifact's id, if any chunk was produced.
-    pub fn reply_artifact(&self) -> Option<Artifact> {
-        let state = self.lock();
-        state
-            .reply_artifact
-            .map(|i| state.task.artifacts[i].clone())
-    }
-
     /// Every artifact so far (the reply with all its text, then whole ones).
     pub fn artifacts(&self) -> Vec<Artifact> {
         self.lock().task.artifacts.clone()

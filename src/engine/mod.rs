@@ -15,7 +15,7 @@ pub use error::{EngineError, EngineResult};
 pub use hub::{StreamItem, Subscription, TaskHub};
 
 use crate::agent::SharedAgent;
-use crate::history::{HistoryLimits, MAX_LIMIT};
+use crate::history::HistoryLimits;
 use crate::model::{Message, Role, Task};
 use crate::store::{ConversationKey, ConversationMeta, Page, Store, TaskQuery};
 use context::{CancelOutcome, CancelTask, DeleteConversation, Shutdown, StartTurn, TurnStarted};
@@ -471,9 +471,4 @@ impl Engine {
         }
         self.directory.stop_arbiters().await;
     }
-}
-
-/// `history.limit` as configured, clamped to what the design allows.
-pub fn clamp_history_limit(limit: usize) -> usize {
-    limit.min(MAX_LIMIT)
 }

@@ -67,10 +67,6 @@ impl RunningServer {
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))?
     }
-
-    pub fn handle(&self) -> ServerHandle {
-        self.handle.clone()
-    }
 }
 
 fn is_loopback(listen: &str) -> bool {
