@@ -22,29 +22,6 @@ async fn conversations(server: &common::TestServer) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-/// Starts a server on `dir` again, waiting until the stopped one has let go of the store's lock.
-async fn restart(dir: tempfile::TempDir, agent: Arc<A2aAgent>) -> common::TestServer {
-    let config = common::test_config(dir.path());
-    for _ in 0..100 {
-        match colloquy::http::start(config.clone(), agent.clone()).await {
-            Ok(server) => {
-                let url = server.url();
-                return common::TestServer {
-                    server,
-                    dir,
-                    url,
-                    client: reqwest::Client::new(),
-                };
-            }
-            Err(e) if e.to_string().contains("lock") => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("restart: {e}"),
-        }
-    }
-    panic!("the stopped server kept the store locked for 5 s");
-}
-
 fn state(task: &Value) -> &str {
     task["status"]["state"].as_str().unwrap_or("")
 }
@@ -70,7 +47,7 @@ async fn three_turns_through_a_keep_one_upstream_context_across_a_restart() {
 
     // Restart A on the same data folder: the mapping to B's context holds.
     let dir = a.stop().await;
-    let a = restart(dir, delegating(&b.url, 20)).await;
+    let a = common::start_in(dir, delegating(&b.url, 20), |_| {}).await;
     let three = a.send_text(V1, "three", Some(ctx), None).await;
     assert_eq!(
         artifact_text(task_of(&three)),

@@ -93,7 +93,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     }
     let path = config.data.clone();
     let cache = config.store.cache_bytes;
-    let store = actix_rt::task::spawn_blocking(move || open_store(&path, cache))
+    let store = actix_rt::task::spawn_blocking(move || Store::open_sled(&path, cache))
         .await
         .map_err(|e| ServeError::Store {
             path: config.data.display().to_string(),
@@ -144,19 +144,6 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         task,
         grace,
     })
-}
-
-/// Opens the store, waiting a little for a previous owner in this process to let go of its lock.
-fn open_store(path: &std::path::Path, cache: u64) -> Result<Store, crate::store::StoreError> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        match Store::open_sled(path, cache) {
-            Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            result => return result,
-        }
-    }
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {

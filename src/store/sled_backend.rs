@@ -4,6 +4,7 @@
 use super::{KvBackend, KvOp, KvPair, StoreError, StoreResult};
 use std::ops::Bound;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 impl From<sled::Error> for StoreError {
     fn from(e: sled::Error) -> Self {
@@ -15,13 +16,27 @@ pub struct SledBackend {
     db: sled::Db,
 }
 
+/// How long opening waits for the folder's lock: a previous owner in this process lets go of it
+/// only when sled's background threads have finished with it, shortly after it is dropped.
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
 impl SledBackend {
     pub fn open(path: &Path, cache_bytes: u64) -> StoreResult<Self> {
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(cache_bytes)
-            .open()?;
-        Ok(SledBackend { db })
+        let config = sled::Config::new().path(path).cache_capacity(cache_bytes);
+        let deadline = Instant::now() + LOCK_WAIT;
+        loop {
+            match config.open() {
+                Ok(db) => return Ok(SledBackend { db }),
+                // sled reports a held lock only in the message of an `Other` I/O error.
+                Err(sled::Error::Io(e))
+                    if e.to_string().starts_with("could not acquire lock")
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 }
 
