@@ -323,15 +323,7 @@ async fn history_arrives_as_chat_messages_and_chunks_stream_intact() {
     );
 
     // The card follows the backend.
-    let card: Value = server
-        .client
-        .get(format!("{}.well-known/agent-card.json", server.url))
-        .send()
-        .await
-        .expect("card")
-        .json()
-        .await
-        .expect("card JSON");
+    let card = server.card(&[]).await;
     assert!(
         card["description"].as_str().unwrap().contains("test-model"),
         "{card}"

@@ -60,15 +60,7 @@ async fn missing_or_wrong_tokens_get_401_with_a_json_rpc_body() {
     .await;
     assert_eq!(listed["result"]["conversations"], json!([]));
     // The card stays public and advertises the scheme.
-    let card: Value = server
-        .client
-        .get(format!("{}.well-known/agent-card.json", server.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let card = server.card(&[]).await;
     assert_eq!(card["securitySchemes"]["bearer"]["scheme"], "bearer");
     server.stop().await;
 }

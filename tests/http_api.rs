@@ -463,17 +463,12 @@ async fn unsupported_methods_answer_their_codes_and_the_card_serves_both_version
         assert_eq!(card["url"], json!(server.url));
         assert_eq!(card["capabilities"]["pushNotifications"], json!(false));
     }
-    let forwarded: Value = server
-        .client
-        .get(format!("{}.well-known/agent-card.json", server.url))
-        .header("X-Forwarded-Host", "agents.example")
-        .header("X-Forwarded-Proto", "https")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let forwarded = server
+        .card(&[
+            ("X-Forwarded-Host", "agents.example"),
+            ("X-Forwarded-Proto", "https"),
+        ])
+        .await;
     assert_eq!(forwarded["url"], "https://agents.example/");
     server.stop().await;
 }
@@ -488,15 +483,7 @@ async fn card_versions_choose_the_fields() {
         },
     )
     .await;
-    let card: Value = server
-        .client
-        .get(format!("{}.well-known/agent-card.json", server.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let card = server.card(&[]).await;
     assert!(card.get("protocolVersion").is_none() && card.get("url").is_none());
     assert_eq!(
         card["supportedInterfaces"][0]["url"],

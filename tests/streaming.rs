@@ -175,24 +175,16 @@ async fn concurrent_subscribers_see_identical_sequences() {
     let response = server
         .stream(V1, "SendStreamingMessage", json!({"message": message}))
         .await;
-    let mut origin = eventsource_stream::EventStream::new(futures_util::StreamExt::boxed(
-        response.bytes_stream(),
-    ));
-    let first = futures_util::StreamExt::next(&mut origin)
-        .await
-        .unwrap()
-        .unwrap();
-    let first: Value = serde_json::from_str(&first.data).unwrap();
-    let task_id = first["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let mut origin = LiveStream::new(response);
+    let first = origin.next_event().await.unwrap();
+    let task_id = streamed_task_id(&first);
     // Joins before the first chunk (the agent waits 120 ms): same snapshot, same events.
     let joined = server
         .stream(V1, "SubscribeToTask", json!({"id": task_id}))
         .await;
     let joined = tokio::spawn(sse_events(joined));
     let mut origin_events = vec![first];
-    while let Some(event) = futures_util::StreamExt::next(&mut origin).await {
-        origin_events.push(serde_json::from_str(&event.unwrap().data).unwrap());
-    }
+    origin_events.extend(origin.rest().await);
     let joined_events = joined.await.unwrap();
     let results = |events: &[Value]| {
         events
@@ -213,18 +205,9 @@ async fn a_disconnected_client_does_not_cancel_the_task() {
     let response = server
         .stream(V1, "SendStreamingMessage", json!({"message": message}))
         .await;
-    let mut events = eventsource_stream::EventStream::new(futures_util::StreamExt::boxed(
-        response.bytes_stream(),
-    ));
-    let first = futures_util::StreamExt::next(&mut events)
-        .await
-        .unwrap()
-        .unwrap();
-    let task_id = serde_json::from_str::<Value>(&first.data).unwrap()["result"]["task"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    futures_util::StreamExt::next(&mut events).await;
+    let mut events = LiveStream::new(response);
+    let task_id = streamed_task_id(&events.next_event().await.unwrap());
+    events.next_event().await;
     drop(events);
     tokio::time::sleep(Duration::from_millis(800)).await;
     let task = server.rpc(V1, "GetTask", json!({"id": task_id})).await;
@@ -243,27 +226,12 @@ async fn a_slow_subscriber_is_closed_with_an_error_while_a_fast_one_gets_everyth
     let response = server
         .stream(V1, "SendStreamingMessage", json!({"message": message}))
         .await;
-    let mut fast = eventsource_stream::EventStream::new(futures_util::StreamExt::boxed(
-        response.bytes_stream(),
-    ));
-    let first = futures_util::StreamExt::next(&mut fast)
-        .await
-        .unwrap()
-        .unwrap();
-    let task_id = serde_json::from_str::<Value>(&first.data).unwrap()["result"]["task"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let mut fast = LiveStream::new(response);
+    let task_id = streamed_task_id(&fast.next_event().await.unwrap());
     let slow = server
         .stream(V1, "SubscribeToTask", json!({"id": task_id}))
         .await;
-    let fast_events = tokio::spawn(async move {
-        let mut events = Vec::new();
-        while let Some(event) = futures_util::StreamExt::next(&mut fast).await {
-            events.push(serde_json::from_str::<Value>(&event.unwrap().data).unwrap());
-        }
-        events
-    });
+    let fast_events = tokio::spawn(fast.rest());
     // The slow subscriber reads nothing until the agent is done.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let slow_events = sse_events(slow).await;
@@ -308,19 +276,9 @@ async fn cancel_ends_every_stream_and_terminal_tasks_refuse_subscribers() {
         let origin = server
             .stream(version, stream_method(version), json!({"message": message}))
             .await;
-        let mut origin = eventsource_stream::EventStream::new(futures_util::StreamExt::boxed(
-            origin.bytes_stream(),
-        ));
-        let first: Value = serde_json::from_str(
-            &futures_util::StreamExt::next(&mut origin)
-                .await
-                .unwrap()
-                .unwrap()
-                .data,
-        )
-        .unwrap();
-        let task = first["result"].get("task").unwrap_or(&first["result"]);
-        let task_id = task["id"].as_str().unwrap().to_owned();
+        let mut origin = LiveStream::new(origin);
+        let first = origin.next_event().await.unwrap();
+        let task_id = streamed_task_id(&first);
         let other = server
             .stream(version, subscribe_method(version), json!({"id": task_id}))
             .await;
@@ -332,10 +290,8 @@ async fn cancel_ends_every_stream_and_terminal_tasks_refuse_subscribers() {
             "tasks/cancel"
         };
         server.rpc(version, cancel, json!({"id": task_id})).await;
-        let mut origin_events = vec![first.clone()];
-        while let Some(event) = futures_util::StreamExt::next(&mut origin).await {
-            origin_events.push(serde_json::from_str(&event.unwrap().data).unwrap());
-        }
+        let mut origin_events = vec![first];
+        origin_events.extend(origin.rest().await);
         let canceled = if version == V1 {
             "TASK_STATE_CANCELED"
         } else {

@@ -176,7 +176,8 @@ pub fn artifact_text(task: &Value) -> String {
 /// A test agent scripted by the message text:
 /// `ask: Q` ends input-required asking Q; `fail` fails; `reject` is rejected; `panic` panics;
 /// `slow N` waits N ms then echoes; `chunks N: TEXT` streams TEXT as raw bytes in N random cuts
-/// (cuts may fall inside UTF-8 characters); anything else echoes.
+/// (cuts may fall inside UTF-8 characters); `drip MS N: TEXT` streams TEXT in N-character chunks
+/// MS apart; `flood COUNT SIZE` streams COUNT chunks of SIZE bytes; anything else echoes.
 pub struct ScriptedAgent;
 
 impl colloquy::agent::Agent for ScriptedAgent {
@@ -286,22 +287,73 @@ pub async fn start_scripted(tweak: impl FnOnce(&mut Config)) -> TestServer {
 
 /// Reads an SSE response into its JSON-RPC payloads.
 pub async fn sse_events(response: reqwest::Response) -> Vec<Value> {
-    use futures_util::StreamExt;
-    let mut events = Vec::new();
-    let mut stream = eventsource_stream::EventStream::new(response.bytes_stream());
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(event) if !event.data.is_empty() => {
-                events.push(serde_json::from_str(&event.data).expect("JSON event"))
-            }
-            Ok(_) => {}
-            Err(e) => panic!("SSE stream error: {e}"),
-        }
+    LiveStream::new(response).rest().await
+}
+
+type ByteStream = futures_util::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>;
+
+/// An SSE response read event by event (each a JSON-RPC response).
+pub struct LiveStream(eventsource_stream::EventStream<ByteStream>);
+
+impl LiveStream {
+    pub fn new(response: reqwest::Response) -> Self {
+        LiveStream(eventsource_stream::EventStream::new(
+            futures_util::StreamExt::boxed(response.bytes_stream()),
+        ))
     }
-    events
+
+    /// The next event with data; None when the stream has ended.
+    pub async fn next_event(&mut self) -> Option<Value> {
+        while let Some(event) = futures_util::StreamExt::next(&mut self.0).await {
+            match event {
+                Ok(event) if !event.data.is_empty() => {
+                    return Some(serde_json::from_str(&event.data).expect("JSON event"));
+                }
+                Ok(_) => {}
+                Err(e) => panic!("SSE stream error: {e}"),
+            }
+        }
+        None
+    }
+
+    /// Every remaining event, until the stream ends.
+    pub async fn rest(mut self) -> Vec<Value> {
+        let mut events = Vec::new();
+        while let Some(event) = self.next_event().await {
+            events.push(event);
+        }
+        events
+    }
+}
+
+/// The id of the task a stream's first event carries (v1.0 `{"task":..}` or bare v0.3).
+pub fn streamed_task_id(first: &Value) -> String {
+    let result = &first["result"];
+    let task = result.get("task").unwrap_or(result);
+    task["id"]
+        .as_str()
+        .expect("the first event is the task")
+        .to_owned()
 }
 
 impl TestServer {
+    /// The agent card, with extra request headers.
+    pub async fn card(&self, headers: &[(&str, &str)]) -> Value {
+        let mut request = self
+            .client
+            .get(format!("{}.well-known/agent-card.json", self.url));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request
+            .send()
+            .await
+            .expect("card")
+            .json()
+            .await
+            .expect("card JSON")
+    }
+
     /// Opens a JSON-RPC SSE stream (SendStreamingMessage, SubscribeToTask ...).
     pub async fn stream(&self, version: &str, method: &str, params: Value) -> reqwest::Response {
         let body = json!({"jsonrpc": "2.0", "id": next_id(), "method": method, "params": params});
