@@ -148,8 +148,11 @@ pub fn finish(
     let BegunTurn {
         meta: began_meta,
         mut record,
+        task: begun_task,
         ..
     } = begun;
+    // The task's messages so far were loaded when the turn began; only the reply is new.
+    let mut history = begun_task.history;
     let key = began_meta.key();
     let mut meta = began_meta.clone();
     let context_id = meta.context_id.clone();
@@ -167,8 +170,7 @@ pub fn finish(
         (None, true) if outcome.state.is_interrupted() => status_message.clone(),
         (None, true) => None,
     };
-    if let Some(reply) = &reply {
-        let mut reply = reply.clone();
+    if let Some(mut reply) = reply {
         reply.role = Role::Agent;
         reply.context_id = Some(context_id.clone());
         reply.task_id = Some(task_id.clone());
@@ -176,6 +178,7 @@ pub fn finish(
         batch.append_message(&key, meta.next_seq, &reply);
         record.history_seqs.push(meta.next_seq);
         meta.next_seq += 1;
+        history.push(reply);
     }
     let previous = record.clone();
     record.task.status = TaskStatus::new(outcome.state, status_message);
@@ -195,7 +198,7 @@ pub fn finish(
         return Ok(SendResult::Message(message));
     }
     let mut task = record.task;
-    task.history = store.messages(&key, &record.history_seqs)?;
+    task.history = history;
     Ok(SendResult::Task(task))
 }
 
