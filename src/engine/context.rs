@@ -135,6 +135,16 @@ impl ContextActor {
             })
     }
 
+    /// Marks the context busy with `task_id` for work that is not a turn.
+    fn reserve(&mut self, task_id: &str) {
+        self.running = Some(RunningTurn {
+            task_id: task_id.to_owned(),
+            stop: None,
+            hub: None,
+            hub_waiters: Vec::new(),
+        });
+    }
+
     /// Runs the agent, stores the outcome, then frees the context and answers every waiter.
     fn run_agent(
         &mut self,
@@ -162,10 +172,9 @@ impl ContextActor {
             });
             let artifacts = finish_hub.artifacts();
             let reply_text = finish_hub.reply_text();
-            shared
-                .store
-                .write(move |store| turn::finish(store, begun, outcome, artifacts, reply_text))
-                .await
+            let (result, batch) = turn::finish(begun, outcome, artifacts, reply_text);
+            shared.store.commit(batch).await?;
+            Ok::<_, EngineError>(result)
         }
         .instrument(span);
         ctx.spawn(work.into_actor(self).map(move |result, act, _| {
@@ -249,7 +258,7 @@ impl Handler<StartTurn> for ContextActor {
         let persist = async move {
             store
                 .write(move |store| {
-                    turn::begin(TurnStart {
+                    let (begun, batch) = turn::begin(TurnStart {
                         store,
                         key,
                         principal: &principal,
@@ -258,7 +267,9 @@ impl Handler<StartTurn> for ContextActor {
                         task_id,
                         continuing,
                         limits,
-                    })
+                    })?;
+                    store.apply(batch)?;
+                    Ok::<_, EngineError>(begun)
                 })
                 .await
         }
@@ -338,12 +349,7 @@ impl Handler<DeleteConversation> for ContextActor {
             return Box::pin(actix::fut::ready(Err(busy)));
         }
         // Reserve the context so no turn starts while the delete runs.
-        self.running = Some(RunningTurn {
-            task_id: "(deleting)".into(),
-            stop: None,
-            hub: None,
-            hub_waiters: Vec::new(),
-        });
+        self.reserve("(deleting)");
         let store = self.directory.shared().store.clone();
         let key = self.key;
         let work = async move {

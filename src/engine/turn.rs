@@ -1,7 +1,9 @@
 //! The store side of a turn: what is written when it starts and when it ends.
 //!
-//! These run on the blocking pool (they may touch the disk); the caller awaits
-//! [`Store::durable`] before anyone hears of the write.
+//! [`begin`] reads and returns the batch to write; it runs on the store thread, so its reads and
+//! write are one step, in order with every other write. [`finish`] only computes its batch,
+//! which the caller commits ([`Store::commit`]). Either way the caller waits for the batch to be
+//! durable before anyone hears of it.
 
 use super::error::{EngineError, EngineResult};
 use crate::agent::AgentRequest;
@@ -30,8 +32,8 @@ pub struct TurnStart<'a> {
     pub limits: HistoryLimits,
 }
 
-/// Stores the caller's message exactly as received and the task as working, in one batch.
-pub fn begin(start: TurnStart<'_>) -> EngineResult<BegunTurn> {
+/// The caller's message exactly as received and the task as working, in one batch.
+pub fn begin(start: TurnStart<'_>) -> EngineResult<(BegunTurn, WriteBatch)> {
     let TurnStart {
         store,
         key,
@@ -94,10 +96,11 @@ pub fn begin(start: TurnStart<'_>) -> EngineResult<BegunTurn> {
     record.task.artifacts.clear();
     batch.put_task(&record, previous.as_ref());
     batch.put_conversation(&meta, stored_meta.as_ref());
-    store.apply(batch)?;
 
     let mut task = record.task.clone();
-    task.history = store.messages(&key, &record.history_seqs)?;
+    let earlier = &record.history_seqs[..record.history_seqs.len() - 1];
+    task.history = store.messages(&key, earlier)?;
+    task.history.push(message.clone());
     let prompt = render_prompt(&history, &message.text(), limits);
     metrics::histogram!("colloquy_history_render_seconds").record(render_started.elapsed());
     metrics::counter!("colloquy_history_messages_rendered_total").increment(history.len() as u64);
@@ -110,12 +113,13 @@ pub fn begin(start: TurnStart<'_>) -> EngineResult<BegunTurn> {
         turn: meta.turns,
         state: meta.agent_state.clone(),
     };
-    Ok(BegunTurn {
+    let begun = BegunTurn {
         meta,
         record,
         task,
         request,
-    })
+    };
+    Ok((begun, batch))
 }
 
 /// A task left working by a process that died: it will never finish, so it failed.
@@ -137,14 +141,13 @@ fn fail_interrupted_task(store: &Store, task_id: &str, batch: &mut WriteBatch) -
     Ok(())
 }
 
-/// Stores the reply (the text the caller received, in full) and the task's final state.
+/// The reply (the text the caller received, in full) and the task's final state, to store.
 pub fn finish(
-    store: &Store,
     begun: BegunTurn,
     outcome: TurnOutcome,
     artifacts: Vec<Artifact>,
     reply_text: String,
-) -> EngineResult<SendResult> {
+) -> (SendResult, WriteBatch) {
     let BegunTurn {
         meta: began_meta,
         mut record,
@@ -190,16 +193,15 @@ pub fn finish(
         meta.agent_state = outcome.agent_state.clone();
     }
     batch.put_conversation(&meta, Some(&began_meta));
-    store.apply(batch)?;
 
     if let Some(mut message) = outcome.message {
         message.context_id = Some(context_id);
         message.task_id = None;
-        return Ok(SendResult::Message(message));
+        return (SendResult::Message(message), batch);
     }
     let mut task = record.task;
     task.history = history;
-    Ok(SendResult::Task(task))
+    (SendResult::Task(task), batch)
 }
 
 /// Cancels a task that is not running (waiting for input): it becomes canceled.

@@ -15,9 +15,11 @@
 mod commit;
 mod key;
 mod sled_backend;
+mod wal;
 
 pub use key::{ConversationKey, KEY_LEN, NAMESPACE_VERSION, PrincipalKey};
 pub use sled_backend::SledBackend;
+pub use wal::WalBackend;
 
 use crate::model::{Message, Task, TaskState};
 use chrono::{DateTime, Utc};
@@ -274,8 +276,10 @@ impl Store {
         })
     }
 
+    /// sled in `path`, behind colloquy's write-ahead log in `path/wal`.
     pub fn open_sled(path: &std::path::Path, cache_bytes: u64) -> StoreResult<Self> {
-        Store::new(Arc::new(SledBackend::open(path, cache_bytes)?))
+        let sled = SledBackend::open(path, cache_bytes)?;
+        Store::new(Arc::new(WalBackend::open(sled, &path.join("wal"))?))
     }
 
     /// Runs `work` on the store thread and resolves once its writes are on disk. Concurrent
@@ -307,6 +311,11 @@ impl Store {
             }
             _ => Err(closed()),
         }
+    }
+
+    /// Writes the batch and resolves once it is on disk.
+    pub async fn commit(&self, batch: WriteBatch) -> StoreResult<()> {
+        self.write(move |store| store.apply(batch)).await
     }
 
     pub fn apply(&self, batch: WriteBatch) -> StoreResult<()> {

@@ -22,7 +22,11 @@ const LOCK_WAIT: Duration = Duration::from_secs(5);
 
 impl SledBackend {
     pub fn open(path: &Path, cache_bytes: u64) -> StoreResult<Self> {
-        let config = sled::Config::new().path(path).cache_capacity(cache_bytes);
+        // No periodic flush of its own: durability comes from our flushes (the log's checkpoints).
+        let config = sled::Config::new()
+            .path(path)
+            .cache_capacity(cache_bytes)
+            .flush_every_ms(None);
         let deadline = Instant::now() + LOCK_WAIT;
         loop {
             match config.open() {

@@ -1,0 +1,239 @@
+//! The log's on-disk form: numbered segment files of checksummed records.
+//!
+//! Segment file `NNNNNNNNNNNNNNNNNNNN.log`; record `len u32 | crc32 u32 | payload`, payload
+//! `seq u64 | op count u32 | ops`, op `0 | key` (delete) or `1 | key | value`, each byte string
+//! `len u32 | bytes`, integers little-endian. A torn or corrupt record ends its segment: it was
+//! never synced, so never acknowledged.
+
+use crate::store::{KvOp, StoreError, StoreResult};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const RECORD_HEADER: usize = 8;
+
+/// The segment being appended to, and the closed ones a checkpoint has not yet covered.
+pub(super) struct SegmentFiles {
+    dir: PathBuf,
+    file: File,
+    segment: u64,
+    /// Bytes in the current segment, and the last sequence number written to it.
+    bytes: u64,
+    last_seq: u64,
+    /// Closed segments with their last sequence numbers.
+    closed: Vec<(u64, u64)>,
+    /// A failed write or sync leaves the file's state unknown: refuse further acknowledgements.
+    failed: Option<String>,
+}
+
+impl SegmentFiles {
+    /// Starts a new segment after every existing one.
+    pub(super) fn create(dir: &Path, last_seq: u64) -> StoreResult<Self> {
+        let segment = list_segments(dir)?.last().map_or(0, |(n, _)| n + 1);
+        Ok(SegmentFiles {
+            dir: dir.to_owned(),
+            file: create_segment(dir, segment)?,
+            segment,
+            bytes: 0,
+            last_seq,
+            closed: Vec::new(),
+            failed: None,
+        })
+    }
+
+    /// Deletes the segments older than the current one (their records are in the inner store).
+    pub(super) fn remove_older(&self) -> StoreResult<()> {
+        for (n, path) in list_segments(&self.dir)? {
+            if n < self.segment {
+                remove(&path);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes encoded records ending at `last_seq` and syncs them.
+    pub(super) fn append(&mut self, records: &[u8], last_seq: u64) -> StoreResult<()> {
+        if let Some(reason) = &self.failed {
+            return Err(StoreError::Backend(format!(
+                "the write-ahead log failed earlier: {reason}"
+            )));
+        }
+        let written = self
+            .file
+            .write_all(records)
+            .and_then(|()| self.file.sync_data());
+        if let Err(e) = written {
+            let reason = format!("segment {}: {e}", self.segment);
+            self.failed = Some(reason.clone());
+            return Err(StoreError::Backend(format!("write-ahead log: {reason}")));
+        }
+        self.bytes += records.len() as u64;
+        self.last_seq = last_seq;
+        Ok(())
+    }
+
+    /// Starts a new segment if the current one holds anything.
+    pub(super) fn rotate(&mut self) -> StoreResult<()> {
+        if self.bytes == 0 || self.failed.is_some() {
+            return Ok(());
+        }
+        let next = self.segment + 1;
+        self.file = create_segment(&self.dir, next)?;
+        self.closed.push((self.segment, self.last_seq));
+        self.segment = next;
+        self.bytes = 0;
+        Ok(())
+    }
+
+    /// Deletes the closed segments whose records are all at or before `covered`.
+    pub(super) fn remove_covered(&mut self, covered: u64) {
+        let dir = &self.dir;
+        self.closed.retain(|&(segment, last_seq)| {
+            let done = last_seq <= covered;
+            if done {
+                remove(&segment_path(dir, segment));
+            }
+            !done
+        });
+    }
+
+    pub(super) fn size_on_disk(&self) -> StoreResult<u64> {
+        Ok(list_segments(&self.dir)?
+            .iter()
+            .filter_map(|(_, path)| fs::metadata(path).ok())
+            .map(|m| m.len())
+            .sum())
+    }
+}
+
+/// Every complete record in `dir`'s segments, oldest first, to `visit`.
+pub(super) fn read_all(
+    dir: &Path,
+    mut visit: impl FnMut(u64, Vec<KvOp>) -> StoreResult<()>,
+) -> StoreResult<()> {
+    for (_, path) in list_segments(dir)? {
+        let bytes = fs::read(&path).map_err(|e| io_error("reading", &path, e))?;
+        let mut rest = bytes.as_slice();
+        while !rest.is_empty() {
+            let Some((seq, ops, tail)) = decode_record(rest) else {
+                tracing::warn!(segment = %path.display(), "write-ahead log segment ends in a torn or corrupt record; its remainder was never acknowledged");
+                break;
+            };
+            rest = tail;
+            visit(seq, ops)?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn encode_record(out: &mut Vec<u8>, seq: u64, ops: &[KvOp]) {
+    let start = out.len();
+    out.extend_from_slice(&[0; RECORD_HEADER]);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+    let put_bytes = |out: &mut Vec<u8>, bytes: &[u8]| {
+        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        out.extend_from_slice(bytes);
+    };
+    for op in ops {
+        match op {
+            KvOp::Delete(key) => {
+                out.push(0);
+                put_bytes(out, key);
+            }
+            KvOp::Put(key, value) => {
+                out.push(1);
+                put_bytes(out, key);
+                put_bytes(out, value);
+            }
+        }
+    }
+    let payload_len = (out.len() - start - RECORD_HEADER) as u32;
+    let crc = crc32fast::hash(&out[start + RECORD_HEADER..]);
+    out[start..start + 4].copy_from_slice(&payload_len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// One record off the front of `bytes`: its sequence number, its operations and what follows.
+fn decode_record(bytes: &[u8]) -> Option<(u64, Vec<KvOp>, &[u8])> {
+    let (len, rest) = take_u32(bytes)?;
+    let (crc, rest) = take_u32(rest)?;
+    let payload = rest.get(..len as usize)?;
+    if crc32fast::hash(payload) != crc {
+        return None;
+    }
+    let (seq, body) = payload.split_first_chunk::<8>()?;
+    let (count, mut body) = take_u32(body)?;
+    let mut ops = Vec::with_capacity(count.min(1024) as usize);
+    for _ in 0..count {
+        let (&kind, rest) = body.split_first()?;
+        let (key, rest) = take_bytes(rest)?;
+        body = rest;
+        ops.push(match kind {
+            0 => KvOp::Delete(key.to_vec()),
+            1 => {
+                let (value, rest) = take_bytes(body)?;
+                body = rest;
+                KvOp::Put(key.to_vec(), value.to_vec())
+            }
+            _ => return None,
+        });
+    }
+    Some((u64::from_le_bytes(*seq), ops, &rest[len as usize..]))
+}
+
+fn take_u32(bytes: &[u8]) -> Option<(u32, &[u8])> {
+    let (head, rest) = bytes.split_first_chunk::<4>()?;
+    Some((u32::from_le_bytes(*head), rest))
+}
+
+fn take_bytes(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = take_u32(bytes)?;
+    let len = len as usize;
+    (rest.len() >= len).then(|| rest.split_at(len))
+}
+
+pub(super) fn segment_path(dir: &Path, segment: u64) -> PathBuf {
+    dir.join(format!("{segment:020}.log"))
+}
+
+/// The log's segments, oldest first.
+pub(super) fn list_segments(dir: &Path) -> StoreResult<Vec<(u64, PathBuf)>> {
+    let entries = fs::read_dir(dir).map_err(|e| io_error("listing", dir, e))?;
+    let mut segments: Vec<(u64, PathBuf)> = entries
+        .filter_map(|entry| entry.ok())
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let number = name.to_str()?.strip_suffix(".log")?.parse().ok()?;
+            Some((number, entry.path()))
+        })
+        .collect();
+    segments.sort();
+    Ok(segments)
+}
+
+/// Creates an empty segment and makes its name durable (a synced record in an unsynced
+/// directory entry could vanish with it).
+fn create_segment(dir: &Path, segment: u64) -> StoreResult<File> {
+    let path = segment_path(dir, segment);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io_error("creating", &path, e))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error("syncing", dir, e))?;
+    Ok(file)
+}
+
+fn remove(path: &Path) {
+    if let Err(e) = fs::remove_file(path) {
+        tracing::warn!(segment = %path.display(), error = %e, "could not delete a checkpointed log segment");
+    }
+}
+
+pub(super) fn io_error(what: &str, path: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Backend(format!("write-ahead log: {what} {}: {e}", path.display()))
+}
