@@ -51,7 +51,8 @@ async fn start(data: &Path, log: &Path, client: &reqwest::Client) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_colloquy"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
             .arg(data)
-            .env("RUST_LOG", "warn")
+            // The store's info lines say when a start replayed the write-ahead log.
+            .env("RUST_LOG", "warn,colloquy::store=info")
             .env_remove("COLLOQUY_TOKENS")
             .stdin(Stdio::null())
             .stdout(log_file)
@@ -340,9 +341,20 @@ async fn acknowledged_turns_survive_sigkill() {
         cut_off >= ROUNDS / 2,
         "the kills rarely hit running load: {cut_off}"
     );
+    // Kills land within 400 ms of the load starting, before the store's first checkpoint
+    // (about a second): the acknowledged turns of those rounds were in the log alone.
+    let replays = std::fs::read_to_string(&log)
+        .expect("server log")
+        .matches("replayed the write-ahead log")
+        .count();
+    assert!(
+        replays >= ROUNDS / 2,
+        "only {replays} restarts replayed the log"
+    );
     eprintln!(
         "kill9: {ROUNDS} rounds, {} conversations, {total_acked} acknowledged turns checked, \
-         {cut_off} conversations cut off mid-turn by the kills, {:?}",
+         {cut_off} conversations cut off mid-turn by the kills, {replays} restarts replayed the \
+         log, {:?}",
         snapshot.len(),
         started.elapsed()
     );
