@@ -3,6 +3,10 @@
 //! A turn writes the conversation's record and its task twice and moves their index entries;
 //! kept here until the next checkpoint, those collapse to their last values, so the inner store
 //! (sled, whose every write rewrites tree pages) sees a fraction of the writes.
+//!
+//! There are two tables: writers fill the active one while a checkpoint drains the frozen one
+//! into the inner store; a checkpoint starts by swapping them, so it never holds up writers
+//! for longer than the swap.
 
 use crate::store::{KvOp, KvPair, StoreResult};
 use crossbeam_skiplist::SkipMap;
@@ -18,7 +22,6 @@ pub(super) type Pending<'a> = Entry<'a, Vec<u8>, Option<Vec<u8>>>;
 #[derive(Default)]
 pub(super) struct Memtable {
     map: SkipMap<Vec<u8>, Option<Vec<u8>>>,
-    /// Approximate: an entry replaced while a checkpoint releases it may be counted off twice.
     bytes: AtomicIsize,
 }
 
@@ -47,19 +50,24 @@ impl Memtable {
         self.bytes.load(Relaxed).max(0) as usize
     }
 
-    /// Every entry, to hand to the inner store.
-    pub(super) fn entries(&self) -> Vec<Pending<'_>> {
-        self.map.iter().collect()
+    pub(super) fn is_empty(&self) -> bool {
+        self.map.is_empty()
     }
 
-    /// Drops entries the inner store now holds; one overwritten since is already gone.
-    pub(super) fn release(&self, entries: &[Pending<'_>]) {
-        for entry in entries {
-            if entry.remove() {
-                self.bytes
-                    .fetch_sub(entry_bytes(entry.key(), entry.value()), Relaxed);
+    /// Every entry, to hand to the inner store.
+    pub(super) fn entries(&self) -> impl Iterator<Item = Pending<'_>> {
+        self.map.iter()
+    }
+
+    /// Removes up to `count` entries; false once the table is empty.
+    pub(super) fn remove_some(&self, count: usize) -> bool {
+        for _ in 0..count {
+            if self.map.pop_front().is_none() {
+                self.bytes.store(0, Relaxed);
+                return false;
             }
         }
+        true
     }
 
     /// This table's entries in range merged over `inner`'s; this table wins on equal keys.

@@ -25,6 +25,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -35,7 +36,7 @@ pub const APPLIED_KEY: &[u8] = b"zwal-applied";
 /// replayed at start-up after a crash to about this much writing.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 /// Writes per inner batch when checkpointing.
-const INNER_BATCH_OPS: usize = 512;
+const INNER_BATCH_OPS: usize = 128;
 /// A memtable this large starts a checkpoint early...
 const MEMTABLE_SOFT_LIMIT: usize = 64 << 20;
 /// ...and one this large makes writers wait for it (the inner backend is not keeping up).
@@ -48,13 +49,16 @@ pub struct WalBackend<B: KvBackend> {
 
 struct Shared<B> {
     inner: B,
-    memtable: Memtable,
+    /// The active memtable (writers fill it) and the frozen one (a checkpoint drains it);
+    /// `active` picks which is which and changes only under the `pending` lock.
+    tables: [Memtable; 2],
+    active: AtomicUsize,
     /// Logged but not yet written. Held while applying, so log order is apply order.
     pending: Mutex<Pending>,
     /// Held while writing and syncing, so a flush that starts later finds earlier ones done.
     segments: Mutex<SegmentFiles>,
-    /// Scans hold it shared; a checkpoint takes it to drop entries from the memtable, so a
-    /// scan never misses an entry moving from the memtable into the inner backend.
+    /// Reads hold it shared; a checkpoint takes it to empty the frozen memtable, so a read
+    /// never misses an entry moving from a memtable into the inner backend.
     moving: RwLock<()>,
     checkpoints: Mutex<Checkpoints>,
     checkpoint_wake: Condvar,
@@ -73,6 +77,9 @@ struct Checkpoints {
     completed: u64,
     requested: bool,
     stop: bool,
+    /// A frozen memtable a failed checkpoint left, with the last batch it holds: drained again
+    /// before anything else is frozen.
+    unfinished: Option<u64>,
 }
 
 impl<B: KvBackend> WalBackend<B> {
@@ -86,7 +93,8 @@ impl<B: KvBackend> WalBackend<B> {
         segments.remove_older()?;
         let shared = Arc::new(Shared {
             inner,
-            memtable: Memtable::default(),
+            tables: Default::default(),
+            active: AtomicUsize::new(0),
             pending: Mutex::new(Pending {
                 buffer: Vec::new(),
                 spare: Vec::new(),
@@ -115,8 +123,14 @@ impl<B: KvBackend> WalBackend<B> {
 }
 
 impl<B: KvBackend> Shared<B> {
+    /// The tables newest first: the active one, then the frozen one.
+    fn tables(&self) -> [&Memtable; 2] {
+        let active = self.active.load(Ordering::Acquire);
+        [&self.tables[active], &self.tables[1 - active]]
+    }
+
     fn apply(&self, mut ops: Vec<KvOp>) {
-        if self.memtable.bytes() > MEMTABLE_SOFT_LIMIT {
+        if self.tables()[0].bytes() > MEMTABLE_SOFT_LIMIT {
             self.wait_for_room();
         }
         let mut pending = self.pending.lock();
@@ -125,7 +139,7 @@ impl<B: KvBackend> Shared<B> {
         ops.push(applied(seq));
         log::encode_record(&mut pending.buffer, seq, &ops);
         ops.pop();
-        self.memtable.insert(ops);
+        self.tables()[0].insert(ops);
         pending.last_seq = seq;
     }
 
@@ -134,7 +148,7 @@ impl<B: KvBackend> Shared<B> {
         let mut checkpoints = self.checkpoints.lock();
         checkpoints.requested = true;
         self.checkpoint_wake.notify_one();
-        while self.memtable.bytes() > MEMTABLE_HARD_LIMIT && !checkpoints.stop {
+        while self.tables()[0].bytes() > MEMTABLE_HARD_LIMIT && !checkpoints.stop {
             let seen = checkpoints.completed;
             while checkpoints.completed == seen && !checkpoints.stop {
                 self.checkpoint_done.wait(&mut checkpoints);
@@ -163,53 +177,72 @@ impl<B: KvBackend> Shared<B> {
         written
     }
 
-    /// Moves the memtable's entries into the inner backend and deletes the segments it covers.
-    fn checkpoint(&self) -> StoreResult<()> {
-        // A consistent cut of logged batches: with both locks held, log what is buffered, then
-        // take the memtable as it stands. The segments closed here hold nothing after the cut.
-        let (covered, entries) = {
-            let mut segments = self.segments.lock();
-            let mut pending = self.pending.lock();
-            let records = std::mem::take(&mut pending.buffer);
-            if !records.is_empty() {
-                segments.append(&records, pending.last_seq)?;
-            }
-            segments.rotate()?;
-            (pending.last_seq, self.memtable.entries())
+    /// Moves a memtable into the inner backend and deletes the log segments it then covers.
+    fn checkpoint(&self, unfinished: Option<u64>) -> Result<(), (u64, StoreError)> {
+        let covered = match unfinished {
+            Some(covered) => covered,
+            None => self.freeze()?,
         };
-        if entries.is_empty() {
+        self.drain_frozen(covered).map_err(|e| (covered, e))?;
+        self.segments.lock().remove_covered(covered);
+        Ok(())
+    }
+
+    /// Swaps the memtables at a consistent cut of batches and returns the cut's last. Once
+    /// swapped, the frozen table must be drained even if logging fails here: the error
+    /// carries the cut.
+    fn freeze(&self) -> Result<u64, (u64, StoreError)> {
+        let mut segments = self.segments.lock();
+        let (records, covered) = {
+            let mut pending = self.pending.lock();
+            // The frozen table is empty (the last checkpoint drained it): it becomes active.
+            self.active.fetch_xor(1, Ordering::AcqRel);
+            (std::mem::take(&mut pending.buffer), pending.last_seq)
+        };
+        // Every batch of the cut is logged before any of it reaches the inner backend.
+        if !records.is_empty() {
+            segments
+                .append(&records, covered)
+                .map_err(|e| (covered, e))?;
+        }
+        segments.rotate().map_err(|e| (covered, e))?;
+        Ok(covered)
+    }
+
+    fn drain_frozen(&self, covered: u64) -> StoreResult<()> {
+        let frozen = self.tables()[1];
+        if frozen.is_empty() {
             return Ok(());
         }
         let started = Instant::now();
-        let mut ops: Vec<KvOp> = entries
-            .iter()
-            .map(|e| match e.value() {
-                Some(value) => KvOp::Put(e.key().clone(), value.clone()),
-                None => KvOp::Delete(e.key().clone()),
-            })
-            .collect();
-        // Last, so that a prefix of this batch surviving a crash never claims all of it.
-        ops.push(applied(covered));
-        let moved = ops.len();
+        let mut moved = 0;
+        let mut slice = Vec::with_capacity(INNER_BATCH_OPS);
         // In slices: sled locks readers out for the whole of a batch. A crash between slices
-        // leaves the old position, and recovery replays every batch of this cut from the log.
-        while !ops.is_empty() {
-            let rest = ops.split_off(ops.len().min(INNER_BATCH_OPS));
-            self.inner.apply(std::mem::replace(&mut ops, rest))?;
+        // leaves the old position, and recovery replays every batch of the cut from the log.
+        for entry in frozen.entries() {
+            slice.push(match entry.value() {
+                Some(value) => KvOp::Put(entry.key().clone(), value.clone()),
+                None => KvOp::Delete(entry.key().clone()),
+            });
+            if slice.len() == INNER_BATCH_OPS {
+                moved += slice.len();
+                self.inner.apply(std::mem::take(&mut slice))?;
+            }
         }
+        // Last, so that a prefix of the cut surviving a crash never claims all of it.
+        slice.push(applied(covered));
+        moved += slice.len();
+        self.inner.apply(slice)?;
         self.inner.flush()?;
-        for slice in entries.chunks(INNER_BATCH_OPS) {
-            let _no_scans = self.moving.write();
-            self.memtable.release(slice);
+        while frozen.remove_some(INNER_BATCH_OPS) {
+            let _no_reads = self.moving.write();
         }
-        self.segments.lock().remove_covered(covered);
         metrics::histogram!("colloquy_store_checkpoint_seconds").record(started.elapsed());
         metrics::counter!("colloquy_store_checkpoint_writes_total").increment(moved as u64);
         Ok(())
     }
 
     fn run_checkpoints(&self) {
-        lower_this_threads_priority();
         loop {
             let stopping = {
                 let mut checkpoints = self.checkpoints.lock();
@@ -220,10 +253,13 @@ impl<B: KvBackend> Shared<B> {
                 checkpoints.requested = false;
                 checkpoints.stop
             };
-            if let Err(e) = self.checkpoint() {
+            let unfinished = self.checkpoints.lock().unfinished.take();
+            let failed = self.checkpoint(unfinished).err().map(|(covered, e)| {
                 tracing::error!(error = %e, "store checkpoint failed; the log keeps everything since the last one");
-            }
+                covered
+            });
             let mut checkpoints = self.checkpoints.lock();
+            checkpoints.unfinished = failed;
             checkpoints.completed += 1;
             self.checkpoint_done.notify_all();
             if stopping {
@@ -249,11 +285,14 @@ impl<B: KvBackend> Drop for WalBackend<B> {
 
 impl<B: KvBackend> KvBackend for WalBackend<B> {
     fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
-        // An entry leaves the memtable only after the inner backend has it.
-        match self.shared.memtable.get(key) {
-            Some(value) => Ok(value),
-            None => self.shared.inner.get(key),
+        // An entry leaves the memtables only after the inner backend has it.
+        let _guard = self.shared.moving.read_recursive();
+        for table in self.shared.tables() {
+            if let Some(value) = table.get(key) {
+                return Ok(value);
+            }
         }
+        self.shared.inner.get(key)
     }
 
     fn apply(&self, ops: Vec<KvOp>) -> StoreResult<()> {
@@ -269,7 +308,9 @@ impl<B: KvBackend> KvBackend for WalBackend<B> {
     ) -> Box<dyn Iterator<Item = StoreResult<KvPair>> + 'a> {
         let guard = self.shared.moving.read_recursive();
         let inner = self.shared.inner.scan(from.clone(), to.clone(), reverse);
-        let merged = self.shared.memtable.merge(from, to, reverse, inner);
+        let [active, frozen] = self.shared.tables();
+        let merged = frozen.merge(from.clone(), to.clone(), reverse, inner);
+        let merged = active.merge(from, to, reverse, merged);
         Box::new(Guarded {
             _guard: guard,
             items: merged,
@@ -283,16 +324,6 @@ impl<B: KvBackend> KvBackend for WalBackend<B> {
     fn size_on_disk(&self) -> StoreResult<u64> {
         let log = self.shared.segments.lock().size_on_disk()?;
         Ok(self.shared.inner.size_on_disk()? + log)
-    }
-}
-
-/// Checkpoints are background work: on a busy machine, requests go first.
-fn lower_this_threads_priority() {
-    // SAFETY: setpriority has no memory effects; on Linux, who 0 with PRIO_PROCESS is the
-    // calling thread. Failure only leaves the default priority.
-    #[cfg(target_os = "linux")]
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
     }
 }
 

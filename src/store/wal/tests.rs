@@ -138,10 +138,9 @@ fn reads_merge_the_memtable_over_the_store_before_and_after_a_checkpoint() {
         .apply(vec![put("a", "1"), put("b", "1"), put("d", "1")])
         .unwrap();
     backend.flush().unwrap();
-    backend.shared.checkpoint().unwrap();
-    assert_eq!(
-        backend.shared.memtable.entries().len(),
-        0,
+    backend.shared.checkpoint(None).unwrap();
+    assert!(
+        backend.shared.tables.iter().all(Memtable::is_empty),
         "moved into sled"
     );
     backend
@@ -159,7 +158,16 @@ fn reads_merge_the_memtable_over_the_store_before_and_after_a_checkpoint() {
     };
     expect(&backend);
     backend.flush().unwrap();
-    backend.shared.checkpoint().unwrap();
+    let covered = backend.shared.freeze().unwrap();
+    expect(&backend);
+    // One write in each layer: "e" active, "c" and "d" frozen, "a" in sled.
+    backend.apply(vec![put("e", "3")]).unwrap();
+    assert_eq!(keys(&backend, false), ["a", "c", "d", "e"]);
+    backend.shared.checkpoint(Some(covered)).unwrap();
+    assert_eq!(keys(&backend, true), ["e", "d", "c", "a"]);
+    backend.apply(vec![KvOp::Delete(b"e".to_vec())]).unwrap();
+    backend.flush().unwrap();
+    backend.shared.checkpoint(None).unwrap();
     expect(&backend);
     drop(backend);
     let reopened = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal")).unwrap();
