@@ -54,6 +54,11 @@ pub trait KvBackend: Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>>;
     /// Applies all operations atomically (not yet durably: see [`KvBackend::durable`]).
     fn apply(&self, ops: Vec<KvOp>) -> StoreResult<()>;
+    /// Applies the operations in order, each on its own: a crash may keep any prefix of them.
+    /// For backends whose atomic batches cost more (sled's lock readers out).
+    fn apply_each(&self, ops: Vec<KvOp>) -> StoreResult<()> {
+        self.apply(ops)
+    }
     fn scan<'a>(
         &'a self,
         from: Bound<Vec<u8>>,

@@ -69,6 +69,16 @@ impl KvBackend for SledBackend {
         Ok(())
     }
 
+    fn apply_each(&self, ops: Vec<KvOp>) -> StoreResult<()> {
+        for op in ops {
+            match op {
+                KvOp::Put(k, v) => self.db.insert(k, v)?,
+                KvOp::Delete(k) => self.db.remove(k)?,
+            };
+        }
+        Ok(())
+    }
+
     fn scan<'a>(
         &'a self,
         from: Bound<Vec<u8>>,

@@ -1,19 +1,21 @@
-//! A write-ahead log and memtable in front of a backend whose own writes and flushes are expensive.
+//! A write-ahead log and memtables in front of a backend whose own writes and flushes are
+//! expensive.
 //!
 //! sled makes a flush durable by handing it to its I/O thread pool and waiting, and every write
 //! rewrites tree pages (about 30 KiB written to disk per turn); under many small acknowledged
 //! writes that, not the disk, was most of colloquy's CPU. Here:
 //! - [`KvBackend::apply`] gives the batch the next sequence number, appends it to the log buffer
-//!   and puts its writes in the [`Memtable`], which reads consult before the inner backend;
+//!   and puts its writes in the active memtable, which reads consult before the inner backend;
 //! - [`KvBackend::flush`] writes the buffer and `fdatasync`s it on the calling (store) thread;
-//! - a checkpoint thread, about once a second, applies what the memtable holds to the inner
-//!   backend as one batch (a key written many times in that second is written once), flushes
-//!   it, drops those entries from the memtable and deletes the log segments it now covers.
+//! - a checkpoint thread, about once a second, swaps the memtables and writes the frozen one
+//!   into the inner backend (a key written many times in that second is written once), flushes
+//!   it, empties the frozen memtable and deletes the log segments it now covers.
 //!
-//! The inner backend keeps the sequence number of the last batch it holds under [`APPLIED_KEY`],
-//! written in the same batch. It recovers after a crash to a prefix of its batches (sled does);
-//! opening replays, in order, the logged batches after that number. So every acknowledged
-//! (logged and synced) batch is there after a crash, and none is applied twice or out of order.
+//! Once a checkpoint's writes are durable in the inner backend, it stores the sequence number
+//! of the last batch they cover under [`APPLIED_KEY`]. Opening replays, in order, the logged
+//! batches after that number: every key they write ends as the log says, whatever part of an
+//! interrupted checkpoint reached the inner backend. So every acknowledged (logged and synced)
+//! batch is there after a crash, in order.
 
 mod log;
 mod memtable;
@@ -35,7 +37,7 @@ pub const APPLIED_KEY: &[u8] = b"zwal-applied";
 /// How often the memtable moves into the inner backend. Bounds both the memtable and the log
 /// replayed at start-up after a crash to about this much writing.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
-/// Writes per inner batch when checkpointing.
+/// Writes handed to the inner backend at a time when checkpointing.
 const INNER_BATCH_OPS: usize = 128;
 /// A memtable this large starts a checkpoint early...
 const MEMTABLE_SOFT_LIMIT: usize = 64 << 20;
@@ -217,7 +219,7 @@ impl<B: KvBackend> Shared<B> {
         let started = Instant::now();
         let mut moved = 0;
         let mut slice = Vec::with_capacity(INNER_BATCH_OPS);
-        // In slices: sled locks readers out for the whole of a batch. A crash between slices
+        // One write at a time: sled's atomic batches lock its readers out. A crash part way
         // leaves the old position, and recovery replays every batch of the cut from the log.
         for entry in frozen.entries() {
             slice.push(match entry.value() {
@@ -226,16 +228,20 @@ impl<B: KvBackend> Shared<B> {
             });
             if slice.len() == INNER_BATCH_OPS {
                 moved += slice.len();
-                self.inner.apply(std::mem::take(&mut slice))?;
+                self.inner.apply_each(std::mem::take(&mut slice))?;
             }
         }
-        // Last, so that a prefix of the cut surviving a crash never claims all of it.
-        slice.push(applied(covered));
         moved += slice.len();
-        self.inner.apply(slice)?;
+        self.inner.apply_each(slice)?;
         self.inner.flush()?;
-        while frozen.remove_some(INNER_BATCH_OPS) {
+        // Only once the cut is durable in the inner backend may its position say so.
+        self.inner.apply(vec![applied(covered)])?;
+        self.inner.flush()?;
+        loop {
             let _no_reads = self.moving.write();
+            if !frozen.remove_some(INNER_BATCH_OPS) {
+                break;
+            }
         }
         metrics::histogram!("colloquy_store_checkpoint_seconds").record(started.elapsed());
         metrics::counter!("colloquy_store_checkpoint_writes_total").increment(moved as u64);
