@@ -82,7 +82,16 @@ fn describe() {
     describe_histogram!(
         "colloquy_store_flush_seconds",
         Unit::Seconds,
-        "store flush latency"
+        "store flush latency (write-ahead log write + fdatasync)"
+    );
+    describe_histogram!(
+        "colloquy_store_checkpoint_seconds",
+        Unit::Seconds,
+        "time to move a memtable into sled and flush it"
+    );
+    describe_counter!(
+        "colloquy_store_checkpoint_writes_total",
+        "key writes moved from the memtables into sled"
     );
     describe_gauge!(
         "colloquy_store_size_bytes",

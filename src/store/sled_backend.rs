@@ -65,7 +65,6 @@ impl KvBackend for SledBackend {
             }
         }
         self.db.apply_batch(batch)?;
-        metrics::counter!("colloquy_store_writes_total").increment(1);
         Ok(())
     }
 

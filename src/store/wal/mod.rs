@@ -143,6 +143,7 @@ impl<B: KvBackend> Shared<B> {
         ops.pop();
         self.tables()[0].insert(ops);
         pending.last_seq = seq;
+        metrics::counter!("colloquy_store_writes_total").increment(1);
     }
 
     /// Asks for an early checkpoint; waits for one when the memtable is past its hard limit.
