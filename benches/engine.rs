@@ -141,7 +141,7 @@ fn history(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("render_last_20", n), key, |b, key| {
             b.iter(|| {
                 let recent = store
-                    .recent_messages(key, limits.limit)
+                    .recent_messages(key, *n, limits.limit)
                     .expect("recent messages");
                 let entries: Vec<HistoryEntry> =
                     recent.iter().map(|(_, m)| HistoryEntry::from(m)).collect();

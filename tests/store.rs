@@ -67,7 +67,7 @@ async fn keys_of_another_namespace_version_are_never_loaded_or_listed() {
         "only the current version's conversation is listed"
     );
     assert_eq!(listed.total_size, 1);
-    assert_eq!(store.recent_messages(&meta.key(), 10).unwrap().len(), 1);
+    assert_eq!(store.recent_messages(&meta.key(), 1, 10).unwrap().len(), 1);
 }
 
 #[tokio::test]
@@ -81,7 +81,7 @@ async fn recent_messages_are_the_last_n_in_order_and_pages_cover_everything_once
     }
     store.apply(batch).unwrap();
     let last: Vec<String> = store
-        .recent_messages(&meta.key(), 3)
+        .recent_messages(&meta.key(), 1000, 3)
         .unwrap()
         .into_iter()
         .map(|(_, m)| m.text())
@@ -141,7 +141,7 @@ async fn acknowledged_writes_survive_reopening() {
     let store = Store::open_sled(dir.path(), 1 << 20).unwrap();
     for i in 0..64 {
         let key = ConversationKey::new("p", &format!("w{i}"));
-        let messages = store.recent_messages(&key, 5).unwrap();
+        let messages = store.recent_messages(&key, 1, 5).unwrap();
         assert_eq!(messages.len(), 1);
         assert_eq!(messages[0].1.text(), format!("from {i}"));
     }

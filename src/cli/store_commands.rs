@@ -105,7 +105,7 @@ pub fn history(args: HistoryArgs) -> Result<ExitCode, String> {
         format_time(&meta.updated_at)
     );
     for (_, message) in store
-        .recent_messages(&key, args.limit)
+        .recent_messages(&key, meta.next_seq, args.limit)
         .map_err(|e| e.to_string())?
     {
         let role = match message.role {

@@ -422,7 +422,7 @@ impl Engine {
                 return Ok(None);
             };
             let messages = store
-                .recent_messages(&key, history_length)?
+                .recent_messages(&key, meta.next_seq, history_length)?
                 .into_iter()
                 .map(|(_, m)| m)
                 .collect();

@@ -53,11 +53,12 @@ pub fn begin(start: TurnStart<'_>) -> EngineResult<(BegunTurn, WriteBatch)> {
         fail_interrupted_task(store, &stale, &mut batch)?;
     }
     let render_started = std::time::Instant::now();
-    let history: Vec<HistoryEntry> = store
-        .recent_messages(&key, limits.limit)?
-        .iter()
-        .map(|(_, m)| HistoryEntry::from(m))
-        .collect();
+    // A conversation never stored has no messages to read.
+    let recent = match &stored_meta {
+        Some(stored) => store.recent_messages(&key, stored.next_seq, limits.limit)?,
+        None => Vec::new(),
+    };
+    let history: Vec<HistoryEntry> = recent.iter().map(|(_, m)| HistoryEntry::from(m)).collect();
 
     let (mut record, previous) = if continuing {
         let record = owned_task(store, principal, &task_id)?;

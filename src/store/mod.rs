@@ -357,28 +357,24 @@ impl Store {
             .transpose()
     }
 
-    /// The `limit` most recent messages, oldest first: one reverse range scan, O(limit).
+    /// The `limit` messages before sequence number `next_seq` (a conversation's `next_seq`: its
+    /// most recent ones), oldest first. Sequence numbers have no gaps, so this is one bounded
+    /// forward range scan, O(limit) however long the conversation.
     pub fn recent_messages(
         &self,
         key: &ConversationKey,
+        next_seq: u64,
         limit: usize,
     ) -> StoreResult<Vec<(u64, Message)>> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let from = message_key(key, 0);
-        let to = message_key(key, u64::MAX);
-        let mut messages = self
-            .backend
-            .scan(Bound::Included(from), Bound::Included(to), true)
-            .take(limit)
+        let from = message_key(key, next_seq.saturating_sub(limit as u64));
+        let to = message_key(key, next_seq);
+        self.backend
+            .scan(Bound::Included(from), Bound::Excluded(to), false)
             .map(|entry| {
                 let (k, v) = entry?;
                 Ok((seq_of(&k)?, decode(&v)?))
             })
-            .collect::<StoreResult<Vec<_>>>()?;
-        messages.reverse();
-        Ok(messages)
+            .collect()
     }
 
     pub fn messages(&self, key: &ConversationKey, seqs: &[u64]) -> StoreResult<Vec<Message>> {

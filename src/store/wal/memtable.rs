@@ -14,7 +14,7 @@ use crossbeam_skiplist::map::Entry;
 use std::cmp::Ordering;
 use std::iter::Peekable;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// A key and its latest write: its value, or None for deleted.
 pub(super) type Pending<'a> = Entry<'a, Vec<u8>, Option<Vec<u8>>>;
@@ -22,7 +22,8 @@ pub(super) type Pending<'a> = Entry<'a, Vec<u8>, Option<Vec<u8>>>;
 #[derive(Default)]
 pub(super) struct Memtable {
     map: SkipMap<Vec<u8>, Option<Vec<u8>>>,
-    bytes: AtomicIsize,
+    /// Bytes written since the table was last emptied (an upper bound on its size).
+    bytes: AtomicUsize,
 }
 
 impl Memtable {
@@ -32,11 +33,9 @@ impl Memtable {
                 KvOp::Put(key, value) => (key, Some(value)),
                 KvOp::Delete(key) => (key, None),
             };
-            let mut delta = entry_bytes(&key, &value);
-            if let Some(old) = self.map.get(&key) {
-                delta -= entry_bytes(old.key(), old.value());
-            }
-            self.bytes.fetch_add(delta, Relaxed);
+            // Counts a key written twice twice: a lookup per write to be exact cost more than
+            // the early checkpoint that overcounting may start.
+            self.bytes.fetch_add(entry_bytes(&key, &value), Relaxed);
             self.map.insert(key, value);
         }
     }
@@ -47,7 +46,7 @@ impl Memtable {
     }
 
     pub(super) fn bytes(&self) -> usize {
-        self.bytes.load(Relaxed).max(0) as usize
+        self.bytes.load(Relaxed)
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -92,8 +91,8 @@ impl Memtable {
     }
 }
 
-fn entry_bytes(key: &[u8], value: &Option<Vec<u8>>) -> isize {
-    (key.len() + value.as_ref().map_or(0, Vec::len) + 64) as isize
+fn entry_bytes(key: &[u8], value: &Option<Vec<u8>>) -> usize {
+    key.len() + value.as_ref().map_or(0, Vec::len) + 64
 }
 
 struct Merge<'a> {
