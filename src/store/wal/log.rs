@@ -72,6 +72,14 @@ impl SegmentFiles {
         Ok(())
     }
 
+    /// Makes every later write fail, as a full or failing disk would.
+    #[cfg(test)]
+    pub(super) fn fail_writes_for_test(&mut self) {
+        if let Ok(read_only) = File::open(segment_path(&self.dir, self.segment)) {
+            self.file = read_only;
+        }
+    }
+
     /// Starts a new segment if the current one holds anything.
     pub(super) fn rotate(&mut self) -> StoreResult<()> {
         if self.bytes == 0 || self.failed.is_some() {
@@ -106,17 +114,32 @@ impl SegmentFiles {
     }
 }
 
-/// Every complete record in `dir`'s segments, oldest first, to `visit`.
+/// Every complete record in `dir`'s segments, oldest first, to `visit`. The log ends at the
+/// first torn or corrupt record (a write cut off by a crash, never acknowledged); any record
+/// after it means damage to acknowledged data, and opening stops there rather than skip it.
 pub(super) fn read_all(
     dir: &Path,
     mut visit: impl FnMut(u64, Vec<KvOp>) -> StoreResult<()>,
 ) -> StoreResult<()> {
+    let mut ended_at: Option<PathBuf> = None;
     for (_, path) in list_segments(dir)? {
         let bytes = fs::read(&path).map_err(|e| io_error("reading", &path, e))?;
+        if let Some(torn) = &ended_at {
+            if !bytes.is_empty() {
+                return Err(StoreError::Corrupt(format!(
+                    "write-ahead log: {} has a damaged record but the later {} holds records; \
+                     move the log aside to open without them",
+                    torn.display(),
+                    path.display()
+                )));
+            }
+            continue;
+        }
         let mut rest = bytes.as_slice();
         while !rest.is_empty() {
             let Some((seq, ops, tail)) = decode_record(rest) else {
-                tracing::warn!(segment = %path.display(), "write-ahead log segment ends in a torn or corrupt record; its remainder was never acknowledged");
+                tracing::warn!(segment = %path.display(), "write-ahead log ends in a torn record; it was never acknowledged");
+                ended_at = Some(path.clone());
                 break;
             };
             rest = tail;
@@ -124,6 +147,38 @@ pub(super) fn read_all(
         }
     }
     Ok(())
+}
+
+/// A record stores lengths as u32.
+pub(super) fn ensure_loggable(ops: &[KvOp]) -> StoreResult<()> {
+    let fits = |bytes: &[u8]| bytes.len() < u32::MAX as usize;
+    let ok = ops.len() < u32::MAX as usize
+        && ops.iter().all(|op| match op {
+            KvOp::Put(key, value) => fits(key) && fits(value),
+            KvOp::Delete(key) => fits(key),
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Backend(
+            "a write of 4 GiB or more cannot be logged".into(),
+        ))
+    }
+}
+
+/// Creates the log folder and makes its entry durable in its parent.
+pub(super) fn create_dir(dir: &Path) -> StoreResult<()> {
+    fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> StoreResult<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error("syncing", dir, e))
 }
 
 pub(super) fn encode_record(out: &mut Vec<u8>, seq: u64, ops: &[KvOp]) {
@@ -222,9 +277,7 @@ fn create_segment(dir: &Path, segment: u64) -> StoreResult<File> {
         .write(true)
         .open(&path)
         .map_err(|e| io_error("creating", &path, e))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_error("syncing", dir, e))?;
+    sync_dir(dir)?;
     Ok(file)
 }
 

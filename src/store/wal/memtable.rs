@@ -4,25 +4,27 @@
 //! kept here until the next checkpoint, those collapse to their last values, so the inner store
 //! (sled, whose every write rewrites tree pages) sees a fraction of the writes.
 //!
-//! There are two tables: writers fill the active one while a checkpoint drains the frozen one
-//! into the inner store; a checkpoint starts by swapping them, so it never holds up writers
-//! for longer than the swap.
+//! Writers fill the active table; a checkpoint freezes it (a new one becomes active), writes the
+//! frozen one into the inner store and then lets go of it. Readers hold the tables they started
+//! with (`Arc`s), so a checkpoint never waits for a reader, and a reader never misses an entry:
+//! the frozen table it holds outlives the checkpoint that moves it.
 
 use crate::store::{KvOp, KvPair, StoreResult};
 use crossbeam_skiplist::SkipMap;
-use crossbeam_skiplist::map::Entry;
 use std::cmp::Ordering;
 use std::iter::Peekable;
 use std::ops::Bound;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-/// A key and its latest write: its value, or None for deleted.
-pub(super) type Pending<'a> = Entry<'a, Vec<u8>, Option<Vec<u8>>>;
+/// A key's latest write since the table was frozen: its value, or None for deleted.
+type Slot = Option<Vec<u8>>;
 
 #[derive(Default)]
 pub(super) struct Memtable {
-    map: SkipMap<Vec<u8>, Option<Vec<u8>>>,
-    /// Bytes written since the table was last emptied (an upper bound on its size).
+    map: SkipMap<Vec<u8>, Slot>,
+    /// Bytes written into the table (an upper bound on its size: a key written twice counts
+    /// twice; a lookup per write to be exact would cost more than an early checkpoint).
     bytes: AtomicUsize,
 }
 
@@ -33,15 +35,14 @@ impl Memtable {
                 KvOp::Put(key, value) => (key, Some(value)),
                 KvOp::Delete(key) => (key, None),
             };
-            // Counts a key written twice twice: a lookup per write to be exact cost more than
-            // the early checkpoint that overcounting may start.
-            self.bytes.fetch_add(entry_bytes(&key, &value), Relaxed);
+            self.bytes
+                .fetch_add(key.len() + value.as_ref().map_or(0, Vec::len) + 64, Relaxed);
             self.map.insert(key, value);
         }
     }
 
-    /// Some(value or None for deleted) when the key was written since the last checkpoint.
-    pub(super) fn get(&self, key: &[u8]) -> Option<Option<Vec<u8>>> {
+    /// Some(value or None for deleted) when the table holds a write of the key.
+    pub(super) fn get(&self, key: &[u8]) -> Option<Slot> {
         self.map.get(key).map(|entry| entry.value().clone())
     }
 
@@ -53,51 +54,69 @@ impl Memtable {
         self.map.is_empty()
     }
 
-    /// Every entry, to hand to the inner store.
-    pub(super) fn entries(&self) -> impl Iterator<Item = Pending<'_>> {
-        self.map.iter()
-    }
-
-    /// Removes up to `count` entries; false once the table is empty.
-    pub(super) fn remove_some(&self, count: usize) -> bool {
-        for _ in 0..count {
-            if self.map.pop_front().is_none() {
-                self.bytes.store(0, Relaxed);
-                return false;
-            }
-        }
-        true
-    }
-
-    /// This table's entries in range merged over `inner`'s; this table wins on equal keys.
-    pub(super) fn merge<'a>(
-        &'a self,
-        from: Bound<Vec<u8>>,
-        to: Bound<Vec<u8>>,
-        reverse: bool,
-        inner: Box<dyn Iterator<Item = StoreResult<KvPair>> + 'a>,
-    ) -> Box<dyn Iterator<Item = StoreResult<KvPair>> + 'a> {
-        let range = self.map.range((from, to));
-        let own: Box<dyn Iterator<Item = Pending<'a>> + 'a> = if reverse {
-            Box::new(range.rev())
-        } else {
-            Box::new(range)
-        };
-        Box::new(Merge {
-            own: own.peekable(),
-            inner: inner.peekable(),
-            reverse,
+    /// Every write, in key order, to hand to the inner store.
+    pub(super) fn writes(&self) -> impl Iterator<Item = KvOp> + '_ {
+        self.map.iter().map(|entry| match entry.value() {
+            Some(value) => KvOp::Put(entry.key().clone(), value.clone()),
+            None => KvOp::Delete(entry.key().clone()),
         })
     }
 }
 
-fn entry_bytes(key: &[u8], value: &Option<Vec<u8>>) -> usize {
-    key.len() + value.as_ref().map_or(0, Vec::len) + 64
+/// `table`'s entries in range merged over `under`; `table` wins on equal keys.
+pub(super) fn merge<'a>(
+    table: Arc<Memtable>,
+    from: Bound<Vec<u8>>,
+    to: Bound<Vec<u8>>,
+    reverse: bool,
+    under: Box<dyn Iterator<Item = StoreResult<KvPair>> + 'a>,
+) -> Box<dyn Iterator<Item = StoreResult<KvPair>> + 'a> {
+    let own = Cursor {
+        table,
+        from,
+        to,
+        reverse,
+    };
+    Box::new(Merge {
+        own: own.peekable(),
+        under: under.peekable(),
+        reverse,
+    })
+}
+
+/// Walks a table by key, one lookup per step: it owns its table rather than borrowing it.
+struct Cursor {
+    table: Arc<Memtable>,
+    /// What is left to walk; the bound on the walking side moves past each entry returned.
+    from: Bound<Vec<u8>>,
+    to: Bound<Vec<u8>>,
+    reverse: bool,
+}
+
+impl Iterator for Cursor {
+    type Item = (Vec<u8>, Slot);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut range = self.table.map.range((self.from.clone(), self.to.clone()));
+        let entry = if self.reverse {
+            range.next_back()
+        } else {
+            range.next()
+        }?;
+        let key = entry.key().clone();
+        let past = Bound::Excluded(key.clone());
+        if self.reverse {
+            self.to = past;
+        } else {
+            self.from = past;
+        }
+        Some((key, entry.value().clone()))
+    }
 }
 
 struct Merge<'a> {
-    own: Peekable<Box<dyn Iterator<Item = Pending<'a>> + 'a>>,
-    inner: Peekable<Box<dyn Iterator<Item = StoreResult<KvPair>> + 'a>>,
+    own: Peekable<Cursor>,
+    under: Peekable<Box<dyn Iterator<Item = StoreResult<KvPair>> + 'a>>,
     reverse: bool,
 }
 
@@ -106,26 +125,26 @@ impl Iterator for Merge<'_> {
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            let order = match (self.own.peek(), self.inner.peek()) {
+            let order = match (self.own.peek(), self.under.peek()) {
                 (None, None) => return None,
                 (_, Some(Err(_))) | (None, Some(_)) => Ordering::Greater,
                 (Some(_), None) => Ordering::Less,
-                (Some(own), Some(Ok((key, _)))) => {
-                    let order = own.key().as_slice().cmp(key.as_slice());
+                (Some((own, _)), Some(Ok((key, _)))) => {
+                    let order = own.cmp(key);
                     if self.reverse { order.reverse() } else { order }
                 }
             };
             if order == Ordering::Greater {
-                return self.inner.next();
+                return self.under.next();
             }
             if order == Ordering::Equal {
-                self.inner.next();
+                self.under.next();
             }
-            let entry = self.own.next()?;
-            if let Some(value) = entry.value() {
-                return Some(Ok((entry.key().clone(), value.clone())));
+            let (key, slot) = self.own.next()?;
+            if let Some(value) = slot {
+                return Some(Ok((key, value)));
             }
-            // Deleted since the last checkpoint: hides the inner store's entry, if any.
+            // Deleted since the table was started: hides the entry underneath, if any.
         }
     }
 }

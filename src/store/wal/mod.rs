@@ -27,7 +27,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -51,20 +51,24 @@ pub struct WalBackend<B: KvBackend> {
 
 struct Shared<B> {
     inner: B,
-    /// The active memtable (writers fill it) and the frozen one (a checkpoint drains it);
-    /// `active` picks which is which and changes only under the `pending` lock.
-    tables: [Memtable; 2],
-    active: AtomicUsize,
+    tables: RwLock<Tables>,
     /// Logged but not yet written. Held while applying, so log order is apply order.
     pending: Mutex<Pending>,
     /// Held while writing and syncing, so a flush that starts later finds earlier ones done.
     segments: Mutex<SegmentFiles>,
-    /// Reads hold it shared; a checkpoint takes it to empty the frozen memtable, so a read
-    /// never misses an entry moving from a memtable into the inner backend.
-    moving: RwLock<()>,
+    /// Set when a log write or sync failed: nothing more is acknowledged or checkpointed.
+    log_failed: AtomicBool,
     checkpoints: Mutex<Checkpoints>,
     checkpoint_wake: Condvar,
     checkpoint_done: Condvar,
+}
+
+/// Writers fill `active`; a checkpoint moves `frozen` (the batches up to its sequence number,
+/// all logged) into the inner backend, then drops it. Readers take both for their whole read.
+#[derive(Default)]
+struct Tables {
+    active: Arc<Memtable>,
+    frozen: Option<(Arc<Memtable>, u64)>,
 }
 
 struct Pending {
@@ -79,15 +83,12 @@ struct Checkpoints {
     completed: u64,
     requested: bool,
     stop: bool,
-    /// A frozen memtable a failed checkpoint left, with the last batch it holds: drained again
-    /// before anything else is frozen.
-    unfinished: Option<u64>,
 }
 
 impl<B: KvBackend> WalBackend<B> {
     /// Opens the log in `dir` over `inner`, replaying what the inner backend missed.
     pub fn open(inner: B, dir: &Path) -> StoreResult<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| log::io_error("creating", dir, e))?;
+        log::create_dir(dir)?;
         let last_seq = recover(&inner, dir)?;
         let segments = SegmentFiles::create(dir, last_seq)?;
         // The replayed segments are in the inner backend once it is flushed.
@@ -95,15 +96,14 @@ impl<B: KvBackend> WalBackend<B> {
         segments.remove_older()?;
         let shared = Arc::new(Shared {
             inner,
-            tables: Default::default(),
-            active: AtomicUsize::new(0),
+            tables: RwLock::default(),
             pending: Mutex::new(Pending {
                 buffer: Vec::new(),
                 spare: Vec::new(),
                 last_seq,
             }),
             segments: Mutex::new(segments),
-            moving: RwLock::new(()),
+            log_failed: AtomicBool::new(false),
             checkpoints: Mutex::new(Checkpoints::default()),
             checkpoint_wake: Condvar::new(),
             checkpoint_done: Condvar::new(),
@@ -125,14 +125,28 @@ impl<B: KvBackend> WalBackend<B> {
 }
 
 impl<B: KvBackend> Shared<B> {
-    /// The tables newest first: the active one, then the frozen one.
-    fn tables(&self) -> [&Memtable; 2] {
-        let active = self.active.load(Ordering::Acquire);
-        [&self.tables[active], &self.tables[1 - active]]
+    /// The tables to read, newest first.
+    fn snapshot(&self) -> (Arc<Memtable>, Option<Arc<Memtable>>) {
+        let tables = self.tables.read();
+        (
+            tables.active.clone(),
+            tables.frozen.as_ref().map(|(table, _)| table.clone()),
+        )
     }
 
-    fn apply(&self, mut ops: Vec<KvOp>) {
-        if self.tables()[0].bytes() > MEMTABLE_SOFT_LIMIT {
+    fn ensure_log_ok(&self) -> StoreResult<()> {
+        if self.log_failed.load(Ordering::Acquire) {
+            return Err(StoreError::Backend(
+                "the write-ahead log failed earlier; writes are refused until a restart".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn apply(&self, mut ops: Vec<KvOp>) -> StoreResult<()> {
+        self.ensure_log_ok()?;
+        log::ensure_loggable(&ops)?;
+        if self.tables.read().active.bytes() > MEMTABLE_SOFT_LIMIT {
             self.wait_for_room();
         }
         let mut pending = self.pending.lock();
@@ -141,9 +155,11 @@ impl<B: KvBackend> Shared<B> {
         ops.push(applied(seq));
         log::encode_record(&mut pending.buffer, seq, &ops);
         ops.pop();
-        self.tables()[0].insert(ops);
+        // Under `pending`, as freezing is: the batch lands in the table its cut says.
+        self.tables.read().active.insert(ops);
         pending.last_seq = seq;
         metrics::counter!("colloquy_store_writes_total").increment(1);
+        Ok(())
     }
 
     /// Asks for an early checkpoint; waits for one when the memtable is past its hard limit.
@@ -151,7 +167,7 @@ impl<B: KvBackend> Shared<B> {
         let mut checkpoints = self.checkpoints.lock();
         checkpoints.requested = true;
         self.checkpoint_wake.notify_one();
-        while self.tables()[0].bytes() > MEMTABLE_HARD_LIMIT && !checkpoints.stop {
+        while self.tables.read().active.bytes() > MEMTABLE_HARD_LIMIT && !checkpoints.stop {
             let seen = checkpoints.completed;
             while checkpoints.completed == seen && !checkpoints.stop {
                 self.checkpoint_done.wait(&mut checkpoints);
@@ -161,7 +177,9 @@ impl<B: KvBackend> Shared<B> {
 
     fn flush(&self) -> StoreResult<()> {
         let mut segments = self.segments.lock();
-        let (records, last_seq) = {
+        // Even with nothing new to write: an earlier batch may have been in a failed write.
+        self.ensure_log_ok()?;
+        let (mut records, last_seq) = {
             let mut pending = self.pending.lock();
             let spare = std::mem::take(&mut pending.spare);
             (
@@ -169,83 +187,82 @@ impl<B: KvBackend> Shared<B> {
                 pending.last_seq,
             )
         };
-        let written = if records.is_empty() {
-            Ok(())
-        } else {
-            segments.append(&records, last_seq)
-        };
-        let mut records = records;
+        let written = self.append(&mut segments, &records, last_seq);
         records.clear();
         self.pending.lock().spare = records;
         written
     }
 
-    /// Moves a memtable into the inner backend and deletes the log segments it then covers.
-    fn checkpoint(&self, unfinished: Option<u64>) -> Result<(), (u64, StoreError)> {
-        let covered = match unfinished {
-            Some(covered) => covered,
-            None => self.freeze()?,
-        };
-        self.drain_frozen(covered).map_err(|e| (covered, e))?;
-        self.segments.lock().remove_covered(covered);
-        Ok(())
+    fn append(
+        &self,
+        segments: &mut SegmentFiles,
+        records: &[u8],
+        last_seq: u64,
+    ) -> StoreResult<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let written = segments.append(records, last_seq);
+        if written.is_err() {
+            self.log_failed.store(true, Ordering::Release);
+        }
+        written
     }
 
-    /// Swaps the memtables at a consistent cut of batches and returns the cut's last. Once
-    /// swapped, the frozen table must be drained even if logging fails here: the error
-    /// carries the cut.
-    fn freeze(&self) -> Result<u64, (u64, StoreError)> {
+    /// Moves the frozen memtable (freezing the active one first if none is) into the inner
+    /// backend and deletes the log segments it then covers.
+    fn checkpoint(&self) -> StoreResult<()> {
+        // A cut that may not be wholly logged must never reach the inner backend.
+        self.ensure_log_ok()?;
+        if self.tables.read().frozen.is_none() {
+            self.freeze()?;
+        }
+        self.drain_frozen()
+    }
+
+    /// Freezes the active memtable at a consistent cut of batches, and logs the whole cut.
+    fn freeze(&self) -> StoreResult<()> {
         let mut segments = self.segments.lock();
         let (records, covered) = {
             let mut pending = self.pending.lock();
-            // The frozen table is empty (the last checkpoint drained it): it becomes active.
-            self.active.fetch_xor(1, Ordering::AcqRel);
+            let mut tables = self.tables.write();
+            let frozen = std::mem::take(&mut tables.active);
+            tables.frozen = Some((frozen, pending.last_seq));
             (std::mem::take(&mut pending.buffer), pending.last_seq)
         };
-        // Every batch of the cut is logged before any of it reaches the inner backend.
-        if !records.is_empty() {
-            segments
-                .append(&records, covered)
-                .map_err(|e| (covered, e))?;
+        self.append(&mut segments, &records, covered)?;
+        // Without a new segment the log just goes on in this one (deleted a checkpoint later).
+        if let Err(e) = segments.rotate() {
+            tracing::warn!(error = %e, "could not start a new log segment");
         }
-        segments.rotate().map_err(|e| (covered, e))?;
-        Ok(covered)
+        Ok(())
     }
 
-    fn drain_frozen(&self, covered: u64) -> StoreResult<()> {
-        let frozen = self.tables()[1];
-        if frozen.is_empty() {
+    fn drain_frozen(&self) -> StoreResult<()> {
+        let Some((frozen, covered)) = self.tables.read().frozen.clone() else {
             return Ok(());
-        }
-        let started = Instant::now();
-        let mut moved = 0;
-        let mut slice = Vec::with_capacity(INNER_BATCH_OPS);
-        // One write at a time: sled's atomic batches lock its readers out. A crash part way
-        // leaves the old position, and recovery replays every batch of the cut from the log.
-        for entry in frozen.entries() {
-            slice.push(match entry.value() {
-                Some(value) => KvOp::Put(entry.key().clone(), value.clone()),
-                None => KvOp::Delete(entry.key().clone()),
-            });
-            if slice.len() == INNER_BATCH_OPS {
+        };
+        if !frozen.is_empty() {
+            let started = Instant::now();
+            let mut moved = 0;
+            let mut writes = frozen.writes().peekable();
+            // One write at a time: sled's atomic batches lock its readers out. A crash part way
+            // leaves the old position, and recovery replays every batch of the cut from the log.
+            while writes.peek().is_some() {
+                let slice: Vec<KvOp> = writes.by_ref().take(INNER_BATCH_OPS).collect();
                 moved += slice.len();
-                self.inner.apply_each(std::mem::take(&mut slice))?;
+                self.inner.apply_each(slice)?;
             }
+            self.inner.flush()?;
+            // Only once the cut is durable in the inner backend may its position say so.
+            self.inner.apply(vec![applied(covered)])?;
+            self.inner.flush()?;
+            metrics::histogram!("colloquy_store_checkpoint_seconds").record(started.elapsed());
+            metrics::counter!("colloquy_store_checkpoint_writes_total").increment(moved as u64);
         }
-        moved += slice.len();
-        self.inner.apply_each(slice)?;
-        self.inner.flush()?;
-        // Only once the cut is durable in the inner backend may its position say so.
-        self.inner.apply(vec![applied(covered)])?;
-        self.inner.flush()?;
-        loop {
-            let _no_reads = self.moving.write();
-            if !frozen.remove_some(INNER_BATCH_OPS) {
-                break;
-            }
-        }
-        metrics::histogram!("colloquy_store_checkpoint_seconds").record(started.elapsed());
-        metrics::counter!("colloquy_store_checkpoint_writes_total").increment(moved as u64);
+        // Readers still holding the table keep it; new ones find its writes in the inner backend.
+        self.tables.write().frozen = None;
+        self.segments.lock().remove_covered(covered);
         Ok(())
     }
 
@@ -260,13 +277,10 @@ impl<B: KvBackend> Shared<B> {
                 checkpoints.requested = false;
                 checkpoints.stop
             };
-            let unfinished = self.checkpoints.lock().unfinished.take();
-            let failed = self.checkpoint(unfinished).err().map(|(covered, e)| {
+            if let Err(e) = self.checkpoint() {
                 tracing::error!(error = %e, "store checkpoint failed; the log keeps everything since the last one");
-                covered
-            });
+            }
             let mut checkpoints = self.checkpoints.lock();
-            checkpoints.unfinished = failed;
             checkpoints.completed += 1;
             self.checkpoint_done.notify_all();
             if stopping {
@@ -292,9 +306,8 @@ impl<B: KvBackend> Drop for WalBackend<B> {
 
 impl<B: KvBackend> KvBackend for WalBackend<B> {
     fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>> {
-        // An entry leaves the memtables only after the inner backend has it.
-        let _guard = self.shared.moving.read_recursive();
-        for table in self.shared.tables() {
+        let (active, frozen) = self.shared.snapshot();
+        for table in std::iter::once(active).chain(frozen) {
             if let Some(value) = table.get(key) {
                 return Ok(value);
             }
@@ -303,8 +316,7 @@ impl<B: KvBackend> KvBackend for WalBackend<B> {
     }
 
     fn apply(&self, ops: Vec<KvOp>) -> StoreResult<()> {
-        self.shared.apply(ops);
-        Ok(())
+        self.shared.apply(ops)
     }
 
     fn scan<'a>(
@@ -313,15 +325,13 @@ impl<B: KvBackend> KvBackend for WalBackend<B> {
         to: Bound<Vec<u8>>,
         reverse: bool,
     ) -> Box<dyn Iterator<Item = StoreResult<KvPair>> + 'a> {
-        let guard = self.shared.moving.read_recursive();
-        let inner = self.shared.inner.scan(from.clone(), to.clone(), reverse);
-        let [active, frozen] = self.shared.tables();
-        let merged = frozen.merge(from.clone(), to.clone(), reverse, inner);
-        let merged = active.merge(from, to, reverse, merged);
-        Box::new(Guarded {
-            _guard: guard,
-            items: merged,
-        })
+        // Tables first: what leaves the frozen one is already in the inner backend.
+        let (active, frozen) = self.shared.snapshot();
+        let mut merged = self.shared.inner.scan(from.clone(), to.clone(), reverse);
+        if let Some(frozen) = frozen {
+            merged = memtable::merge(frozen, from.clone(), to.clone(), reverse, merged);
+        }
+        memtable::merge(active, from, to, reverse, merged)
     }
 
     fn flush(&self) -> StoreResult<()> {
@@ -336,20 +346,6 @@ impl<B: KvBackend> KvBackend for WalBackend<B> {
 
 fn applied(seq: u64) -> KvOp {
     KvOp::Put(APPLIED_KEY.to_vec(), seq.to_le_bytes().to_vec())
-}
-
-/// A scan holding off the moves of memtable entries until it is dropped.
-struct Guarded<'a, I> {
-    _guard: parking_lot::RwLockReadGuard<'a, ()>,
-    items: I,
-}
-
-impl<I: Iterator> Iterator for Guarded<'_, I> {
-    type Item = I::Item;
-
-    fn next(&mut self) -> Option<I::Item> {
-        self.items.next()
-    }
 }
 
 /// Replays logged batches newer than the inner backend's; returns the last sequence number.

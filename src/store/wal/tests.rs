@@ -138,9 +138,10 @@ fn reads_merge_the_memtable_over_the_store_before_and_after_a_checkpoint() {
         .apply(vec![put("a", "1"), put("b", "1"), put("d", "1")])
         .unwrap();
     backend.flush().unwrap();
-    backend.shared.checkpoint(None).unwrap();
+    backend.shared.checkpoint().unwrap();
+    assert!(backend.shared.tables.read().frozen.is_none());
     assert!(
-        backend.shared.tables.iter().all(Memtable::is_empty),
+        backend.shared.tables.read().active.is_empty(),
         "moved into sled"
     );
     backend
@@ -158,18 +159,73 @@ fn reads_merge_the_memtable_over_the_store_before_and_after_a_checkpoint() {
     };
     expect(&backend);
     backend.flush().unwrap();
-    let covered = backend.shared.freeze().unwrap();
+    backend.shared.freeze().unwrap();
     expect(&backend);
     // One write in each layer: "e" active, "c" and "d" frozen, "a" in sled.
     backend.apply(vec![put("e", "3")]).unwrap();
     assert_eq!(keys(&backend, false), ["a", "c", "d", "e"]);
-    backend.shared.checkpoint(Some(covered)).unwrap();
+    backend.shared.checkpoint().unwrap();
     assert_eq!(keys(&backend, true), ["e", "d", "c", "a"]);
     backend.apply(vec![KvOp::Delete(b"e".to_vec())]).unwrap();
     backend.flush().unwrap();
-    backend.shared.checkpoint(None).unwrap();
+    backend.shared.checkpoint().unwrap();
     expect(&backend);
     drop(backend);
     let reopened = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal")).unwrap();
     expect(&reopened);
+}
+
+#[test]
+fn a_checkpoint_does_not_wait_for_a_reader_and_the_reader_keeps_its_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal")).unwrap();
+    backend.apply(vec![put("a", "1"), put("b", "1")]).unwrap();
+    backend.flush().unwrap();
+    let mut held = backend.scan(Bound::Unbounded, Bound::Excluded(b"z".to_vec()), false);
+    let first = held.next().unwrap().unwrap();
+    backend.apply(vec![put("c", "2")]).unwrap();
+    backend.flush().unwrap();
+    // Moves "a" and "b" into sled and drops the table the held scan reads.
+    backend.shared.checkpoint().unwrap();
+    backend.shared.checkpoint().unwrap();
+    let rest: Vec<Vec<u8>> = held.map(|entry| entry.unwrap().0).collect();
+    assert_eq!(first.0, b"a");
+    assert_eq!(
+        rest[0], b"b",
+        "the held scan still sees what moved into sled"
+    );
+    assert_eq!(keys(&backend, false), ["a", "b", "c"]);
+}
+
+#[test]
+fn after_a_failed_log_write_nothing_more_is_acknowledged_or_checkpointed() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal")).unwrap();
+    backend.apply(vec![put("k", "v")]).unwrap();
+    backend.shared.segments.lock().fail_writes_for_test();
+    assert!(
+        backend.shared.freeze().is_err(),
+        "the cut could not be logged"
+    );
+    assert!(
+        backend.flush().is_err(),
+        "its batch must not be acknowledged"
+    );
+    assert!(backend.apply(vec![put("k2", "v")]).is_err());
+    assert!(backend.shared.checkpoint().is_err());
+    assert_eq!(
+        backend.shared.inner.get(b"k").unwrap(),
+        None,
+        "an unlogged cut never reaches sled"
+    );
+}
+
+#[test]
+fn a_damaged_record_before_later_segments_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("wal");
+    write_segment(&wal, 0, &[(1, vec![put("a", "1")])], true);
+    write_segment(&wal, 1, &[(2, vec![put("b", "2")])], false);
+    let opened = WalBackend::open(sled_at(dir.path()), &wal);
+    assert!(matches!(opened, Err(StoreError::Corrupt(_))));
 }
