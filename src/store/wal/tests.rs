@@ -25,6 +25,11 @@ fn sled_at(dir: &Path) -> SledBackend {
     SledBackend::open(dir, 1 << 20).unwrap()
 }
 
+/// A sled store as a crash left it: holding `write`, at log position `seq`.
+fn sled_holding(dir: &Path, write: KvOp, seq: u64) {
+    sled_at(dir).apply(vec![write, applied(seq)]).unwrap();
+}
+
 /// Writes a segment by hand, as a crashed server would have left it.
 fn write_segment(dir: &Path, segment: u64, records: &[(u64, Vec<KvOp>)], torn_tail: bool) {
     let mut bytes = Vec::new();
@@ -46,9 +51,7 @@ fn write_segment(dir: &Path, segment: u64, records: &[(u64, Vec<KvOp>)], torn_ta
 fn replays_logged_batches_the_inner_store_missed_and_stops_at_a_torn_record() {
     let dir = tempfile::tempdir().unwrap();
     let wal = dir.path().join("wal");
-    sled_at(dir.path())
-        .apply(vec![put("a", "1"), applied(1)])
-        .unwrap();
+    sled_holding(dir.path(), put("a", "1"), 1);
     write_segment(
         &wal,
         3,
@@ -92,9 +95,7 @@ fn replays_logged_batches_the_inner_store_missed_and_stops_at_a_torn_record() {
 fn an_inner_store_ahead_of_the_log_is_not_rolled_back() {
     let dir = tempfile::tempdir().unwrap();
     let wal = dir.path().join("wal");
-    sled_at(dir.path())
-        .apply(vec![put("a", "6"), applied(6)])
-        .unwrap();
+    sled_holding(dir.path(), put("a", "6"), 6);
     write_segment(
         &wal,
         0,
