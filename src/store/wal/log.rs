@@ -2,8 +2,8 @@
 //!
 //! Segment file `NNNNNNNNNNNNNNNNNNNN.log`; record `len u32 | crc32 u32 | payload`, payload
 //! `seq u64 | op count u32 | ops`, op `0 | key` (delete) or `1 | key | value`, each byte string
-//! `len u32 | bytes`, integers little-endian. A torn or corrupt record ends its segment: it was
-//! never synced, so never acknowledged.
+//! `len u32 | bytes`, integers little-endian. A torn record ends the log: it was never synced,
+//! so never acknowledged. A damaged record with records after it is refused (see [`read_all`]).
 
 use crate::store::{KvOp, StoreError, StoreResult};
 use std::fs::{self, File, OpenOptions};

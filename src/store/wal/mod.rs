@@ -7,9 +7,10 @@
 //! - [`KvBackend::apply`] gives the batch the next sequence number, appends it to the log buffer
 //!   and puts its writes in the active memtable, which reads consult before the inner backend;
 //! - [`KvBackend::flush`] writes the buffer and `fdatasync`s it on the calling (store) thread;
-//! - a checkpoint thread, about once a second, swaps the memtables and writes the frozen one
-//!   into the inner backend (a key written many times in that second is written once), flushes
-//!   it, empties the frozen memtable and deletes the log segments it now covers.
+//! - a checkpoint thread, about once a second, freezes the active memtable (a new one takes its
+//!   place), writes the frozen one into the inner backend (a key written many times in that
+//!   second is written once), flushes it, drops the frozen memtable (readers that still hold it
+//!   keep it) and deletes the log segments it now covers.
 //!
 //! Once a checkpoint's writes are durable in the inner backend, it stores the sequence number
 //! of the last batch they cover under [`APPLIED_KEY`]. Opening replays, in order, the logged
