@@ -52,7 +52,7 @@ pub enum KvOp {
 /// An ordered key-value store with atomic batches and group-committed durability.
 pub trait KvBackend: Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>>;
-    /// Applies all operations atomically (not yet durably: see [`KvBackend::durable`]).
+    /// Applies all operations atomically (not yet durably: see [`KvBackend::flush`]).
     fn apply(&self, ops: Vec<KvOp>) -> StoreResult<()>;
     /// Applies the operations in order, each on its own: a crash may keep any prefix of them.
     /// For backends whose atomic batches cost more (sled's lock readers out).
