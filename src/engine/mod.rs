@@ -142,7 +142,7 @@ pub fn new_context_id() -> String {
     format!("ctx-{:032x}", rand::random::<u128>())
 }
 
-pub(crate) async fn blocking<T: Send + 'static>(
+async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> EngineResult<T> + Send + 'static,
 ) -> EngineResult<T> {
     actix_rt::task::spawn_blocking(work)
