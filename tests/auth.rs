@@ -128,12 +128,7 @@ async fn principals_are_isolated() {
         json!({"contextId": "shared-id"}),
     )
     .await;
-    let texts: Vec<String> = history["result"]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(message_text)
-        .collect();
+    let texts = conversation_texts(&history);
     assert_eq!(texts.len(), 2);
     assert!(texts.iter().all(|t| !t.contains("alice")));
     server.stop().await;

@@ -34,16 +34,7 @@ async fn overload_round(server: &TestServer, version: &str, round: &str) {
         let version = version.to_owned();
         sends.push(tokio::spawn(async move {
             let sent = Instant::now();
-            let response: Value = client
-                .post(&url)
-                .header("A2A-Version", version)
-                .json(&body)
-                .send()
-                .await
-                .expect("request sent")
-                .json()
-                .await
-                .expect("JSON response");
+            let response = post_rpc(&client, &url, &version, &body).await;
             (context_id, sent.elapsed(), response)
         }));
     }
@@ -146,17 +137,7 @@ async fn recovers_fast(server: &TestServer) {
         let body = json!({"jsonrpc": "2.0", "id": i, "method": "SendMessage",
             "params": {"message": user_message(V1, &format!("back {i}"), None, None)}});
         turns.push(tokio::spawn(async move {
-            let response: Value = client
-                .post(&url)
-                .header("A2A-Version", V1)
-                .json(&body)
-                .send()
-                .await
-                .expect("sent")
-                .json()
-                .await
-                .expect("JSON");
-            response
+            post_rpc(&client, &url, V1, &body).await
         }));
     }
     for turn in turns {
@@ -188,17 +169,7 @@ async fn multi_turn_works_after_overload_on_a_fast_server() {
         let body = json!({"jsonrpc": "2.0", "id": i, "method": "SendMessage",
             "params": {"message": user_message(V1, "burst", None, None)}});
         sends.push(tokio::spawn(async move {
-            let response: Value = client
-                .post(&url)
-                .header("A2A-Version", V1)
-                .json(&body)
-                .send()
-                .await
-                .expect("sent")
-                .json()
-                .await
-                .expect("JSON");
-            response
+            post_rpc(&client, &url, V1, &body).await
         }));
     }
     let mut refused = 0;

@@ -47,16 +47,8 @@ async fn spawn(data: &std::path::Path, grace_secs: u64, delay_ms: u64) -> Proces
 }
 
 async fn rpc(url: &str, method: &str, params: Value) -> Value {
-    reqwest::Client::new()
-        .post(url)
-        .header("A2A-Version", V1)
-        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("JSON")
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    post_rpc(&reqwest::Client::new(), url, V1, &body).await
 }
 
 fn terminate(process: &Process) {
@@ -103,12 +95,7 @@ async fn a_running_turn_finishes_within_the_grace_period() {
         json!({"contextId": "graceful"}),
     )
     .await;
-    let texts: Vec<String> = history["result"]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(message_text)
-        .collect();
+    let texts = conversation_texts(&history);
     assert_eq!(texts, ["finish me", "echo: finish me (turn 1)"]);
     terminate(&process);
     assert!(wait_exit(process).await.success());

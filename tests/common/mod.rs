@@ -69,16 +69,7 @@ impl TestServer {
     /// One JSON-RPC call; returns the whole response object.
     pub async fn rpc(&self, version: &str, method: &str, params: Value) -> Value {
         let body = json!({"jsonrpc": "2.0", "id": next_id(), "method": method, "params": params});
-        self.client
-            .post(&self.url)
-            .header("A2A-Version", version)
-            .json(&body)
-            .send()
-            .await
-            .expect("request sent")
-            .json()
-            .await
-            .expect("JSON response")
+        post_rpc(&self.client, &self.url, version, &body).await
     }
 
     /// Raw POST of `body` with the given content type and version header.
@@ -380,6 +371,31 @@ impl TestServer {
             .cloned()
             .unwrap_or_default()
     }
+}
+
+/// POSTs a JSON-RPC request body; returns the whole response object. Takes its client and URL
+/// rather than a server, so spawned tasks and child-process servers can use it.
+pub async fn post_rpc(client: &reqwest::Client, url: &str, version: &str, body: &Value) -> Value {
+    client
+        .post(url)
+        .header("A2A-Version", version)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent")
+        .json()
+        .await
+        .expect("JSON response")
+}
+
+/// The texts of the messages in a `colloquy/getConversation` response.
+pub fn conversation_texts(response: &Value) -> Vec<String> {
+    response["result"]["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(message_text)
+        .collect()
 }
 
 /// The text parts of a wire message, joined.
