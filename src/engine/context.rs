@@ -258,7 +258,7 @@ impl Handler<StartTurn> for ContextActor {
         let persist = async move {
             store
                 .write(move |store| {
-                    let (begun, batch) = turn::begin(TurnStart {
+                    turn::begin(TurnStart {
                         store,
                         key,
                         principal: &principal,
@@ -267,9 +267,7 @@ impl Handler<StartTurn> for ContextActor {
                         task_id,
                         continuing,
                         limits,
-                    })?;
-                    store.apply(batch)?;
-                    Ok::<_, EngineError>(begun)
+                    })
                 })
                 .await
         }

@@ -1,9 +1,9 @@
 //! The store side of a turn: what is written when it starts and when it ends.
 //!
-//! [`begin`] reads and returns the batch to write; it runs on the store thread, so its reads and
-//! write are one step, in order with every other write. [`finish`] only computes its batch,
-//! which the caller commits ([`Store::commit`]). Either way the caller waits for the batch to be
-//! durable before anyone hears of it.
+//! [`begin`] reads and writes; it runs on the store thread, so its reads and write are one step,
+//! in order with every other write. [`finish`] only computes its batch, which the caller commits
+//! ([`Store::commit`]). Either way the caller waits for the write to be durable before anyone
+//! hears of it.
 
 use super::error::{EngineError, EngineResult};
 use crate::agent::AgentRequest;
@@ -32,8 +32,8 @@ pub struct TurnStart<'a> {
     pub limits: HistoryLimits,
 }
 
-/// The caller's message exactly as received and the task as working, in one batch.
-pub fn begin(start: TurnStart<'_>) -> EngineResult<(BegunTurn, WriteBatch)> {
+/// Stores the caller's message exactly as received and the task as working, in one batch.
+pub fn begin(start: TurnStart<'_>) -> EngineResult<BegunTurn> {
     let TurnStart {
         store,
         key,
@@ -114,13 +114,13 @@ pub fn begin(start: TurnStart<'_>) -> EngineResult<(BegunTurn, WriteBatch)> {
         turn: meta.turns,
         state: meta.agent_state.clone(),
     };
-    let begun = BegunTurn {
+    store.apply(batch)?;
+    Ok(BegunTurn {
         meta,
         record,
         task,
         request,
-    };
-    Ok((begun, batch))
+    })
 }
 
 /// A task left working by a process that died: it will never finish, so it failed.
