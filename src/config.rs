@@ -4,6 +4,7 @@
 
 use crate::engine::EngineConfig;
 use crate::history::{HistoryLimits, MAX_LIMIT};
+use crate::store::{DEFAULT_CHECKPOINT_EVERY, SledOptions};
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
@@ -274,12 +275,24 @@ impl Default for StreamingConfig {
 pub struct StoreConfig {
     /// sled's page cache.
     pub cache_bytes: u64,
+    /// Milliseconds between checkpoints of the write-ahead log into sled.
+    pub checkpoint_interval_ms: u64,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             cache_bytes: 64 * 1024 * 1024,
+            checkpoint_interval_ms: DEFAULT_CHECKPOINT_EVERY.as_millis() as u64,
+        }
+    }
+}
+
+impl StoreConfig {
+    pub fn sled_options(&self) -> SledOptions {
+        SledOptions {
+            cache_bytes: self.cache_bytes,
+            checkpoint_every: Duration::from_millis(self.checkpoint_interval_ms),
         }
     }
 }
@@ -384,6 +397,11 @@ impl Config {
                 "log_format is {:?}; use \"pretty\" or \"json\"",
                 self.log_format
             )));
+        }
+        if self.store.checkpoint_interval_ms == 0 {
+            return Err(ConfigError::Invalid(
+                "store.checkpoint_interval_ms must be positive".into(),
+            ));
         }
         if self.limits.body_bytes == 0 || self.limits.context_id_bytes == 0 {
             return Err(ConfigError::Invalid(

@@ -12,6 +12,7 @@ pub mod agent;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod durable;
 pub mod engine;
 pub mod history;
 pub mod http;

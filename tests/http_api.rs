@@ -27,6 +27,43 @@ fn checked(version: &str, definition: &str, response: Value) -> Value {
     response
 }
 
+/// The vendored schema keeps its teeth: a real v0.3 task passes, and each way of breaking the
+/// shape (a missing field, a v1.0 enum spelling, a wrong type, a wrong `kind`) is caught.
+#[actix_rt::test]
+async fn v03_schema_rejects_broken_shapes() {
+    let server = start_echo().await;
+    let response = server.send_text(V03, "shape check", None, None).await;
+    let task = task_of(&response).clone();
+    assert_v03_valid("Task", &task);
+    let broken = |edit: &dyn Fn(&mut Value)| {
+        let mut copy = task.clone();
+        edit(&mut copy);
+        copy
+    };
+    let remove = |value: &mut Value, field: &str| {
+        value.as_object_mut().map(|object| object.remove(field));
+    };
+    let cases = [
+        ("no contextId", broken(&|t| remove(t, "contextId"))),
+        (
+            "a v1.0 state",
+            broken(&|t| t["status"]["state"] = json!("TASK_STATE_COMPLETED")),
+        ),
+        ("a numeric id", broken(&|t| t["id"] = json!(7))),
+        ("the wrong kind", broken(&|t| t["kind"] = json!("message"))),
+        (
+            "a part without kind",
+            broken(&|t| remove(&mut t["history"][0]["parts"][0], "kind")),
+        ),
+    ];
+    for (what, value) in cases {
+        assert!(
+            !v03_schema_errors("Task", &value).is_empty(),
+            "the schema accepted a task with {what}: {value:#}"
+        );
+    }
+}
+
 #[actix_rt::test]
 async fn multi_turn_conversations_in_both_versions() {
     let server = start_echo().await;

@@ -171,32 +171,13 @@ impl SessionsFile {
         }
     }
 
-    /// Written to a temporary file beside it, synced, then renamed over it.
+    /// Written to a temporary file beside it, synced, then renamed over it (and the folder
+    /// synced), so a power cut leaves the old sessions or the new ones.
     pub fn save(&self, path: &Path) -> Result<(), SendFailure> {
-        let io = |e: std::io::Error| fail(EXIT_LOCAL, format!("writing {}: {e}", path.display()));
-        let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(io)?;
         let bytes = serde_json::to_vec_pretty(self)
             .map_err(|e| fail(EXIT_LOCAL, format!("encoding the sessions: {e}")))?;
-        let tmp = dir.join(format!(
-            ".sessions.json.{}.{}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        let write = || -> std::io::Result<()> {
-            let mut file = std::fs::File::create(&tmp)?;
-            file.write_all(&bytes)?;
-            file.sync_all()?;
-            std::fs::rename(&tmp, path)?;
-            if let Ok(dir) = std::fs::File::open(dir) {
-                let _ = dir.sync_all();
-            }
-            Ok(())
-        };
-        write().map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            io(e)
-        })
+        crate::durable::write_atomic(path, &bytes)
+            .map_err(|e| fail(EXIT_LOCAL, format!("writing {}: {e}", path.display())))
     }
 
     fn find(&self, context_id: &str) -> Option<&Session> {

@@ -92,8 +92,8 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         )));
     }
     let path = config.data.clone();
-    let cache = config.store.cache_bytes;
-    let store = actix_rt::task::spawn_blocking(move || Store::open_sled(&path, cache))
+    let options = config.store.sled_options();
+    let store = actix_rt::task::spawn_blocking(move || Store::open_sled_with(&path, &options))
         .await
         .map_err(|e| ServeError::Store {
             path: config.data.display().to_string(),

@@ -19,7 +19,7 @@ mod wal;
 
 pub use key::{ConversationKey, KEY_LEN, NAMESPACE_VERSION, PrincipalKey};
 pub use sled_backend::SledBackend;
-pub use wal::WalBackend;
+pub use wal::{DEFAULT_CHECKPOINT_EVERY, WalBackend};
 
 use crate::model::{Message, Task, TaskState};
 use chrono::{DateTime, Utc};
@@ -271,6 +271,15 @@ pub struct Store {
     commits: Option<Arc<commit::GroupCommit>>,
 }
 
+/// How the embedded store is tuned.
+#[derive(Clone, Debug)]
+pub struct SledOptions {
+    /// sled's page cache.
+    pub cache_bytes: u64,
+    /// How often the write-ahead log's memtable moves into sled (and its log is deleted).
+    pub checkpoint_every: std::time::Duration,
+}
+
 impl Store {
     /// Wraps a backend and starts its store thread (group commit).
     pub fn new(backend: Arc<dyn KvBackend>) -> StoreResult<Self> {
@@ -281,10 +290,23 @@ impl Store {
         })
     }
 
-    /// sled in `path`, behind colloquy's write-ahead log in `path/wal`.
+    /// sled in `path`, behind colloquy's write-ahead log in `path/wal`, with a `cache_bytes`
+    /// page cache and the default checkpoint interval.
     pub fn open_sled(path: &std::path::Path, cache_bytes: u64) -> StoreResult<Self> {
-        let sled = SledBackend::open(path, cache_bytes)?;
-        Store::new(Arc::new(WalBackend::open(sled, &path.join("wal"))?))
+        Store::open_sled_with(
+            path,
+            &SledOptions {
+                cache_bytes,
+                checkpoint_every: wal::DEFAULT_CHECKPOINT_EVERY,
+            },
+        )
+    }
+
+    /// sled in `path`, behind colloquy's write-ahead log in `path/wal`.
+    pub fn open_sled_with(path: &std::path::Path, options: &SledOptions) -> StoreResult<Self> {
+        let sled = SledBackend::open(path, options.cache_bytes)?;
+        let log = WalBackend::open(sled, &path.join("wal"), options.checkpoint_every)?;
+        Store::new(Arc::new(log))
     }
 
     /// Runs `work` on the store thread and resolves once its writes are on disk. Concurrent

@@ -429,15 +429,21 @@ pub fn streamed_text(events: &[Value]) -> String {
 
 /// Asserts `value` is valid against the official v0.3 schema's `definition`.
 pub fn assert_v03_valid(definition: &str, value: &Value) {
+    let errors = v03_schema_errors(definition, value);
+    assert!(
+        errors.is_empty(),
+        "not a valid v0.3 {definition}: {errors:?}\n{value:#}"
+    );
+}
+
+/// What the official v0.3 schema's `definition` finds wrong with `value`.
+pub fn v03_schema_errors(definition: &str, value: &Value) -> Vec<String> {
     static SCHEMA: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
     let schema = SCHEMA.get_or_init(|| {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../shared/spec/a2a-v0.3.0.schema.json"
-        );
-        let text = std::fs::read_to_string(path)
-            .expect("the v0.3 schema is beside the repo in ../shared/spec");
-        serde_json::from_str(&text).expect("schema JSON")
+        // The official schema, vendored (see tests/fixtures/spec/README.md): compiled in, so
+        // no test reads anything outside the repository.
+        let text = include_str!("../fixtures/spec/a2a-v0.3.0.schema.json");
+        serde_json::from_str(text).expect("schema JSON")
     });
     let root = json!({
         "$schema": "http://json-schema.org/draft-07/schema#",
@@ -445,14 +451,10 @@ pub fn assert_v03_valid(definition: &str, value: &Value) {
         "definitions": schema["definitions"].clone(),
     });
     let validator = jsonschema::validator_for(&root).expect("schema compiles");
-    let errors: Vec<String> = validator
+    validator
         .iter_errors(value)
         .map(|e| format!("{e} at {}", e.instance_path))
-        .collect();
-    assert!(
-        errors.is_empty(),
-        "not a valid v0.3 {definition}: {errors:?}\n{value:#}"
-    );
+        .collect()
 }
 
 /// The python of an a2a-sdk venv (`sdk03` or `sdk1`), creating the venvs on first use

@@ -3,7 +3,7 @@
 # plus cross-version pairs. Ports: SELFTEST_PORT03 (default 9103), SELFTEST_PORT1 (default 9101).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-VENVS="${INTEROP_VENVS:-/work/main/target/interop}"
+VENVS="${INTEROP_VENVS:-$HERE/../../target/interop}"
 P03="${SELFTEST_PORT03:-9103}"; P1="${SELFTEST_PORT1:-9101}"
 "$HERE/setup.sh"
 "$VENVS/sdk03/bin/python" "$HERE/sdk_server03.py" --port "$P03" & S03=$!

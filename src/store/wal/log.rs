@@ -5,6 +5,7 @@
 //! `len u32 | bytes`, integers little-endian. A torn record ends the log: it was never synced,
 //! so never acknowledged. A damaged record with records after it is refused (see [`read_all`]).
 
+use crate::durable;
 use crate::store::{KvOp, StoreError, StoreResult};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -41,14 +42,18 @@ impl SegmentFiles {
         })
     }
 
-    /// Deletes the segments older than the current one (their records are in the inner store).
+    /// Deletes the segments older than the current one (their records are in the inner store,
+    /// durably: the caller flushed it).
     pub(super) fn remove_older(&self) -> StoreResult<()> {
         for (n, path) in list_segments(&self.dir)? {
             if n < self.segment {
                 remove(&path);
             }
         }
-        Ok(())
+        // A deleted segment that came back after a power cut could end in a torn record, and
+        // records in a later segment would then look like damage: the deletions must be durable
+        // before anything new is acknowledged.
+        sync_dir(&self.dir)
     }
 
     /// Writes encoded records ending at `last_seq` and syncs them.
@@ -93,9 +98,11 @@ impl SegmentFiles {
         Ok(())
     }
 
-    /// Deletes the closed segments whose records are all at or before `covered`.
+    /// Deletes the closed segments whose records are all at or before `covered`, which the
+    /// caller has made durable in the inner store.
     pub(super) fn remove_covered(&mut self, covered: u64) {
         let dir = &self.dir;
+        let before = self.closed.len();
         self.closed.retain(|&(segment, last_seq)| {
             let done = last_seq <= covered;
             if done {
@@ -103,6 +110,14 @@ impl SegmentFiles {
             }
             !done
         });
+        // Not needed for safety (a segment that comes back holds only records at or before the
+        // store's position, which replay skips), but
+        // it keeps a power cut from bringing back a pile of old segments to read at start.
+        if self.closed.len() < before
+            && let Err(e) = sync_dir(dir)
+        {
+            tracing::warn!(error = %e, "could not sync the log folder after deleting segments");
+        }
     }
 
     pub(super) fn size_on_disk(&self) -> StoreResult<u64> {
@@ -168,17 +183,11 @@ pub(super) fn ensure_loggable(ops: &[KvOp]) -> StoreResult<()> {
 
 /// Creates the log folder and makes its entry durable in its parent.
 pub(super) fn create_dir(dir: &Path) -> StoreResult<()> {
-    fs::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))?;
-    if let Some(parent) = dir.parent() {
-        sync_dir(parent)?;
-    }
-    Ok(())
+    durable::create_dir_all(dir).map_err(|e| io_error("creating", dir, e))
 }
 
 fn sync_dir(dir: &Path) -> StoreResult<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_error("syncing", dir, e))
+    durable::sync_dir(dir).map_err(|e| io_error("syncing", dir, e))
 }
 
 pub(super) fn encode_record(out: &mut Vec<u8>, seq: u64, ops: &[KvOp]) {

@@ -35,9 +35,9 @@ use std::time::{Duration, Instant};
 /// Where the inner backend keeps the sequence number of the last batch applied to it.
 pub const APPLIED_KEY: &[u8] = b"zwal-applied";
 
-/// How often the memtable moves into the inner backend. Bounds both the memtable and the log
-/// replayed at start-up after a crash to about this much writing.
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+/// How often the memtable moves into the inner backend, unless configured. Bounds both the
+/// memtable and the log replayed at start-up after a crash to about this much writing.
+pub const DEFAULT_CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 /// Writes handed to the inner backend at a time when checkpointing.
 const INNER_BATCH_OPS: usize = 128;
 /// A memtable this large starts a checkpoint early...
@@ -60,6 +60,7 @@ struct Shared<B> {
     /// Set when a log write or sync failed: nothing more is acknowledged or checkpointed.
     log_failed: AtomicBool,
     checkpoints: Mutex<Checkpoints>,
+    checkpoint_every: Duration,
     checkpoint_wake: Condvar,
     checkpoint_done: Condvar,
 }
@@ -87,8 +88,9 @@ struct Checkpoints {
 }
 
 impl<B: KvBackend> WalBackend<B> {
-    /// Opens the log in `dir` over `inner`, replaying what the inner backend missed.
-    pub fn open(inner: B, dir: &Path) -> StoreResult<Self> {
+    /// Opens the log in `dir` over `inner`, replaying what the inner backend missed; a
+    /// checkpoint runs every `checkpoint_every`.
+    pub fn open(inner: B, dir: &Path, checkpoint_every: Duration) -> StoreResult<Self> {
         log::create_dir(dir)?;
         let last_seq = recover(&inner, dir)?;
         let segments = SegmentFiles::create(dir, last_seq)?;
@@ -106,6 +108,7 @@ impl<B: KvBackend> WalBackend<B> {
             segments: Mutex::new(segments),
             log_failed: AtomicBool::new(false),
             checkpoints: Mutex::new(Checkpoints::default()),
+            checkpoint_every,
             checkpoint_wake: Condvar::new(),
             checkpoint_done: Condvar::new(),
         });
@@ -273,7 +276,7 @@ impl<B: KvBackend> Shared<B> {
                 let mut checkpoints = self.checkpoints.lock();
                 if !checkpoints.requested && !checkpoints.stop {
                     self.checkpoint_wake
-                        .wait_for(&mut checkpoints, CHECKPOINT_EVERY);
+                        .wait_for(&mut checkpoints, self.checkpoint_every);
                 }
                 checkpoints.requested = false;
                 checkpoints.stop

@@ -64,7 +64,7 @@ fn replays_logged_batches_the_inner_store_missed_and_stops_at_a_torn_record() {
         &[(3, vec![put("b", "3"), KvOp::Delete(b"a".to_vec())])],
         true,
     );
-    let backend = WalBackend::open(sled_at(dir.path()), &wal).unwrap();
+    let backend = WalBackend::open(sled_at(dir.path()), &wal, DEFAULT_CHECKPOINT_EVERY).unwrap();
     assert_eq!(
         value(&backend, "a"),
         None,
@@ -102,7 +102,7 @@ fn an_inner_store_ahead_of_the_log_is_not_rolled_back() {
         &[(4, vec![put("a", "4")]), (5, vec![put("a", "5")])],
         false,
     );
-    let backend = WalBackend::open(sled_at(dir.path()), &wal).unwrap();
+    let backend = WalBackend::open(sled_at(dir.path()), &wal, DEFAULT_CHECKPOINT_EVERY).unwrap();
     assert_eq!(value(&backend, "a").as_deref(), Some("6"));
     backend.apply(vec![put("a", "7")]).unwrap();
     assert_eq!(backend.shared.pending.lock().last_seq, 7);
@@ -112,7 +112,7 @@ fn an_inner_store_ahead_of_the_log_is_not_rolled_back() {
 fn acknowledged_writes_survive_when_only_the_log_has_them() {
     let dir = tempfile::tempdir().unwrap();
     let wal = dir.path().join("wal");
-    let backend = WalBackend::open(sled_at(dir.path()), &wal).unwrap();
+    let backend = WalBackend::open(sled_at(dir.path()), &wal, DEFAULT_CHECKPOINT_EVERY).unwrap();
     for i in 0..50 {
         backend
             .apply(vec![put(&format!("k{i:02}"), &i.to_string())])
@@ -125,7 +125,12 @@ fn acknowledged_writes_survive_when_only_the_log_has_them() {
     let crashed_wal = crashed.path().join("wal");
     fs::create_dir_all(&crashed_wal).unwrap();
     fs::write(segment_path(&crashed_wal, 0), segment).unwrap();
-    let reopened = WalBackend::open(sled_at(crashed.path()), &crashed_wal).unwrap();
+    let reopened = WalBackend::open(
+        sled_at(crashed.path()),
+        &crashed_wal,
+        DEFAULT_CHECKPOINT_EVERY,
+    )
+    .unwrap();
     for i in 0..50 {
         assert_eq!(value(&reopened, &format!("k{i:02}")), Some(i.to_string()));
     }
@@ -134,7 +139,12 @@ fn acknowledged_writes_survive_when_only_the_log_has_them() {
 #[test]
 fn reads_merge_the_memtable_over_the_store_before_and_after_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let backend = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal")).unwrap();
+    let backend = WalBackend::open(
+        sled_at(dir.path()),
+        &dir.path().join("wal"),
+        DEFAULT_CHECKPOINT_EVERY,
+    )
+    .unwrap();
     backend
         .apply(vec![put("a", "1"), put("b", "1"), put("d", "1")])
         .unwrap();
@@ -172,14 +182,24 @@ fn reads_merge_the_memtable_over_the_store_before_and_after_a_checkpoint() {
     backend.shared.checkpoint().unwrap();
     expect(&backend);
     drop(backend);
-    let reopened = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal")).unwrap();
+    let reopened = WalBackend::open(
+        sled_at(dir.path()),
+        &dir.path().join("wal"),
+        DEFAULT_CHECKPOINT_EVERY,
+    )
+    .unwrap();
     expect(&reopened);
 }
 
 #[test]
 fn a_checkpoint_does_not_wait_for_a_reader_and_the_reader_keeps_its_view() {
     let dir = tempfile::tempdir().unwrap();
-    let backend = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal")).unwrap();
+    let backend = WalBackend::open(
+        sled_at(dir.path()),
+        &dir.path().join("wal"),
+        DEFAULT_CHECKPOINT_EVERY,
+    )
+    .unwrap();
     backend.apply(vec![put("a", "1"), put("b", "1")]).unwrap();
     backend.flush().unwrap();
     let mut held = backend.scan(Bound::Unbounded, Bound::Excluded(b"z".to_vec()), false);
@@ -201,7 +221,12 @@ fn a_checkpoint_does_not_wait_for_a_reader_and_the_reader_keeps_its_view() {
 #[test]
 fn after_a_failed_log_write_nothing_more_is_acknowledged_or_checkpointed() {
     let dir = tempfile::tempdir().unwrap();
-    let backend = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal")).unwrap();
+    let backend = WalBackend::open(
+        sled_at(dir.path()),
+        &dir.path().join("wal"),
+        DEFAULT_CHECKPOINT_EVERY,
+    )
+    .unwrap();
     backend.apply(vec![put("k", "v")]).unwrap();
     backend.shared.segments.lock().fail_writes_for_test();
     assert!(
@@ -227,6 +252,6 @@ fn a_damaged_record_before_later_segments_refuses_to_open() {
     let wal = dir.path().join("wal");
     write_segment(&wal, 0, &[(1, vec![put("a", "1")])], true);
     write_segment(&wal, 1, &[(2, vec![put("b", "2")])], false);
-    let opened = WalBackend::open(sled_at(dir.path()), &wal);
+    let opened = WalBackend::open(sled_at(dir.path()), &wal, DEFAULT_CHECKPOINT_EVERY);
     assert!(matches!(opened, Err(StoreError::Corrupt(_))));
 }

@@ -1,8 +1,14 @@
-//! kill -9 durability: the server runs as a child process under concurrent multi-turn load, is
-//! SIGKILLed at a random moment, and restarted on the same folder. Every turn whose reply came back
-//! completed must be in its conversation (the user's text and the reply, in order), no conversation
-//! may hold another's message, and the store must open cleanly. Conversations carry on across
-//! crashes, so older ones are checked again after every restart.
+//! Crash durability: the server runs as a child process under concurrent multi-turn load and is
+//! crashed at a random moment, then restarted on the same folder. Every turn whose reply came
+//! back completed must be in its conversation (the user's text and the reply, in order), no
+//! conversation may hold another's message, and the store must open cleanly. Conversations
+//! carry on across crashes, so older ones are checked again after every restart.
+//!
+//! Two kinds of crash: SIGKILL, which leaves the page cache (and so every write) intact, and a
+//! power cut, simulated by [`crashfs`], which also forgets whatever was never synced.
+
+#[path = "crash/crashfs.rs"]
+mod crashfs;
 
 use rand::Rng;
 use serde_json::{Value, json};
@@ -38,7 +44,7 @@ fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
-async fn start(data: &Path, log: &Path, client: &reqwest::Client) -> Server {
+async fn start(data: &Path, log: &Path, env: &[(&str, &str)], client: &reqwest::Client) -> Server {
     let mut last_error = String::new();
     for _attempt in 0..3 {
         let port = free_port();
@@ -54,6 +60,7 @@ async fn start(data: &Path, log: &Path, client: &reqwest::Client) -> Server {
             // The store's info lines say when a start replayed the write-ahead log.
             .env("RUST_LOG", "warn,colloquy::store=info")
             .env_remove("COLLOQUY_TOKENS")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log_file)
             .stderr(err_file)
@@ -243,12 +250,25 @@ async fn verify(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledged_turns_survive_sigkill() {
-    let started = Instant::now();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let data = dir.path().join("data");
-    let log = dir.path().join("server.log");
+/// What a run of crash rounds did.
+struct Rounds {
+    conversations: usize,
+    acknowledged: usize,
+    cut_off: usize,
+    /// How many restarts replayed the write-ahead log, from the server's log.
+    replays: usize,
+}
+
+/// `ROUNDS` rounds of load, each ended by SIGKILL at a random moment `kill_after` (in ms) into
+/// it and then `after_kill` (with the round's number), then a restart that checks every turn
+/// acknowledged so far.
+async fn crash_rounds(
+    data: &Path,
+    log: &Path,
+    env: &[(&str, &str)],
+    kill_after: std::ops::Range<u64>,
+    mut after_kill: impl FnMut(usize),
+) -> Rounds {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
         .build()
@@ -256,10 +276,9 @@ async fn acknowledged_turns_survive_sigkill() {
     let acked: Arc<Mutex<Acked>> = Arc::default();
     let mut labels: BTreeMap<String, String> = BTreeMap::new();
     let mut rng = rand::thread_rng();
-    let mut total_acked = 0;
     let mut cut_off = 0;
     for round in 0..ROUNDS {
-        let mut server = start(&data, &log, &client).await;
+        let mut server = start(data, log, env, &client).await;
         let snapshot = acked.lock().expect("acked lock").clone();
         verify(&client, &server.url, &snapshot, &labels).await;
 
@@ -300,9 +319,10 @@ async fn acknowledged_turns_survive_sigkill() {
             )));
         }
         // SIGKILL at a random moment while the load runs.
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(20..400))).await;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(kill_after.clone()))).await;
         server.child.kill().expect("SIGKILL");
         let _ = server.child.wait();
+        after_kill(round);
         for task in tasks {
             if task.await.expect("load task") {
                 cut_off += 1;
@@ -320,42 +340,128 @@ async fn acknowledged_turns_survive_sigkill() {
                 .clone();
             labels.insert(context_id.clone(), label);
         }
-        total_acked = acked
-            .lock()
-            .expect("acked lock")
-            .values()
-            .map(Vec::len)
-            .sum();
     }
     // A last restart checks the last crash.
-    let mut server = start(&data, &log, &client).await;
+    let mut server = start(data, log, env, &client).await;
     let snapshot = acked.lock().expect("acked lock").clone();
     verify(&client, &server.url, &snapshot, &labels).await;
     let _ = server.child.kill();
     let _ = server.child.wait();
-    assert!(
-        total_acked > ROUNDS,
-        "too little load ran: {total_acked} acknowledged turns"
+    let rounds = Rounds {
+        conversations: snapshot.len(),
+        acknowledged: snapshot.values().map(Vec::len).sum(),
+        cut_off,
+        replays: std::fs::read_to_string(log)
+            .expect("server log")
+            .matches("replayed the write-ahead log")
+            .count(),
+    };
+    eprintln!(
+        "{} conversations, {} acknowledged turns, {} cut off, {} replays",
+        rounds.conversations, rounds.acknowledged, rounds.cut_off, rounds.replays
     );
     assert!(
-        cut_off >= ROUNDS / 2,
-        "the kills rarely hit running load: {cut_off}"
+        rounds.acknowledged > ROUNDS,
+        "too little load ran: {} acknowledged turns",
+        rounds.acknowledged
     );
+    assert!(
+        rounds.cut_off >= ROUNDS / 2,
+        "the crashes rarely hit running load: {}",
+        rounds.cut_off
+    );
+    rounds
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_turns_survive_sigkill() {
+    let started = Instant::now();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("server.log");
+    let rounds = crash_rounds(&dir.path().join("data"), &log, &[], 20..400, |_| {}).await;
     // Kills land within 400 ms of the load starting, before the store's first checkpoint
     // (about a second): the acknowledged turns of those rounds were in the log alone.
-    let replays = std::fs::read_to_string(&log)
-        .expect("server log")
-        .matches("replayed the write-ahead log")
-        .count();
     assert!(
-        replays >= ROUNDS / 2,
-        "only {replays} restarts replayed the log"
+        rounds.replays >= ROUNDS / 2,
+        "only {} restarts replayed the log",
+        rounds.replays
     );
     eprintln!(
-        "kill9: {ROUNDS} rounds, {} conversations, {total_acked} acknowledged turns checked, \
-         {cut_off} conversations cut off mid-turn by the kills, {replays} restarts replayed the \
-         log, {:?}",
-        snapshot.len(),
+        "kill9: {ROUNDS} rounds, {} conversations, {} acknowledged turns checked, {} \
+         conversations cut off mid-turn by the kills, {} restarts replayed the log, {:?}",
+        rounds.conversations,
+        rounds.acknowledged,
+        rounds.cut_off,
+        rounds.replays,
         started.elapsed()
+    );
+}
+
+/// Mounts crashfs, or says why the power-cut test cannot run here. Under `CI=true` a machine
+/// with `/dev/fuse` must run it.
+fn mount_crashfs(at: &Path) -> Option<crashfs::Mount> {
+    let required = std::env::var("CI").is_ok_and(|v| v == "true");
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIPPED power-cut test: this machine has no /dev/fuse");
+        return None;
+    }
+    match crashfs::Mount::new(at) {
+        Ok(mount) => Some(mount),
+        Err(e) if !required => {
+            eprintln!(
+                "SKIPPED power-cut test: cannot mount a FUSE filesystem ({e}); as root it \
+                 mounts directly, otherwise it needs fusermount3 (Debian's fuse3)"
+            );
+            None
+        }
+        Err(e) => panic!("CI=true and /dev/fuse exists, but crashfs did not mount: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_turns_survive_power_cuts() {
+    let started = Instant::now();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mountpoint = dir.path().join("disk");
+    std::fs::create_dir(&mountpoint).expect("mount point");
+    let Some(disk) = mount_crashfs(&mountpoint) else {
+        return;
+    };
+    let log = dir.path().join("server.log");
+    let survivors = [
+        crashfs::Survivors::None,
+        crashfs::Survivors::Prefix,
+        crashfs::Survivors::Subset,
+    ];
+    let mut rng = rand::thread_rng();
+    let mut dropped = 0;
+    let mut kept = 0;
+    // Checkpoints every 50 ms, so the random cuts land before, during and after them. A sync
+    // costs crashfs little, so turns are quicker than on a disk: cut sooner.
+    let env = [("COLLOQUY_STORE__CHECKPOINT_INTERVAL_MS", "50")];
+    let rounds = crash_rounds(&disk.path().join("data"), &log, &env, 10..150, |round| {
+        // The process is dead; the kernel may still be finishing its last requests.
+        std::thread::sleep(Duration::from_millis(50));
+        let cut = disk.cut_power(survivors[round % survivors.len()], &mut rng);
+        kept += cut.kept;
+        dropped += cut.pending - cut.kept;
+    })
+    .await;
+    let syncs = disk.sync_counts();
+    eprintln!(
+        "power cut: {ROUNDS} rounds, {} conversations, {} acknowledged turns checked, {} \
+         conversations cut off mid-turn, {} restarts replayed the log; unsynced changes: \
+         {dropped} dropped, {kept} kept; {} file and {} folder syncs; {:?}",
+        rounds.conversations,
+        rounds.acknowledged,
+        rounds.cut_off,
+        rounds.replays,
+        syncs.file_syncs,
+        syncs.dir_syncs,
+        started.elapsed()
+    );
+    assert!(
+        dropped > 0,
+        "no cut dropped anything: the test proves nothing"
     );
 }
