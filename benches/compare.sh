@@ -21,10 +21,10 @@ BASE_PORT=${BASE_PORT:-18090}
 COLL_PORT=${COLL_PORT:-18091}
 
 echo "building release..." >&2
-cargo build --release --bin colloquy >&2
+[ -n "${COLLOQUY:-}" ] || cargo build --release --bin colloquy >&2
 BASELINE=$(cargo bench --no-run --bench baseline_server --message-format=json 2>/dev/null \
   | jq -r 'select(.executable != null and .target.name == "baseline_server") | .executable' | tail -1)
-COLLOQUY=target/release/colloquy
+COLLOQUY=${COLLOQUY:-target/release/colloquy}
 [ -x "$BASELINE" ] || { echo "baseline_server binary not found" >&2; exit 1; }
 
 WORK=$(mktemp -d)
