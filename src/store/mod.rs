@@ -3,6 +3,7 @@
 //! [`Store`] lays typed records out over an ordered key-value [`KvBackend`] with atomic batches
 //! and group-committed durability. sled is the embedded backend; any ordered KV store with atomic
 //! multi-key writes (the distributed databases colloquy moves onto past one machine) fits the trait.
+//! What is synced when, so that an acknowledged write survives a power cut: `docs/durability.md`.
 //!
 //! Key layout (one keyspace, a record-type byte first):
 //! - `c` ++ conversation key                         -> [`ConversationMeta`]

@@ -9,8 +9,9 @@
 //! - [`KvBackend::flush`] writes the buffer and `fdatasync`s it on the calling (store) thread;
 //! - a checkpoint thread, about once a second, freezes the active memtable (a new one takes its
 //!   place), writes the frozen one into the inner backend (a key written many times in that
-//!   second is written once), flushes it, drops the frozen memtable (readers that still hold it
-//!   keep it) and deletes the log segments it now covers.
+//!   second is written once), flushes it durably (for sled, `fsync` of its files and folders:
+//!   see `docs/durability.md`), drops the frozen memtable (readers that still hold it keep it)
+//!   and deletes the log segments it now covers, then syncs the log folder.
 //!
 //! Once a checkpoint's writes are durable in the inner backend, it stores the sequence number
 //! of the last batch they cover under [`APPLIED_KEY`]. Opening replays, in order, the logged
