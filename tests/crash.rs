@@ -465,3 +465,49 @@ async fn acknowledged_turns_survive_power_cuts() {
         "no cut dropped anything: the test proves nothing"
     );
 }
+
+/// crashfs forgets what was never synced (so the power-cut test can fail), and a file replaced
+/// with `durable::write_atomic` (as `colloquy send` saves its sessions) survives every cut whole.
+#[test]
+fn only_synced_files_survive_a_power_cut() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mountpoint = dir.path().join("disk");
+    std::fs::create_dir(&mountpoint).expect("mount point");
+    let Some(disk) = mount_crashfs(&mountpoint) else {
+        return;
+    };
+    let mut rng = rand::thread_rng();
+    let careless = disk.path().join("careless.json");
+    let careful = disk.path().join("state/sessions.json");
+    std::fs::write(&careless, b"unsynced").expect("write");
+    colloquy::durable::write_atomic(&careful, b"first").expect("write_atomic");
+    disk.cut_power(crashfs::Survivors::None, &mut rng);
+    // The folder sync that made `state/` durable made this name durable too, not its bytes.
+    assert_eq!(
+        std::fs::read(&careless).unwrap_or_default(),
+        b"",
+        "an unsynced write survived the cut"
+    );
+    assert_eq!(std::fs::read(&careful).expect("synced file"), b"first");
+
+    for round in 0..20 {
+        let next = format!("version {round}");
+        colloquy::durable::write_atomic(&careful, next.as_bytes()).expect("write_atomic");
+        // A cut after the write returned keeps it, whatever the device kept of the rest.
+        let survivors = [
+            crashfs::Survivors::None,
+            crashfs::Survivors::Prefix,
+            crashfs::Survivors::Subset,
+        ];
+        disk.cut_power(survivors[round % 3], &mut rng);
+        assert_eq!(
+            std::fs::read(&careful).expect("synced file"),
+            next.as_bytes()
+        );
+        let names: Vec<_> = std::fs::read_dir(careful.parent().expect("folder"))
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, ["sessions.json"], "a temporary file was left behind");
+    }
+}
