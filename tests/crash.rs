@@ -283,37 +283,25 @@ async fn crash_rounds(
         verify(&client, &server.url, &snapshot, &labels).await;
 
         // Carry on some earlier conversations, start some new ones.
-        let mut tasks = Vec::new();
-        let continued: Vec<(String, String)> = snapshot
+        let continued = snapshot
             .iter()
             .filter(|(_, turns)| turns.len() < MAX_TURNS_PER_CONVERSATION)
             .rev()
             .take(CONTINUED_PER_ROUND)
-            .map(|(cid, _)| (cid.clone(), labels[cid].clone()))
+            .map(|(cid, _)| (labels[cid].clone(), Some(cid.clone())));
+        let new_labels: Vec<String> = (0..NEW_PER_ROUND)
+            .map(|i| format!("r{round}c{i}"))
             .collect();
-        for (context_id, label) in continued {
+        let started = new_labels.iter().map(|label| (label.clone(), None));
+        let mut tasks = Vec::new();
+        for (label, context_id) in continued.chain(started) {
             let turns = rng.gen_range(1..=MAX_TURNS_PER_ROUND);
             tasks.push(tokio::spawn(drive(
                 client.clone(),
                 server.url.clone(),
                 label,
                 round,
-                Some(context_id),
-                turns,
-                acked.clone(),
-            )));
-        }
-        let mut new_labels = Vec::new();
-        for i in 0..NEW_PER_ROUND {
-            let label = format!("r{round}c{i}");
-            new_labels.push(label.clone());
-            let turns = rng.gen_range(1..=MAX_TURNS_PER_ROUND);
-            tasks.push(tokio::spawn(drive(
-                client.clone(),
-                server.url.clone(),
-                label,
-                round,
-                None,
+                context_id,
                 turns,
                 acked.clone(),
             )));
