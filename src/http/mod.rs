@@ -9,7 +9,7 @@ mod metrics_endpoint;
 pub mod rpc;
 mod sse;
 
-pub use auth::{Auth, digest as token_digest};
+pub use auth::{Auth, TokenConfigError, digest as token_digest};
 
 use crate::agent::SharedAgent;
 use crate::config::Config;
@@ -25,6 +25,8 @@ use std::time::Duration;
 pub enum ServeError {
     #[error("{0}")]
     Config(String),
+    #[error("tokens: {0}")]
+    Tokens(#[from] TokenConfigError),
     #[error("opening the store at {path}: {error}")]
     Store { path: String, error: String },
     #[error("listening on {addr}: {error}")]
@@ -82,8 +84,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let auth = Auth::load(
         &config.auth,
         std::env::var("COLLOQUY_TOKENS").ok().as_deref(),
-    )
-    .map_err(ServeError::Config)?;
+    )?;
     if !auth.enabled() && !config.allow_unauthenticated && !is_loopback(&config.listen) {
         return Err(ServeError::Config(format!(
             "refusing to listen on {} without authentication: configure tokens ([auth.tokens], \
