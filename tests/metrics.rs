@@ -1,4 +1,5 @@
-//! After a known workload, /metrics shows exactly those counts, and parses as Prometheus text.
+//! After a known workload, /metrics shows exactly those counts, and parses as Prometheus text;
+//! before any, every documented series is there at zero.
 //! (Its own test binary: the metrics recorder is process-wide.)
 
 mod common;
@@ -129,5 +130,130 @@ async fn metrics_count_exactly_the_workload() {
             assert!(name.ends_with("_total"), "{name}");
         }
     }
+    server.stop().await;
+}
+
+/// Prometheus text from `url`.
+async fn scrape(client: &reqwest::Client, url: &str) -> prometheus_parse::Scrape {
+    let response = client.get(url).send().await.expect("scraped");
+    assert_eq!(response.status(), 200, "{url}");
+    let text = response.text().await.unwrap();
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+        .expect("Prometheus text")
+}
+
+/// The series the README's "Operating it" section documents under `GET /metrics`.
+fn documented_series() -> Vec<String> {
+    let readme = include_str!("../README.md");
+    let bullet: String = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("- `GET /metrics`"))
+        .enumerate()
+        .take_while(|(i, l)| *i == 0 || !l.starts_with("- "))
+        .map(|(_, l)| format!("{l}\n"))
+        .collect();
+    let names: Vec<String> = bullet
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|quoted| quoted.split('{').next().unwrap_or_default().to_owned())
+        .filter(|name| name.starts_with("colloquy_") || name.starts_with("process_"))
+        .collect();
+    assert!(names.len() > 20, "the README's metrics list: {names:?}");
+    names
+}
+
+#[actix_rt::test]
+async fn a_fresh_server_shows_every_documented_series_at_zero() {
+    // A child process: this binary's other tests count into the same process-wide recorder.
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _child = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
+        .arg(dir.path())
+        .env_remove("COLLOQUY_TOKENS")
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("colloquy starts");
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let client = reqwest::Client::new();
+    let mut up = false;
+    for _ in 0..400 {
+        if client.get(&url).send().await.is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(up, "colloquy did not come up");
+    let scrape = scrape(&client, &url).await;
+
+    for name in documented_series() {
+        assert!(
+            scrape.samples.iter().any(|s| s.metric == name),
+            "{name} is documented but missing before its first event"
+        );
+    }
+    for sample in &scrape.samples {
+        let name = &sample.metric;
+        match &sample.value {
+            prometheus_parse::Value::Counter(v) => assert_eq!(*v, 0.0, "{name}"),
+            prometheus_parse::Value::Histogram(buckets) => {
+                assert!(buckets.iter().all(|b| b.count == 0.0), "{name}")
+            }
+            prometheus_parse::Value::Untyped(v) if name.ends_with("_count") => {
+                assert_eq!(*v, 0.0, "{name}")
+            }
+            _ => {}
+        }
+    }
+    for gauge in [
+        "colloquy_contexts_resident",
+        "colloquy_contexts_busy",
+        "colloquy_sse_streams",
+    ] {
+        assert_eq!(value_of(&scrape, gauge, &[]), 0.0, "{gauge}");
+    }
+    // Label values known at start are there too.
+    let has = |name: &str, labels: &[(&str, &str)]| {
+        scrape
+            .samples
+            .iter()
+            .any(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+    };
+    for state in [
+        "completed",
+        "failed",
+        "canceled",
+        "rejected",
+        "input-required",
+        "auth-required",
+    ] {
+        assert!(has("colloquy_tasks_total", &[("state", state)]), "{state}");
+    }
+    for method in ["SendMessage", "ListTasks", "colloquy/getConversation"] {
+        let ok = [("method", method), ("outcome", "ok")];
+        assert!(has("colloquy_rpc_requests_total", &ok), "{method}");
+        assert!(has("colloquy_rpc_request_seconds", &ok[..1]), "{method}");
+    }
+    assert!(has("colloquy_agent_errors_total", &[("backend", "echo")]));
+    assert!(has("colloquy_agent_seconds", &[("backend", "echo")]));
+}
+
+#[actix_rt::test]
+async fn each_server_in_a_process_registers_its_own_backend() {
+    // The workload test's server (backend "scripted") may have started first in this process.
+    let server = start_echo().await;
+    let scrape = scrape(&server.client, &format!("{}metrics", server.url)).await;
+    let echo_errors = scrape.samples.iter().find(|s| {
+        s.metric == "colloquy_agent_errors_total" && s.labels.get("backend") == Some("echo")
+    });
+    let echo_errors = echo_errors.expect("the echo backend's error counter, before any error");
+    assert!(matches!(echo_errors.value, prometheus_parse::Value::Counter(v) if v == 0.0));
     server.stop().await;
 }

@@ -81,6 +81,9 @@ fn is_loopback(listen: &str) -> bool {
 
 /// Opens the store, starts the engine and serves. Needs a running actix System.
 pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, ServeError> {
+    // Installed first, so what the store and engine record while starting is kept.
+    let metrics = metrics_endpoint::recorder();
+    metrics_endpoint::register_series(agent.kind());
     let auth = Auth::load(
         &config.auth,
         std::env::var("COLLOQUY_TOKENS").ok().as_deref(),
@@ -115,7 +118,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         engine: engine.clone(),
         config: Arc::new(config),
         auth,
-        metrics: metrics_endpoint::recorder(),
+        metrics,
     });
     let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))
         .workers(workers)
