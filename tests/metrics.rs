@@ -1,12 +1,14 @@
 //! After a known workload, /metrics shows exactly those counts, and parses as Prometheus text;
 //! before any, every documented series is there at zero.
-//! (Its own test binary: the metrics recorder is process-wide.)
+//! (Its own test binary: the metrics recorder is process-wide. Only the workload test makes
+//! JSON-RPC calls in this process, since it counts them exactly.)
 
 mod common;
 
 use common::*;
 use serde_json::json;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 fn value_of(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
     scrape
@@ -163,35 +165,54 @@ fn documented_series() -> Vec<String> {
     names
 }
 
-#[actix_rt::test]
-async fn a_fresh_server_shows_every_documented_series_at_zero() {
-    // A child process: this binary's other tests count into the same process-wide recorder.
-    let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port();
-    let _child = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
+        .port()
+}
+
+/// A `colloquy serve` child process (killed on drop) and its base URL, once `/healthz` answers.
+struct Child {
+    _process: tokio::process::Child,
+    _dir: tempfile::TempDir,
+    url: String,
+}
+
+async fn spawn_serve(env: &[(&str, &str)]) -> Child {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let process = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
+        .args(["serve", "--listen", &listen, "--data"])
         .arg(dir.path())
         .env_remove("COLLOQUY_TOKENS")
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .kill_on_drop(true)
         .spawn()
         .expect("colloquy starts");
-    let url = format!("http://127.0.0.1:{port}/metrics");
+    let url = format!("http://{listen}/");
     let client = reqwest::Client::new();
-    let mut up = false;
     for _ in 0..400 {
-        if client.get(&url).send().await.is_ok() {
-            up = true;
-            break;
+        if client.get(format!("{url}healthz")).send().await.is_ok() {
+            return Child {
+                _process: process,
+                _dir: dir,
+                url,
+            };
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    assert!(up, "colloquy did not come up");
-    let scrape = scrape(&client, &url).await;
+    panic!("colloquy did not come up");
+}
+
+#[actix_rt::test]
+async fn a_fresh_server_shows_every_documented_series_at_zero() {
+    // A child process: this binary's other tests count into the same process-wide recorder.
+    let child = spawn_serve(&[]).await;
+    let client = reqwest::Client::new();
+    let scrape = scrape(&client, &format!("{}metrics", child.url)).await;
 
     for name in documented_series() {
         assert!(
@@ -256,4 +277,131 @@ async fn each_server_in_a_process_registers_its_own_backend() {
     let echo_errors = echo_errors.expect("the echo backend's error counter, before any error");
     assert!(matches!(echo_errors.value, prometheus_parse::Value::Counter(v) if v == 0.0));
     server.stop().await;
+}
+
+async fn status_of(client: &reqwest::Client, url: &str, token: Option<&str>) -> u16 {
+    let mut request = client.get(url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request.send().await.expect("answered").status().as_u16()
+}
+
+#[actix_rt::test]
+async fn admin_listen_serves_the_operator_endpoints_apart_from_the_public_port() {
+    let server = start_with(Arc::new(colloquy::agent::EchoAgent::default()), |c| {
+        c.admin_listen = Some("127.0.0.1:0".into())
+    })
+    .await;
+    let admin = format!(
+        "http://{}/",
+        server.server.admin_addr.expect("the admin address")
+    );
+    assert_ne!(admin, server.url);
+    let client = &server.client;
+    let scraped = scrape(client, &format!("{admin}metrics")).await;
+    assert!(
+        scraped
+            .samples
+            .iter()
+            .any(|s| s.metric == "colloquy_tasks_total")
+    );
+    assert_eq!(
+        status_of(client, &format!("{}metrics", server.url), None).await,
+        404
+    );
+    for base in [&admin, &server.url] {
+        for path in ["healthz", "readyz"] {
+            assert_eq!(
+                status_of(client, &format!("{base}{path}"), None).await,
+                200,
+                "{base}{path}"
+            );
+        }
+    }
+    // The admin address serves nothing else; the public one still serves the card.
+    let card = format!("{admin}.well-known/agent-card.json");
+    assert_eq!(status_of(client, &card, None).await, 404);
+    assert_eq!(server.card(&[]).await["name"], "colloquy");
+
+    // Stopping the server stops both.
+    let admin_health = format!("{admin}healthz");
+    server.stop().await;
+    let after = reqwest::Client::new().get(&admin_health).send().await;
+    assert!(after.is_err(), "the admin server still answers: {after:?}");
+}
+
+#[actix_rt::test]
+async fn metrics_token_is_required_for_metrics_only() {
+    let server = start_with(Arc::new(colloquy::agent::EchoAgent::default()), |c| {
+        c.metrics.token = Some("scrape-secret".into())
+    })
+    .await;
+    let metrics = format!("{}metrics", server.url);
+    let client = &server.client;
+    assert_eq!(status_of(client, &metrics, None).await, 401);
+    assert_eq!(status_of(client, &metrics, Some("wrong")).await, 401);
+    assert_eq!(
+        status_of(client, &metrics, Some("scrape-secret")).await,
+        200
+    );
+    let refused = client.get(&metrics).send().await.unwrap();
+    assert_eq!(refused.headers()["www-authenticate"], "Bearer");
+    // Health and the agent card are not behind it.
+    assert_eq!(
+        status_of(client, &format!("{}healthz", server.url), None).await,
+        200
+    );
+    assert_eq!(server.card(&[]).await["name"], "colloquy");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn admin_listen_and_metrics_token_come_from_the_environment() {
+    let admin = format!("127.0.0.1:{}", free_port());
+    let child = spawn_serve(&[
+        ("COLLOQUY_ADMIN_LISTEN", &admin),
+        ("COLLOQUY_METRICS__TOKEN", "env-scrape-secret"),
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let metrics = format!("http://{admin}/metrics");
+    assert_eq!(status_of(&client, &metrics, None).await, 401);
+    assert_eq!(
+        status_of(&client, &metrics, Some("env-scrape-secret")).await,
+        200
+    );
+    let public = format!("{}metrics", child.url);
+    assert_eq!(
+        status_of(&client, &public, Some("env-scrape-secret")).await,
+        404
+    );
+}
+
+#[actix_rt::test]
+async fn an_empty_metrics_token_or_admin_listen_equal_to_listen_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    for (key, value, expected) in [
+        ("COLLOQUY_METRICS__TOKEN", " ", "metrics.token is empty"),
+        (
+            "COLLOQUY_ADMIN_LISTEN",
+            listen.as_str(),
+            "the same as listen",
+        ),
+    ] {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
+            .args(["serve", "--listen", &listen, "--data"])
+            .arg(dir.path())
+            .env(key, value)
+            .kill_on_drop(true)
+            .output();
+        let output = tokio::time::timeout(std::time::Duration::from_secs(60), output)
+            .await
+            .expect("a refused start exits at once")
+            .unwrap();
+        assert!(!output.status.success(), "{key} {value:?}: it started");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{key}: {stderr}");
+    }
 }

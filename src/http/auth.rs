@@ -116,12 +116,7 @@ impl Auth {
         if !self.enabled() {
             return Ok(ANONYMOUS.to_owned());
         }
-        let token = authorization
-            .and_then(|h| {
-                let (scheme, token) = h.trim().split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            })
-            .ok_or(AuthError::Missing)?;
+        let token = bearer(authorization).ok_or(AuthError::Missing)?;
         let presented = digest(token);
         // Compare against every token, so timing does not tell which (or whether one) matched.
         let mut found: Option<&str> = None;
@@ -132,6 +127,17 @@ impl Auth {
         }
         found.map(str::to_owned).ok_or(AuthError::Invalid)
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+fn bearer(authorization: Option<&str>) -> Option<&str> {
+    let (scheme, token) = authorization?.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Whether the header carries the one token whose digest is `expected` (compared in constant time).
+pub fn bearer_matches(authorization: Option<&str>, expected: &[u8; 32]) -> bool {
+    bearer(authorization).is_some_and(|token| bool::from(digest(token).ct_eq(expected)))
 }
 
 /// `principal:sha256-hex-of-token` lines; blank lines and `#` comments skipped.

@@ -1,9 +1,12 @@
-//! `GET /metrics`: Prometheus text exposition of the `metrics` facade, plus process figures.
+//! `GET /metrics`: Prometheus text exposition of the `metrics` facade, plus process figures;
+//! behind a bearer token when `metrics.token` is set.
 
 use super::AppState;
+use super::auth::bearer_matches;
 use crate::model::TaskState;
 use crate::protocol::Method;
-use actix_web::{HttpResponse, web};
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
 use metrics::{KeyName, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
@@ -178,7 +181,20 @@ fn sysconf_or(name: libc::c_int, fallback: f64) -> f64 {
     if value > 0 { value as f64 } else { fallback }
 }
 
-pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+pub async fn metrics(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    if let Some(expected) = &state.metrics_token {
+        let authorization = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if !bearer_matches(authorization, expected) {
+            return HttpResponse::Unauthorized()
+                .insert_header((header::WWW_AUTHENTICATE, "Bearer"))
+                .json(serde_json::json!({
+                    "error": "/metrics needs Authorization: Bearer with the metrics.token"
+                }));
+        }
+    }
     let store = state.engine.store().clone();
     let gathered = actix_rt::task::spawn_blocking(move || {
         record_process();
