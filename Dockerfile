@@ -25,6 +25,7 @@ ENV COLLOQUY_LISTEN=0.0.0.0:8080 \
 VOLUME /data
 EXPOSE 8080
 STOPSIGNAL SIGTERM
+# /healthz stays on 8080 even when COLLOQUY_ADMIN_LISTEN moves /metrics to another address.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
   CMD curl -fsS http://127.0.0.1:8080/healthz || exit 1
 ENTRYPOINT ["colloquy"]

@@ -40,6 +40,10 @@ pub struct Config {
     pub log_format: String,
     /// HTTP worker threads (0 = one per core).
     pub workers: usize,
+    /// Address serving `/metrics`, `/healthz` and `/readyz` apart from `listen` (unset or empty:
+    /// none, and `/metrics` is served on `listen`).
+    pub admin_listen: Option<String>,
+    pub metrics: MetricsConfig,
     pub agent: AgentConfig,
     pub history: HistoryConfig,
     pub contexts: ContextsConfig,
@@ -61,6 +65,8 @@ impl Default for Config {
             allow_unauthenticated: false,
             log_format: "pretty".into(),
             workers: 0,
+            admin_listen: None,
+            metrics: MetricsConfig::default(),
             agent: AgentConfig::default(),
             history: HistoryConfig::default(),
             contexts: ContextsConfig::default(),
@@ -319,6 +325,13 @@ pub struct AuthConfig {
     pub tokens_file: Option<PathBuf>,
 }
 
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Bearer token `/metrics` requires, wherever it is served; unset: none.
+    pub token: Option<String>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PeerConfig {
@@ -403,12 +416,37 @@ impl Config {
                 "store.checkpoint_interval_ms must be positive".into(),
             ));
         }
+        if self.admin_listen() == Some(self.listen.trim()) {
+            return Err(ConfigError::Invalid(format!(
+                "admin_listen is {:?}, the same as listen; give the operator endpoints another \
+                 address, or leave admin_listen unset",
+                self.listen
+            )));
+        }
+        if self
+            .metrics
+            .token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return Err(ConfigError::Invalid(
+                "metrics.token is empty; leave it unset for a /metrics without a token".into(),
+            ));
+        }
         if self.limits.body_bytes == 0 || self.limits.context_id_bytes == 0 {
             return Err(ConfigError::Invalid(
                 "limits.body_bytes and limits.context_id_bytes must be positive".into(),
             ));
         }
         Ok(())
+    }
+
+    /// `admin_listen`, unless unset or empty.
+    pub fn admin_listen(&self) -> Option<&str> {
+        self.admin_listen
+            .as_deref()
+            .map(str::trim)
+            .filter(|listen| !listen.is_empty())
     }
 
     pub fn engine(&self) -> EngineConfig {

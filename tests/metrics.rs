@@ -1,11 +1,14 @@
-//! After a known workload, /metrics shows exactly those counts, and parses as Prometheus text.
-//! (Its own test binary: the metrics recorder is process-wide.)
+//! After a known workload, /metrics shows exactly those counts, and parses as Prometheus text;
+//! before any, every documented series is there at zero.
+//! (Its own test binary: the metrics recorder is process-wide. Only the workload test makes
+//! JSON-RPC calls in this process, since it counts them exactly.)
 
 mod common;
 
 use common::*;
 use serde_json::json;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 fn value_of(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
     scrape
@@ -130,4 +133,275 @@ async fn metrics_count_exactly_the_workload() {
         }
     }
     server.stop().await;
+}
+
+/// Prometheus text from `url`.
+async fn scrape(client: &reqwest::Client, url: &str) -> prometheus_parse::Scrape {
+    let response = client.get(url).send().await.expect("scraped");
+    assert_eq!(response.status(), 200, "{url}");
+    let text = response.text().await.unwrap();
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+        .expect("Prometheus text")
+}
+
+/// The series the README's "Operating it" section documents under `GET /metrics`.
+fn documented_series() -> Vec<String> {
+    let readme = include_str!("../README.md");
+    let bullet: String = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("- `GET /metrics`"))
+        .enumerate()
+        .take_while(|(i, l)| *i == 0 || !l.starts_with("- "))
+        .map(|(_, l)| format!("{l}\n"))
+        .collect();
+    let names: Vec<String> = bullet
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|quoted| quoted.split('{').next().unwrap_or_default().to_owned())
+        .filter(|name| name.starts_with("colloquy_") || name.starts_with("process_"))
+        .collect();
+    assert!(names.len() > 20, "the README's metrics list: {names:?}");
+    names
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `colloquy serve` child process (killed on drop) and its base URL, once `/healthz` answers.
+struct Child {
+    _process: tokio::process::Child,
+    _dir: tempfile::TempDir,
+    url: String,
+}
+
+async fn spawn_serve(env: &[(&str, &str)]) -> Child {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let process = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
+        .args(["serve", "--listen", &listen, "--data"])
+        .arg(dir.path())
+        .env_remove("COLLOQUY_TOKENS")
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("colloquy starts");
+    let url = format!("http://{listen}/");
+    let client = reqwest::Client::new();
+    for _ in 0..400 {
+        if client.get(format!("{url}healthz")).send().await.is_ok() {
+            return Child {
+                _process: process,
+                _dir: dir,
+                url,
+            };
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("colloquy did not come up");
+}
+
+#[actix_rt::test]
+async fn a_fresh_server_shows_every_documented_series_at_zero() {
+    // A child process: this binary's other tests count into the same process-wide recorder.
+    let child = spawn_serve(&[]).await;
+    let client = reqwest::Client::new();
+    let scrape = scrape(&client, &format!("{}metrics", child.url)).await;
+
+    for name in documented_series() {
+        assert!(
+            scrape.samples.iter().any(|s| s.metric == name),
+            "{name} is documented but missing before its first event"
+        );
+    }
+    for sample in &scrape.samples {
+        let name = &sample.metric;
+        match &sample.value {
+            prometheus_parse::Value::Counter(v) => assert_eq!(*v, 0.0, "{name}"),
+            prometheus_parse::Value::Histogram(buckets) => {
+                assert!(buckets.iter().all(|b| b.count == 0.0), "{name}")
+            }
+            prometheus_parse::Value::Untyped(v) if name.ends_with("_count") => {
+                assert_eq!(*v, 0.0, "{name}")
+            }
+            _ => {}
+        }
+    }
+    for gauge in [
+        "colloquy_contexts_resident",
+        "colloquy_contexts_busy",
+        "colloquy_sse_streams",
+    ] {
+        assert_eq!(value_of(&scrape, gauge, &[]), 0.0, "{gauge}");
+    }
+    // Label values known at start are there too.
+    let has = |name: &str, labels: &[(&str, &str)]| {
+        scrape
+            .samples
+            .iter()
+            .any(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+    };
+    for state in [
+        "completed",
+        "failed",
+        "canceled",
+        "rejected",
+        "input-required",
+        "auth-required",
+    ] {
+        assert!(has("colloquy_tasks_total", &[("state", state)]), "{state}");
+    }
+    for method in ["SendMessage", "ListTasks", "colloquy/getConversation"] {
+        let ok = [("method", method), ("outcome", "ok")];
+        assert!(has("colloquy_rpc_requests_total", &ok), "{method}");
+        assert!(has("colloquy_rpc_request_seconds", &ok[..1]), "{method}");
+    }
+    assert!(has("colloquy_agent_errors_total", &[("backend", "echo")]));
+    assert!(has("colloquy_agent_seconds", &[("backend", "echo")]));
+}
+
+#[actix_rt::test]
+async fn each_server_in_a_process_registers_its_own_backend() {
+    // The workload test's server (backend "scripted") may have started first in this process.
+    let server = start_echo().await;
+    let scrape = scrape(&server.client, &format!("{}metrics", server.url)).await;
+    let echo_errors = scrape.samples.iter().find(|s| {
+        s.metric == "colloquy_agent_errors_total" && s.labels.get("backend") == Some("echo")
+    });
+    let echo_errors = echo_errors.expect("the echo backend's error counter, before any error");
+    assert!(matches!(echo_errors.value, prometheus_parse::Value::Counter(v) if v == 0.0));
+    server.stop().await;
+}
+
+async fn status_of(client: &reqwest::Client, url: &str, token: Option<&str>) -> u16 {
+    let mut request = client.get(url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request.send().await.expect("answered").status().as_u16()
+}
+
+#[actix_rt::test]
+async fn admin_listen_serves_the_operator_endpoints_apart_from_the_public_port() {
+    let server = start_with(Arc::new(colloquy::agent::EchoAgent::default()), |c| {
+        c.admin_listen = Some("127.0.0.1:0".into())
+    })
+    .await;
+    let admin = format!(
+        "http://{}/",
+        server.server.admin_addr.expect("the admin address")
+    );
+    assert_ne!(admin, server.url);
+    let client = &server.client;
+    let scraped = scrape(client, &format!("{admin}metrics")).await;
+    assert!(
+        scraped
+            .samples
+            .iter()
+            .any(|s| s.metric == "colloquy_tasks_total")
+    );
+    assert_eq!(
+        status_of(client, &format!("{}metrics", server.url), None).await,
+        404
+    );
+    for base in [&admin, &server.url] {
+        for path in ["healthz", "readyz"] {
+            assert_eq!(
+                status_of(client, &format!("{base}{path}"), None).await,
+                200,
+                "{base}{path}"
+            );
+        }
+    }
+    // The admin address serves nothing else; the public one still serves the card.
+    let card = format!("{admin}.well-known/agent-card.json");
+    assert_eq!(status_of(client, &card, None).await, 404);
+    assert_eq!(server.card(&[]).await["name"], "colloquy");
+
+    // Stopping the server stops both.
+    let admin_health = format!("{admin}healthz");
+    server.stop().await;
+    let after = reqwest::Client::new().get(&admin_health).send().await;
+    assert!(after.is_err(), "the admin server still answers: {after:?}");
+}
+
+#[actix_rt::test]
+async fn metrics_token_is_required_for_metrics_only() {
+    let server = start_with(Arc::new(colloquy::agent::EchoAgent::default()), |c| {
+        c.metrics.token = Some("scrape-secret".into())
+    })
+    .await;
+    let metrics = format!("{}metrics", server.url);
+    let client = &server.client;
+    assert_eq!(status_of(client, &metrics, None).await, 401);
+    assert_eq!(status_of(client, &metrics, Some("wrong")).await, 401);
+    assert_eq!(
+        status_of(client, &metrics, Some("scrape-secret")).await,
+        200
+    );
+    let refused = client.get(&metrics).send().await.unwrap();
+    assert_eq!(refused.headers()["www-authenticate"], "Bearer");
+    // Health and the agent card are not behind it.
+    assert_eq!(
+        status_of(client, &format!("{}healthz", server.url), None).await,
+        200
+    );
+    assert_eq!(server.card(&[]).await["name"], "colloquy");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn admin_listen_and_metrics_token_come_from_the_environment() {
+    let admin = format!("127.0.0.1:{}", free_port());
+    let child = spawn_serve(&[
+        ("COLLOQUY_ADMIN_LISTEN", &admin),
+        ("COLLOQUY_METRICS__TOKEN", "env-scrape-secret"),
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    let metrics = format!("http://{admin}/metrics");
+    assert_eq!(status_of(&client, &metrics, None).await, 401);
+    assert_eq!(
+        status_of(&client, &metrics, Some("env-scrape-secret")).await,
+        200
+    );
+    let public = format!("{}metrics", child.url);
+    assert_eq!(
+        status_of(&client, &public, Some("env-scrape-secret")).await,
+        404
+    );
+}
+
+#[actix_rt::test]
+async fn an_empty_metrics_token_or_admin_listen_equal_to_listen_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+    for (key, value, expected) in [
+        ("COLLOQUY_METRICS__TOKEN", " ", "metrics.token is empty"),
+        (
+            "COLLOQUY_ADMIN_LISTEN",
+            listen.as_str(),
+            "the same as listen",
+        ),
+    ] {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
+            .args(["serve", "--listen", &listen, "--data"])
+            .arg(dir.path())
+            .env(key, value)
+            .kill_on_drop(true)
+            .output();
+        let output = tokio::time::timeout(std::time::Duration::from_secs(60), output)
+            .await
+            .expect("a refused start exits at once")
+            .unwrap();
+        assert!(!output.status.success(), "{key} {value:?}: it started");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{key}: {stderr}");
+    }
 }

@@ -1,7 +1,13 @@
-//! `GET /metrics`: Prometheus text exposition of the `metrics` facade, plus process figures.
+//! `GET /metrics`: Prometheus text exposition of the `metrics` facade, plus process figures;
+//! behind a bearer token when `metrics.token` is set.
 
 use super::AppState;
-use actix_web::{HttpResponse, web};
+use super::auth::bearer_matches;
+use crate::model::TaskState;
+use crate::protocol::Method;
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
+use metrics::{KeyName, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
 
@@ -28,101 +34,117 @@ pub fn recorder() -> PrometheusHandle {
         .clone()
 }
 
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One documented series (the README's "Operating it" lists the same).
+struct Series {
+    name: &'static str,
+    kind: Kind,
+    unit: Option<Unit>,
+    help: &'static str,
+}
+
+const fn series(name: &'static str, kind: Kind, unit: Option<Unit>, help: &'static str) -> Series {
+    Series {
+        name,
+        kind,
+        unit,
+        help,
+    }
+}
+
+const RPC_REQUESTS: &str = "colloquy_rpc_requests_total";
+const RPC_SECONDS: &str = "colloquy_rpc_request_seconds";
+const TASKS: &str = "colloquy_tasks_total";
+const AGENT_SECONDS: &str = "colloquy_agent_seconds";
+const AGENT_ERRORS: &str = "colloquy_agent_errors_total";
+
+/// Series with labels; [`register_series`] registers their label values known at start.
+const LABELLED: &[&str] = &[
+    RPC_REQUESTS,
+    RPC_SECONDS,
+    TASKS,
+    AGENT_SECONDS,
+    AGENT_ERRORS,
+];
+
+const SECONDS: Option<Unit> = Some(Unit::Seconds);
+const BYTES: Option<Unit> = Some(Unit::Bytes);
+
+#[rustfmt::skip]
+const SERIES: &[Series] = &[
+    series(RPC_REQUESTS, Kind::Counter, None, "JSON-RPC requests by method and outcome (ok or the error code)"),
+    series(RPC_SECONDS, Kind::Histogram, SECONDS, "JSON-RPC request latency by method (until the response or stream starts)"),
+    series("colloquy_contexts_resident", Kind::Gauge, None, "conversation actors alive"),
+    series("colloquy_contexts_busy", Kind::Gauge, None, "turns running now"),
+    series("colloquy_context_starts_total", Kind::Counter, None, "conversation actors started"),
+    series("colloquy_context_evictions_total", Kind::Counter, None, "conversation actors stopped after idling"),
+    series("colloquy_busy_rejections_total", Kind::Counter, None, "messages refused because their context was busy"),
+    series("colloquy_overload_rejections_total", Kind::Counter, None, "messages refused because too many turns were running"),
+    series(TASKS, Kind::Counter, None, "turns ended, by final state"),
+    series(AGENT_SECONDS, Kind::Histogram, SECONDS, "agent run time by backend"),
+    series(AGENT_ERRORS, Kind::Counter, None, "agent runs that failed, by backend"),
+    series("colloquy_store_writes_total", Kind::Counter, None, "atomic write batches applied"),
+    series("colloquy_store_flushes_total", Kind::Counter, None, "store flushes (one covers many writes)"),
+    series("colloquy_store_flush_waiters_total", Kind::Counter, None, "durability waits answered by flushes"),
+    series("colloquy_store_flush_seconds", Kind::Histogram, SECONDS, "store flush latency (write-ahead log write + fdatasync)"),
+    series("colloquy_store_checkpoint_seconds", Kind::Histogram, SECONDS, "time to move a memtable into sled and flush it"),
+    series("colloquy_store_checkpoint_writes_total", Kind::Counter, None, "key writes moved from the memtables into sled"),
+    series("colloquy_store_size_bytes", Kind::Gauge, BYTES, "store size on disk"),
+    series("colloquy_history_render_seconds", Kind::Histogram, SECONDS, "history load and render latency"),
+    series("colloquy_history_messages_rendered_total", Kind::Counter, None, "earlier messages rendered into prompts"),
+    series("colloquy_sse_streams", Kind::Gauge, None, "live SSE streams"),
+    series("colloquy_auth_failures_total", Kind::Counter, None, "requests refused for a missing or wrong token"),
+    series("process_resident_memory_bytes", Kind::Gauge, BYTES, "resident memory"),
+    series("process_cpu_seconds_total", Kind::Gauge, SECONDS, "CPU time used (user + system)"),
+    series("process_open_fds", Kind::Gauge, None, "open file descriptors"),
+];
+
 fn describe() {
-    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(
-        "colloquy_rpc_requests_total",
-        "JSON-RPC requests by method and outcome (ok or the error code)"
-    );
-    describe_histogram!(
-        "colloquy_rpc_request_seconds",
-        Unit::Seconds,
-        "JSON-RPC request latency by method (until the response or stream starts)"
-    );
-    describe_gauge!("colloquy_contexts_resident", "conversation actors alive");
-    describe_gauge!("colloquy_contexts_busy", "turns running now");
-    describe_counter!(
-        "colloquy_context_starts_total",
-        "conversation actors started"
-    );
-    describe_counter!(
-        "colloquy_context_evictions_total",
-        "conversation actors stopped after idling"
-    );
-    describe_counter!(
-        "colloquy_busy_rejections_total",
-        "messages refused because their context was busy"
-    );
-    describe_counter!(
-        "colloquy_overload_rejections_total",
-        "messages refused because too many turns were running"
-    );
-    describe_counter!("colloquy_tasks_total", "turns ended, by final state");
-    describe_histogram!(
-        "colloquy_agent_seconds",
-        Unit::Seconds,
-        "agent run time by backend"
-    );
-    describe_counter!(
-        "colloquy_agent_errors_total",
-        "agent runs that failed, by backend"
-    );
-    describe_counter!(
-        "colloquy_store_writes_total",
-        "atomic write batches applied"
-    );
-    describe_counter!(
-        "colloquy_store_flushes_total",
-        "store flushes (one covers many writes)"
-    );
-    describe_counter!(
-        "colloquy_store_flush_waiters_total",
-        "durability waits answered by flushes"
-    );
-    describe_histogram!(
-        "colloquy_store_flush_seconds",
-        Unit::Seconds,
-        "store flush latency (write-ahead log write + fdatasync)"
-    );
-    describe_histogram!(
-        "colloquy_store_checkpoint_seconds",
-        Unit::Seconds,
-        "time to move a memtable into sled and flush it"
-    );
-    describe_counter!(
-        "colloquy_store_checkpoint_writes_total",
-        "key writes moved from the memtables into sled"
-    );
-    describe_gauge!(
-        "colloquy_store_size_bytes",
-        Unit::Bytes,
-        "store size on disk"
-    );
-    describe_histogram!(
-        "colloquy_history_render_seconds",
-        Unit::Seconds,
-        "history load and render latency"
-    );
-    describe_counter!(
-        "colloquy_history_messages_rendered_total",
-        "earlier messages rendered into prompts"
-    );
-    describe_gauge!("colloquy_sse_streams", "live SSE streams");
-    describe_counter!(
-        "colloquy_auth_failures_total",
-        "requests refused for a missing or wrong token"
-    );
-    describe_gauge!(
-        "process_resident_memory_bytes",
-        Unit::Bytes,
-        "resident memory"
-    );
-    describe_gauge!(
-        "process_cpu_seconds_total",
-        Unit::Seconds,
-        "CPU time used (user + system)"
-    );
-    describe_gauge!("process_open_fds", "open file descriptors");
+    metrics::with_recorder(|recorder| {
+        for s in SERIES {
+            let (name, help) = (
+                KeyName::from_const_str(s.name),
+                SharedString::const_str(s.help),
+            );
+            match s.kind {
+                Kind::Counter => recorder.describe_counter(name, s.unit, help),
+                Kind::Gauge => recorder.describe_gauge(name, s.unit, help),
+                Kind::Histogram => recorder.describe_histogram(name, s.unit, help),
+            }
+        }
+    });
+}
+
+/// Registers every documented series, so dashboards and alerts see zeros rather than "no data"
+/// before the first event. Called by each server start: the recorder is process-wide, so this
+/// only adds zero and never resets what an earlier server in the process counted.
+///
+/// Label values known at start are registered: each method with outcome `ok`, each state that
+/// ends a turn, the configured backend. Error outcomes (JSON-RPC codes) and the `invalid` /
+/// `unknown` method labels of malformed requests appear at their first occurrence.
+pub fn register_series(backend: &'static str) {
+    for s in SERIES.iter().filter(|s| !LABELLED.contains(&s.name)) {
+        match s.kind {
+            Kind::Counter => metrics::counter!(s.name).increment(0),
+            Kind::Gauge => metrics::gauge!(s.name).increment(0.0),
+            Kind::Histogram => drop(metrics::histogram!(s.name)),
+        }
+    }
+    for method in Method::labels() {
+        metrics::counter!(RPC_REQUESTS, "method" => method, "outcome" => "ok").increment(0);
+        drop(metrics::histogram!(RPC_SECONDS, "method" => method));
+    }
+    for state in TaskState::ALL.into_iter().filter(|s| s.ends_turn()) {
+        metrics::counter!(TASKS, "state" => state.as_str()).increment(0);
+    }
+    metrics::counter!(AGENT_ERRORS, "backend" => backend).increment(0);
+    drop(metrics::histogram!(AGENT_SECONDS, "backend" => backend));
 }
 
 /// Resident memory, CPU seconds and open descriptors, from /proc (Linux).
@@ -159,7 +181,20 @@ fn sysconf_or(name: libc::c_int, fallback: f64) -> f64 {
     if value > 0 { value as f64 } else { fallback }
 }
 
-pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+pub async fn metrics(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+    if let Some(expected) = &state.metrics_token {
+        let authorization = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if !bearer_matches(authorization, expected) {
+            return HttpResponse::Unauthorized()
+                .insert_header((header::WWW_AUTHENTICATE, "Bearer"))
+                .json(serde_json::json!({
+                    "error": "/metrics needs Authorization: Bearer with the metrics.token"
+                }));
+        }
+    }
     let store = state.engine.store().clone();
     let gathered = actix_rt::task::spawn_blocking(move || {
         record_process();

@@ -1,4 +1,5 @@
-//! The HTTP front: JSON-RPC at `POST /`, the agent card, health and metrics.
+//! The HTTP front: JSON-RPC at `POST /`, the agent card, health and metrics (the operator
+//! endpoints, optionally on their own address).
 //!
 //! Handlers parse, authenticate and dispatch; every conversation rule lives in the engine.
 
@@ -9,7 +10,7 @@ mod metrics_endpoint;
 pub mod rpc;
 mod sse;
 
-pub use auth::{Auth, digest as token_digest};
+pub use auth::{Auth, TokenConfigError, digest as token_digest};
 
 use crate::agent::SharedAgent;
 use crate::config::Config;
@@ -25,6 +26,8 @@ use std::time::Duration;
 pub enum ServeError {
     #[error("{0}")]
     Config(String),
+    #[error("tokens: {0}")]
+    Tokens(#[from] TokenConfigError),
     #[error("opening the store at {path}: {error}")]
     Store { path: String, error: String },
     #[error("listening on {addr}: {error}")]
@@ -36,15 +39,33 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub auth: Auth,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Digest of the bearer token `/metrics` requires (`metrics.token`), if any.
+    pub metrics_token: Option<[u8; 32]>,
 }
 
 /// A running server: its address, and the handles to stop it.
 pub struct RunningServer {
     pub addr: SocketAddr,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served apart (`admin_listen`), if set.
+    pub admin_addr: Option<SocketAddr>,
     pub engine: Engine,
     handle: ServerHandle,
     task: actix_rt::task::JoinHandle<std::io::Result<()>>,
+    admin: Option<AdminServer>,
     grace: Duration,
+}
+
+/// The operator endpoints' own server (`admin_listen`).
+struct AdminServer {
+    handle: ServerHandle,
+    task: actix_rt::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl AdminServer {
+    async fn stop(self) {
+        self.handle.stop(true).await;
+        let _ = self.task.await;
+    }
 }
 
 impl RunningServer {
@@ -59,13 +80,18 @@ impl RunningServer {
         self.engine.shutdown(self.grace).await;
         self.handle.stop(true).await;
         let _ = self.task.await;
+        if let Some(admin) = self.admin {
+            admin.stop().await;
+        }
     }
 
     /// Runs until the server stops (after [`RunningServer::stop`] or a signal handled elsewhere).
     pub async fn wait(self) -> std::io::Result<()> {
-        self.task
-            .await
-            .map_err(|e| std::io::Error::other(e.to_string()))?
+        let result = self.task.await;
+        if let Some(admin) = self.admin {
+            admin.stop().await;
+        }
+        result.map_err(|e| std::io::Error::other(e.to_string()))?
     }
 }
 
@@ -79,11 +105,13 @@ fn is_loopback(listen: &str) -> bool {
 
 /// Opens the store, starts the engine and serves. Needs a running actix System.
 pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, ServeError> {
+    // Installed first, so what the store and engine record while starting is kept.
+    let metrics = metrics_endpoint::recorder();
+    metrics_endpoint::register_series(agent.kind());
     let auth = Auth::load(
         &config.auth,
         std::env::var("COLLOQUY_TOKENS").ok().as_deref(),
-    )
-    .map_err(ServeError::Config)?;
+    )?;
     if !auth.enabled() && !config.allow_unauthenticated && !is_loopback(&config.listen) {
         return Err(ServeError::Config(format!(
             "refusing to listen on {} without authentication: configure tokens ([auth.tokens], \
@@ -110,13 +138,29 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         n => n,
     };
     let listen = config.listen.clone();
+    let admin_listen = config.admin_listen().map(str::to_owned);
+    let metrics_token = config
+        .metrics
+        .token
+        .as_deref()
+        .map(|t| token_digest(t.trim()));
     let state = web::Data::new(AppState {
         engine: engine.clone(),
         config: Arc::new(config),
         auth,
-        metrics: metrics_endpoint::recorder(),
+        metrics,
+        metrics_token,
     });
-    let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))
+    let admin_state = state.clone();
+    // `/metrics` moves to the admin address when there is one.
+    let public_metrics = admin_listen.is_none();
+    let public = move |cfg: &mut web::ServiceConfig| {
+        routes(cfg);
+        if public_metrics {
+            metrics_route(cfg);
+        }
+    };
+    let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(public))
         .workers(workers)
         // SSE sends several small writes per turn: without TCP_NODELAY, Nagle holds each one
         // back until the client's delayed ACK (~40 ms on Linux loopback).
@@ -128,24 +172,65 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
             addr: listen.clone(),
             error,
         })?;
-    let addr = server
-        .addrs()
-        .first()
-        .copied()
-        .ok_or_else(|| ServeError::Config(format!("{listen} resolved to no address")))?;
+    let addr = bound_addr(&server.addrs(), &listen)?;
+    let (admin_addr, admin) = match &admin_listen {
+        Some(admin_listen) => {
+            let (addr, admin) = start_admin(admin_listen, admin_state)?;
+            (Some(addr), Some(admin))
+        }
+        None => (None, None),
+    };
     let server = server.run();
     let handle = server.handle();
     let task = actix_rt::spawn(server);
     tracing::info!(%addr, "colloquy is listening");
     Ok(RunningServer {
         addr,
+        admin_addr,
         engine,
         handle,
         task,
+        admin,
         grace,
     })
 }
 
+fn bound_addr(addrs: &[SocketAddr], listen: &str) -> Result<SocketAddr, ServeError> {
+    addrs
+        .first()
+        .copied()
+        .ok_or_else(|| ServeError::Config(format!("{listen} resolved to no address")))
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listen`, sharing the public server's state.
+fn start_admin(
+    listen: &str,
+    state: web::Data<AppState>,
+) -> Result<(SocketAddr, AdminServer), ServeError> {
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .configure(health_routes)
+            .configure(metrics_route)
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(2)
+    .bind(listen)
+    .map_err(|error| ServeError::Bind {
+        addr: listen.to_owned(),
+        error,
+    })?;
+    let addr = bound_addr(&server.addrs(), listen)?;
+    let server = server.run();
+    let handle = server.handle();
+    let task = actix_rt::spawn(server);
+    tracing::info!(%addr, "operator endpoints (/metrics, /healthz, /readyz) are listening");
+    Ok((addr, AdminServer { handle, task }))
+}
+
+/// The A2A endpoint, the agent card and health (the container's healthcheck uses this port);
+/// `/metrics` is added here only without `admin_listen`.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(
         web::resource("/")
@@ -157,9 +242,16 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::get().to(card::agent_card),
     )
     .route("/.well-known/agent.json", web::get().to(card::agent_card))
-    .route("/healthz", web::get().to(healthz))
-    .route("/readyz", web::get().to(readyz))
-    .route("/metrics", web::get().to(metrics_endpoint::metrics));
+    .configure(health_routes);
+}
+
+fn health_routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/healthz", web::get().to(healthz))
+        .route("/readyz", web::get().to(readyz));
+}
+
+fn metrics_route(cfg: &mut web::ServiceConfig) {
+    cfg.route("/metrics", web::get().to(metrics_endpoint::metrics));
 }
 
 async fn method_not_allowed() -> HttpResponse {

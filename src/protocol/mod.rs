@@ -137,6 +137,15 @@ impl Method {
         )))
     }
 
+    /// Every method's label, once each.
+    pub fn labels() -> impl Iterator<Item = &'static str> {
+        V1_METHODS
+            .iter()
+            .chain(OWN_METHODS)
+            .filter(|(name, method)| method.label() == *name)
+            .map(|(name, _)| *name)
+    }
+
     /// A stable label for metrics and logs (the v1.0 name, or ours).
     pub fn label(self) -> &'static str {
         V1_METHODS
