@@ -22,17 +22,28 @@ struct Process {
 }
 
 async fn spawn(data: &std::path::Path, grace_secs: u64, delay_ms: u64) -> Process {
+    spawn_with(data, grace_secs, delay_ms, |_| {}).await
+}
+
+/// Starts `colloquy serve` with the echo agent; `tweak` adds flags or environment.
+async fn spawn_with(
+    data: &std::path::Path,
+    grace_secs: u64,
+    delay_ms: u64,
+    tweak: impl FnOnce(&mut Command),
+) -> Process {
     let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_colloquy"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_colloquy"));
+    command
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
         .arg(data)
         .args(["--echo-delay-ms", &delay_ms.to_string()])
         .env("COLLOQUY_SHUTDOWN__GRACE_SECS", grace_secs.to_string())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("colloquy starts");
+        .stderr(Stdio::inherit());
+    tweak(&mut command);
+    let mut child = command.spawn().expect("colloquy starts");
     let url = format!("http://127.0.0.1:{port}/");
     let client = reqwest::Client::new();
     for _ in 0..200 {
@@ -136,6 +147,45 @@ async fn turns_past_the_grace_period_fail_clearly() {
     )
     .await;
     assert_eq!(task_of(&next)["status"]["state"], "TASK_STATE_COMPLETED");
+    terminate(&process);
+    assert!(wait_exit(process).await.success());
+}
+
+/// The soft and hard "Max open files" of a running process.
+fn open_files_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("/proc limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files line");
+    let mut fields = line["Max open files".len()..].split_whitespace();
+    let soft = fields.next().expect("soft").to_owned();
+    let hard = fields.next().expect("hard").to_owned();
+    (soft, hard)
+}
+
+#[actix_rt::test]
+async fn the_soft_open_files_limit_is_raised_to_the_hard_one() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let process = spawn_with(dir.path(), 1, 0, |command| {
+        // SAFETY: only async-signal-safe calls between fork and exec (getrlimit, setrlimit).
+        unsafe {
+            command.pre_exec(|| {
+                let mut limit = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+                limit.rlim_cur = limit.rlim_max.min(512);
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+                Ok(())
+            });
+        }
+    })
+    .await;
+    let (soft, hard) = open_files_limits(process.child.id());
+    assert_eq!(soft, hard, "soft open-files limit not raised");
     terminate(&process);
     assert!(wait_exit(process).await.success());
 }

@@ -4,6 +4,7 @@
 
 mod auth;
 mod card;
+mod connections;
 mod methods;
 mod metrics_endpoint;
 pub mod rpc;
@@ -109,6 +110,9 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
         n => n,
     };
+    let open_files = connections::raise_open_files_limit();
+    let connections_per_worker =
+        connections::per_worker(config.limits.max_connections, workers, open_files);
     let listen = config.listen.clone();
     let state = web::Data::new(AppState {
         engine: engine.clone(),
@@ -118,6 +122,9 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     });
     let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))
         .workers(workers)
+        // Past every worker's share the listener stops accepting: new connections wait in the
+        // kernel's listen queue instead of taking descriptors the process does not have.
+        .max_connections(connections_per_worker)
         // SSE sends several small writes per turn: without TCP_NODELAY, Nagle holds each one
         // back until the client's delayed ACK (~40 ms on Linux loopback).
         .tcp_nodelay(true)
