@@ -1,9 +1,13 @@
 //! How many connections the server holds open: the process's file-descriptor limit and the
 //! per-worker share of `limits.max_connections`.
 
-/// Descriptors kept free of connections: the store's files and log segments, the runtimes'
-/// event queues, agent subprocesses' pipes and outbound sockets.
+/// Descriptors kept free of connections (a quarter of the limit, at most this many): the store's
+/// files and log segments, the runtimes' event queues, agents' pipes and outbound sockets.
 const RESERVED_FDS: libc::rlim_t = 256;
+
+fn reserved(soft: libc::rlim_t) -> libc::rlim_t {
+    RESERVED_FDS.min(soft / 4)
+}
 
 fn read_limit() -> std::io::Result<libc::rlimit> {
     let mut limit = libc::rlimit {
@@ -61,7 +65,7 @@ pub fn per_worker(
     open_files: Option<libc::rlim_t>,
 ) -> usize {
     let usable = open_files
-        .map(|soft| soft.saturating_sub(RESERVED_FDS).max(1))
+        .map(|soft| soft.saturating_sub(reserved(soft)).max(1))
         .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
     let total = if max_connections > usable {
         tracing::warn!(
@@ -87,5 +91,7 @@ mod tests {
         let files = Some(1024);
         assert_eq!(per_worker(10_000, 2, files), 384);
         assert_eq!(per_worker(100, 2, files), 50);
+        // A small limit keeps three quarters for connections.
+        assert_eq!(per_worker(10_000, 1, Some(256)), 192);
     }
 }
