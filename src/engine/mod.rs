@@ -462,7 +462,8 @@ impl Engine {
                 addr.do_send(Shutdown);
             }
             // Failing a turn is one store write: a second is plenty, and the process must exit
-            // soon after the grace. A turn not recorded by then is marked failed when it is next found running.
+            // soon after the grace. A turn not recorded by then is marked failed when it is
+            // next found running.
             let deadline = Instant::now() + Duration::from_secs(1);
             while shared.running_turns() > 0 && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;
