@@ -213,6 +213,11 @@ pub struct LimitsConfig {
     pub context_id_bytes: usize,
     /// Turns running at once; beyond, sends get an overload error with a retry hint.
     pub running_turns: usize,
+    /// Milliseconds a client has to send a whole request body (after its headers); beyond, 408.
+    pub body_timeout_ms: u64,
+    /// Connections open at once across all HTTP workers (each takes an even share); beyond,
+    /// new connections wait in the kernel's listen queue until one closes.
+    pub max_connections: usize,
 }
 
 impl Default for LimitsConfig {
@@ -223,6 +228,8 @@ impl Default for LimitsConfig {
             text_bytes: 256 * 1024,
             context_id_bytes: 256,
             running_turns: 10_000,
+            body_timeout_ms: 5_000,
+            max_connections: 10_000,
         }
     }
 }
@@ -436,6 +443,11 @@ impl Config {
         if self.limits.body_bytes == 0 || self.limits.context_id_bytes == 0 {
             return Err(ConfigError::Invalid(
                 "limits.body_bytes and limits.context_id_bytes must be positive".into(),
+            ));
+        }
+        if self.limits.body_timeout_ms == 0 || self.limits.max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "limits.body_timeout_ms and limits.max_connections must be positive".into(),
             ));
         }
         Ok(())

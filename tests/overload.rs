@@ -183,3 +183,154 @@ async fn multi_turn_works_after_overload_on_a_fast_server() {
     recovers(&server, V1).await;
     server.stop().await;
 }
+
+// Slow clients: a body has a deadline, and connections are bounded.
+
+const BODY_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Reads one HTTP/1.1 response (head and a Content-Length body): its status and body.
+async fn read_response(reader: &mut (impl tokio::io::AsyncRead + Unpin)) -> (u16, Value) {
+    use tokio::io::AsyncReadExt;
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let n = reader.read(&mut chunk).await.expect("read");
+        assert!(n > 0, "connection closed before a response");
+        buffer.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buffer[..head_end]).to_ascii_lowercase();
+    let status = head[9..12].parse().expect("status code");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("content-length");
+    while buffer.len() < head_end + length {
+        let n = reader.read(&mut chunk).await.expect("read");
+        assert!(n > 0, "connection closed inside the body");
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+    let body = serde_json::from_slice(&buffer[head_end..head_end + length]).unwrap_or(Value::Null);
+    (status, body)
+}
+
+/// Declares a 1 MB body and sends one byte every 50 ms; returns the answer and how long it took.
+async fn slow_body_client(addr: std::net::SocketAddr) -> (u16, Value, Duration) {
+    use tokio::io::AsyncWriteExt;
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connects");
+    let (mut reader, mut writer) = stream.into_split();
+    let head = "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                A2A-Version: 1.0\r\nContent-Length: 1000000\r\n\r\n{";
+    writer.write_all(head.as_bytes()).await.expect("head sent");
+    let sent = Instant::now();
+    let drip = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if writer.write_all(b" ").await.is_err() {
+                break;
+            }
+        }
+    });
+    let answer = tokio::time::timeout(Duration::from_secs(15), read_response(&mut reader)).await;
+    drip.abort();
+    let (status, body) = answer.expect("no answer to a slow body within 15 s");
+    (status, body, sent.elapsed())
+}
+
+#[actix_rt::test]
+async fn slow_bodies_get_408_while_conversations_go_on() {
+    const SLOW_CLIENTS: usize = 8;
+    let server = start_echo_with(|config| {
+        config.limits.body_timeout_ms = BODY_TIMEOUT.as_millis() as u64;
+    })
+    .await;
+    let slow: Vec<_> = (0..SLOW_CLIENTS)
+        .map(|_| tokio::spawn(slow_body_client(server.server.addr)))
+        .collect();
+
+    // While they drip, a two-turn conversation is answered promptly, again and again.
+    let until = Instant::now() + BODY_TIMEOUT * 2;
+    let mut round = 0;
+    while Instant::now() < until {
+        round += 1;
+        let started = Instant::now();
+        let first = server
+            .send_text(V1, &format!("hello {round}"), None, None)
+            .await;
+        let context_id = task_of(&first)["contextId"].as_str().expect("contextId");
+        let second = server.send_text(V1, "again", Some(context_id), None).await;
+        assert!(
+            artifact_text(task_of(&second)).contains(&format!("previously: \"hello {round}\"")),
+            "{second}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "two turns took {:?} beside slow clients",
+            started.elapsed()
+        );
+    }
+
+    for client in slow {
+        let (status, body, took) = client.await.expect("slow client");
+        assert_eq!(status, 408, "{body}");
+        assert_eq!(body["error"]["code"], -32600, "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("not received within 500 ms"), "{body}");
+        assert!(took >= BODY_TIMEOUT, "answered after {took:?}");
+        assert!(
+            took < BODY_TIMEOUT + Duration::from_secs(3),
+            "answered after {took:?}"
+        );
+    }
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn connections_past_the_bound_wait_for_a_free_one() {
+    // One worker, so its share is the whole bound.
+    let server = start_echo_with(|config| {
+        config.workers = 1;
+        config.limits.max_connections = 2;
+    })
+    .await;
+    let addr = server.server.addr;
+    let first = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connects");
+    let _second = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connects");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // A third connection is not taken while two are open (idle connections last 5 s, the
+    // client request timeout, which is longer than this wait).
+    let url = format!("{}healthz", server.url);
+    let mut third = tokio::spawn(async move {
+        reqwest::Client::new()
+            .get(url)
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    let early = tokio::time::timeout(Duration::from_millis(1_000), &mut third).await;
+    assert!(early.is_err(), "a third connection was served: {early:?}");
+
+    // One closes: the waiting one is taken and answered.
+    drop(first);
+    let answered = tokio::time::timeout(Duration::from_secs(3), third)
+        .await
+        .expect("the waiting connection was not served after one closed")
+        .expect("task");
+    assert_eq!(answered.expect("answered"), 200);
+    server.stop().await;
+}
+
+async fn start_echo_with(tweak: impl FnOnce(&mut colloquy::config::Config)) -> TestServer {
+    start_with(Arc::new(EchoAgent::default()), tweak).await
+}

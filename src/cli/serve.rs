@@ -171,6 +171,10 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
         Config::load(args.config.as_deref(), args.overrides()).map_err(|e| e.to_string())?;
     init_tracing(&config.log_format);
     let agent = build_agent(&config)?;
+    // `stop` keeps to the grace and CLOSE_MARGIN by itself; past this the process exits anyway
+    // (every acknowledged write is already durable).
+    let stop_deadline =
+        Duration::from_secs(config.shutdown.grace_secs) + crate::http::CLOSE_MARGIN + STOP_OVERRUN;
     let system = actix_rt::System::new();
     system.block_on(async move {
         let server = crate::http::start(config, agent)
@@ -178,11 +182,24 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
             .map_err(|e| e.to_string())?;
         wait_for_signal().await;
         tracing::info!("shutting down: finishing running turns");
-        server.stop().await;
+        if tokio::time::timeout(stop_deadline, server.stop())
+            .await
+            .is_err()
+        {
+            tracing::error!(
+                deadline_secs = stop_deadline.as_secs(),
+                "shutdown overran its deadline; exiting without waiting further"
+            );
+            return Ok(ExitCode::FAILURE);
+        }
         tracing::info!("stopped; the store is flushed");
         Ok(ExitCode::SUCCESS)
     })
 }
+
+/// Slack past the grace period and [`crate::http::CLOSE_MARGIN`] for failing the last turns,
+/// the final flush and stopping threads.
+const STOP_OVERRUN: Duration = Duration::from_secs(5);
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};

@@ -461,7 +461,10 @@ impl Engine {
             for addr in self.directory.all() {
                 addr.do_send(Shutdown);
             }
-            let deadline = Instant::now() + Duration::from_secs(5);
+            // Failing a turn is one store write: a second is plenty, and the process must exit
+            // soon after the grace. A turn not recorded by then is marked failed when it is
+            // next found running.
+            let deadline = Instant::now() + Duration::from_secs(1);
             while shared.running_turns() > 0 && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }

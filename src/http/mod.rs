@@ -5,6 +5,7 @@
 
 mod auth;
 mod card;
+mod connections;
 mod methods;
 mod metrics_endpoint;
 pub mod rpc;
@@ -43,6 +44,10 @@ pub struct AppState {
     pub metrics_token: Option<[u8; 32]>,
 }
 
+/// After the grace period, how long streams have to deliver the final state of the turns failed
+/// at its end before their connections are dropped.
+pub const CLOSE_MARGIN: Duration = Duration::from_secs(1);
+
 /// A running server: its address, and the handles to stop it.
 pub struct RunningServer {
     pub addr: SocketAddr,
@@ -73,12 +78,17 @@ impl RunningServer {
         format!("http://{}/", self.addr)
     }
 
-    /// Graceful stop: refuse new turns, let running ones finish (within the grace period), fail
-    /// the rest, flush the store, then close the listener and connections.
+    /// Graceful stop, over within the grace period and [`CLOSE_MARGIN`] whatever clients do.
+    ///
+    /// The listener closes at once, so newcomers are refused and load balancers fail over
+    /// (a paused listener would leave them waiting in its queue). Open connections finish their
+    /// current request and close; new turns get -32013; running turns have the grace period,
+    /// then fail. Whatever connection is still open `grace + CLOSE_MARGIN` from now (a stream
+    /// whose client stopped reading) is dropped by actix. The store is flushed.
     pub async fn stop(self) {
-        self.handle.pause().await;
+        let connections_closed = self.handle.stop(true);
         self.engine.shutdown(self.grace).await;
-        self.handle.stop(true).await;
+        connections_closed.await;
         let _ = self.task.await;
         if let Some(admin) = self.admin {
             admin.stop().await;
@@ -137,6 +147,9 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
         n => n,
     };
+    let open_files = connections::raise_open_files_limit();
+    let connections_per_worker =
+        connections::per_worker(config.limits.max_connections, workers, open_files);
     let listen = config.listen.clone();
     let admin_listen = config.admin_listen().map(str::to_owned);
     let metrics_token = config
@@ -162,11 +175,15 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     };
     let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(public))
         .workers(workers)
+        // Past every worker's share the listener stops accepting: new connections wait in the
+        // kernel's listen queue instead of taking descriptors the process does not have.
+        .max_connections(connections_per_worker)
         // SSE sends several small writes per turn: without TCP_NODELAY, Nagle holds each one
         // back until the client's delayed ACK (~40 ms on Linux loopback).
         .tcp_nodelay(true)
         .disable_signals()
-        .shutdown_timeout(grace.as_secs() + 5)
+        // Counted from `stop`; actix checks once a second and then drops what is still open.
+        .shutdown_timeout((grace + CLOSE_MARGIN).as_secs())
         .bind(&listen)
         .map_err(|error| ServeError::Bind {
             addr: listen.clone(),

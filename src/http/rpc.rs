@@ -10,7 +10,7 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::BytesMut;
 use futures_util::StreamExt;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 /// What a method answers: one JSON result, or an SSE stream of them.
@@ -58,30 +58,64 @@ pub fn error_response(
     response
 }
 
+/// Why a request body was not taken.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error("the request body ({size}) exceeds the limit of {limit} bytes")]
+    TooLarge { size: String, limit: usize },
+    #[error("the request body was not received within {0} ms")]
+    TooSlow(u128),
+    #[error("reading the body: {0}")]
+    Unreadable(String),
+}
+
+impl BodyError {
+    fn status(&self) -> StatusCode {
+        match self {
+            BodyError::TooLarge { .. } | BodyError::Unreadable(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyError::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
+        }
+    }
+}
+
+/// Reads the whole body within `deadline`: a client that declares a large body and drips it
+/// would otherwise hold its connection (and a file descriptor) for as long as it likes.
 async fn read_body(
     req: &HttpRequest,
-    mut payload: web::Payload,
+    payload: web::Payload,
     limit: usize,
-) -> Result<BytesMut, RpcError> {
-    let too_large = |size: String| {
-        RpcError::InvalidRequest(format!(
-            "the request body ({size}) exceeds the limit of {limit} bytes"
-        ))
-    };
+    deadline: Duration,
+) -> Result<BytesMut, BodyError> {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
     if let Some(length) = declared.filter(|l| *l > limit) {
-        return Err(too_large(format!("{length} bytes")));
+        return Err(BodyError::TooLarge {
+            size: format!("{length} bytes"),
+            limit,
+        });
     }
-    let mut body = BytesMut::with_capacity(declared.unwrap_or(1024).min(limit));
+    let capacity = declared.unwrap_or(1024).min(limit);
+    tokio::time::timeout(deadline, collect_body(payload, limit, capacity))
+        .await
+        .map_err(|_| BodyError::TooSlow(deadline.as_millis()))?
+}
+
+async fn collect_body(
+    mut payload: web::Payload,
+    limit: usize,
+    capacity: usize,
+) -> Result<BytesMut, BodyError> {
+    let mut body = BytesMut::with_capacity(capacity);
     while let Some(chunk) = payload.next().await {
-        let chunk =
-            chunk.map_err(|e| RpcError::InvalidRequest(format!("reading the body: {e}")))?;
+        let chunk = chunk.map_err(|e| BodyError::Unreadable(e.to_string()))?;
         if body.len() + chunk.len() > limit {
-            return Err(too_large("more than that".into()));
+            return Err(BodyError::TooLarge {
+                size: "more than that".into(),
+                limit,
+            });
         }
         body.extend_from_slice(&chunk);
     }
@@ -119,15 +153,14 @@ pub async fn handle(
             return error_response(StatusCode::UNAUTHORIZED, &RequestId::Null, &error, version);
         }
     };
-    let body = match read_body(&req, payload, state.config.limits.body_bytes).await {
+    let limits = &state.config.limits;
+    let body_deadline = Duration::from_millis(limits.body_timeout_ms);
+    let body = match read_body(&req, payload, limits.body_bytes, body_deadline).await {
         Ok(body) => body,
         Err(error) => {
-            return error_response(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &RequestId::Null,
-                &error,
-                version,
-            );
+            let status = error.status();
+            let error = RpcError::InvalidRequest(error.to_string());
+            return error_response(status, &RequestId::Null, &error, version);
         }
     };
     let request = match RpcRequest::parse(&body) {
