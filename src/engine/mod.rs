@@ -193,6 +193,12 @@ impl Engine {
         Ok(self.store().write(|store| store.probe()).await?)
     }
 
+    /// Fails the tasks whose turns were running when the process last stopped without ending
+    /// them (a crash): call once at start, before serving. Returns how many were failed.
+    pub async fn fail_interrupted_turns(&self) -> EngineResult<usize> {
+        self.store().write(turn::fail_interrupted_tasks).await
+    }
+
     pub fn resident_contexts(&self) -> usize {
         self.directory.resident_count()
     }

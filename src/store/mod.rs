@@ -11,6 +11,8 @@
 //! - `i` ++ conversation key ++ !status ms ++ task id -> state byte (tasks of a conversation, newest first)
 //! - `p` ++ principal key ++ !status ms ++ task id    -> state byte (tasks of a principal, newest first)
 //! - `l` ++ principal key ++ !updated ms ++ conv key  -> empty (conversations, newest first)
+//! - `r` ++ task id                                  -> empty (tasks whose turn is running: read at
+//!   start to fail what a crash cut off, without scanning the tasks)
 
 mod commit;
 mod key;
@@ -153,6 +155,7 @@ const TASK: u8 = b't';
 const TASKS_BY_CONVERSATION: u8 = b'i';
 const TASKS_BY_PRINCIPAL: u8 = b'p';
 const CONVERSATIONS_BY_PRINCIPAL: u8 = b'l';
+const RUNNING_TASKS: u8 = b'r';
 
 fn prefixed(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
     let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
@@ -179,6 +182,15 @@ fn message_key(key: &ConversationKey, seq: u64) -> Vec<u8> {
 
 fn task_key(task_id: &str) -> Vec<u8> {
     prefixed(TASK, &[task_id.as_bytes()])
+}
+
+fn running_task_key(task_id: &str) -> Vec<u8> {
+    prefixed(RUNNING_TASKS, &[task_id.as_bytes()])
+}
+
+/// A task is running from the batch that starts its turn to the one that ends it.
+fn is_running(record: &TaskRecord) -> bool {
+    !record.task.status.state.ends_turn()
 }
 
 fn task_index_keys(record: &TaskRecord) -> [Vec<u8>; 2] {
@@ -246,6 +258,11 @@ impl WriteBatch {
             .push(KvOp::Put(message_key(key, seq), encode(message)));
     }
 
+    /// Drops a running-task index entry whose task is gone or no longer running.
+    pub fn forget_running_task(&mut self, task_id: &str) {
+        self.ops.push(KvOp::Delete(running_task_key(task_id)));
+    }
+
     /// Writes the task; `previous` is what is stored now, to move its index entries.
     pub fn put_task(&mut self, record: &TaskRecord, previous: Option<&TaskRecord>) {
         if let Some(previous) = previous {
@@ -256,6 +273,14 @@ impl WriteBatch {
         let state = vec![record.task.status.state.code()];
         for key in task_index_keys(record) {
             self.ops.push(KvOp::Put(key, state.clone()));
+        }
+        let was_running = previous.is_some_and(is_running);
+        if is_running(record) {
+            self.ops
+                .push(KvOp::Put(running_task_key(&record.task.id), Vec::new()));
+        } else if was_running {
+            self.ops
+                .push(KvOp::Delete(running_task_key(&record.task.id)));
         }
         self.ops
             .push(KvOp::Put(task_key(&record.task.id), encode(record)));
@@ -414,6 +439,24 @@ impl Store {
             .get(&task_key(task_id))?
             .map(|bytes| decode(&bytes))
             .transpose()
+    }
+
+    /// The ids of the tasks stored as running: one scan of the running-task index, however many
+    /// conversations and tasks are stored.
+    pub fn running_tasks(&self) -> StoreResult<Vec<String>> {
+        let prefix = vec![RUNNING_TASKS];
+        let mut ids = Vec::new();
+        for entry in self
+            .backend
+            .scan(Bound::Included(prefix.clone()), Bound::Unbounded, false)
+        {
+            let (key, _) = entry?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            ids.push(String::from_utf8_lossy(&key[prefix.len()..]).into_owned());
+        }
+        Ok(ids)
     }
 
     /// The principal's tasks (or one conversation's), newest status first.
@@ -586,6 +629,7 @@ impl Store {
             let task_id = String::from_utf8_lossy(&index_key[tasks_prefix.len() + 8..]);
             if let Some(record) = self.task(&task_id)? {
                 ops.extend(task_index_keys(&record).into_iter().map(KvOp::Delete));
+                ops.push(KvOp::Delete(running_task_key(&task_id)));
                 ops.push(KvOp::Delete(task_key(&task_id)));
             }
         }
