@@ -207,6 +207,9 @@ pub struct LimitsConfig {
     pub context_id_bytes: usize,
     /// Turns running at once; beyond, sends get an overload error with a retry hint.
     pub running_turns: usize,
+    /// What one `ListTasks` or `colloquy/getConversation` page may hold, in bytes; a page
+    /// stops early at it (a single larger record still comes back, alone).
+    pub response_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -217,6 +220,7 @@ impl Default for LimitsConfig {
             text_bytes: 256 * 1024,
             context_id_bytes: 256,
             running_turns: 10_000,
+            response_bytes: crate::engine::DEFAULT_RESPONSE_BYTES,
         }
     }
 }
@@ -403,9 +407,14 @@ impl Config {
                 "store.checkpoint_interval_ms must be positive".into(),
             ));
         }
-        if self.limits.body_bytes == 0 || self.limits.context_id_bytes == 0 {
+        if self.limits.body_bytes == 0
+            || self.limits.context_id_bytes == 0
+            || self.limits.response_bytes == 0
+        {
             return Err(ConfigError::Invalid(
-                "limits.body_bytes and limits.context_id_bytes must be positive".into(),
+                "limits.body_bytes, limits.context_id_bytes and limits.response_bytes must be \
+                 positive"
+                    .into(),
             ));
         }
         Ok(())
@@ -428,6 +437,7 @@ impl Config {
             max_running_turns: self.limits.running_turns.max(1),
             max_context_id_bytes: self.limits.context_id_bytes,
             max_resident: self.contexts.max_resident.max(1),
+            response_bytes: self.limits.response_bytes,
         }
     }
 }

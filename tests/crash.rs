@@ -194,26 +194,34 @@ async fn verify(
 ) {
     for (context_id, turns) in acked {
         let label = &labels[context_id];
-        let response = rpc(
-            client,
-            url,
-            "colloquy/getConversation",
-            json!({"contextId": context_id, "historyLength": 100_000}),
-        )
-        .await
-        .expect("getConversation");
-        let messages = response["result"]["messages"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no conversation {context_id}: {response}"));
-        let stored: Vec<(String, String)> = messages
-            .iter()
-            .map(|m| {
+        let mut stored: Vec<(String, String)> = Vec::new();
+        let mut token = String::new();
+        loop {
+            let response = rpc(
+                client,
+                url,
+                "colloquy/getConversation",
+                json!({"contextId": context_id, "historyLength": 100_000, "pageToken": token}),
+            )
+            .await
+            .expect("getConversation");
+            let messages = response["result"]["messages"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no conversation {context_id}: {response}"));
+            stored.extend(messages.iter().map(|m| {
                 (
                     m["role"].as_str().unwrap_or("").to_owned(),
                     text_of(&m["parts"]),
                 )
-            })
-            .collect();
+            }));
+            token = response["result"]["nextPageToken"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
+            if token.is_empty() {
+                break;
+            }
+        }
         for (role, text) in &stored {
             if role == "ROLE_USER" {
                 assert!(

@@ -48,10 +48,10 @@ fn reply_text(task: &Task) -> String {
 
 async fn stored(engine: &Engine, context_id: &str) -> Vec<Message> {
     engine
-        .conversation(ANONYMOUS, context_id, 200)
+        .conversation(ANONYMOUS, context_id, 200, None)
         .await
         .expect("read")
-        .map(|(_, messages)| messages)
+        .map(|page| page.messages)
         .unwrap_or_default()
 }
 

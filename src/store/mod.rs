@@ -143,6 +143,26 @@ pub struct Page<T> {
     pub total_size: usize,
 }
 
+/// A task in a listing, not yet loaded: its id and the page token that resumes after it.
+#[derive(Debug, Clone)]
+pub struct ListedTask {
+    pub task_id: String,
+    pub resume_token: String,
+}
+
+/// The page token that resumes a conversation's messages at sequence number `seq`.
+pub fn message_page_token(seq: u64) -> String {
+    hex::encode(seq.to_be_bytes())
+}
+
+fn seq_of_page_token(token: &str) -> StoreResult<u64> {
+    hex::decode(token)
+        .ok()
+        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+        .map(u64::from_be_bytes)
+        .ok_or(StoreError::BadPageToken)
+}
+
 /// Collects writes, already encoded, to be applied atomically.
 #[derive(Debug, Default)]
 pub struct WriteBatch {
@@ -424,20 +444,60 @@ impl Store {
             .collect()
     }
 
+    /// A conversation's messages from the one a page token names (or from sequence number
+    /// `from`), oldest first, read lazily, each with its stored size in bytes (a cheap estimate
+    /// of its size in a response).
+    pub fn messages_from<'a>(
+        &'a self,
+        key: &ConversationKey,
+        from: u64,
+        page_token: Option<&str>,
+    ) -> StoreResult<impl Iterator<Item = StoreResult<(u64, Message, usize)>> + 'a> {
+        let from = match page_token.filter(|t| !t.is_empty()) {
+            Some(token) => seq_of_page_token(token)?,
+            None => from,
+        };
+        let scan = self.backend.scan(
+            Bound::Included(message_key(key, from)),
+            Bound::Included(message_key(key, u64::MAX)),
+            false,
+        );
+        Ok(scan.map(|entry| {
+            let (k, v) = entry?;
+            Ok((seq_of(&k)?, decode(&v)?, v.len()))
+        }))
+    }
+
     pub fn messages(&self, key: &ConversationKey, seqs: &[u64]) -> StoreResult<Vec<Message>> {
+        Ok(self.messages_sized(key, seqs)?.0)
+    }
+
+    /// The messages and their total stored size in bytes.
+    pub fn messages_sized(
+        &self,
+        key: &ConversationKey,
+        seqs: &[u64],
+    ) -> StoreResult<(Vec<Message>, usize)> {
         let mut messages = Vec::with_capacity(seqs.len());
+        let mut bytes_read = 0;
         for seq in seqs {
             if let Some(bytes) = self.backend.get(&message_key(key, *seq))? {
+                bytes_read += bytes.len();
                 messages.push(decode(&bytes)?);
             }
         }
-        Ok(messages)
+        Ok((messages, bytes_read))
     }
 
     pub fn task(&self, task_id: &str) -> StoreResult<Option<TaskRecord>> {
+        Ok(self.task_sized(task_id)?.map(|(record, _)| record))
+    }
+
+    /// The task and its stored size in bytes (its artifacts included).
+    pub fn task_sized(&self, task_id: &str) -> StoreResult<Option<(TaskRecord, usize)>> {
         self.backend
             .get(&task_key(task_id))?
-            .map(|bytes| decode(&bytes))
+            .map(|bytes| Ok((decode(&bytes)?, bytes.len())))
             .transpose()
     }
 
@@ -459,8 +519,9 @@ impl Store {
         Ok(ids)
     }
 
-    /// The principal's tasks (or one conversation's), newest status first.
-    pub fn list_tasks(&self, principal: &str, query: &TaskQuery) -> StoreResult<Page<TaskRecord>> {
+    /// The principal's tasks (or one conversation's), newest status first: their ids, for the
+    /// caller to load (and stop early, resuming from an entry's token).
+    pub fn list_tasks(&self, principal: &str, query: &TaskQuery) -> StoreResult<Page<ListedTask>> {
         let prefix = match &query.conversation {
             Some(key) => prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]),
             None => prefixed(
@@ -485,14 +546,14 @@ impl Store {
             query.page_token.as_deref(),
             wanted,
         )?;
-        let mut items = Vec::with_capacity(page.items.len());
-        for key in &page.items {
-            let task_id = &key[prefix.len() + 8..];
-            let task_id = String::from_utf8_lossy(task_id);
-            if let Some(record) = self.task(&task_id)? {
-                items.push(record);
-            }
-        }
+        let items = page
+            .items
+            .iter()
+            .map(|key| ListedTask {
+                task_id: String::from_utf8_lossy(&key[prefix.len() + 8..]).into_owned(),
+                resume_token: hex::encode(&key[prefix.len()..]),
+            })
+            .collect();
         Ok(Page {
             items,
             next_page_token: page.next_page_token,
