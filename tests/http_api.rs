@@ -579,6 +579,16 @@ async fn list_tasks_pages_stop_at_the_response_budget() {
     }
     sent.reverse();
     assert_eq!(seen, sent, "every task exactly once, newest first");
+    // Only what a page shows counts: without artifacts and history all twelve fit.
+    let bare = server
+        .rpc(
+            V1,
+            "ListTasks",
+            json!({"pageSize": 100, "historyLength": 0}),
+        )
+        .await;
+    assert_eq!(bare["result"]["tasks"].as_array().unwrap().len(), 12);
+    assert_eq!(bare["result"]["nextPageToken"], json!(""));
 
     // A task larger than the whole budget still comes back, alone.
     let big = server

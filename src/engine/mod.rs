@@ -201,7 +201,8 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// A listed task as the view shows it, and its estimated size: the stored sizes of its record
-/// and of the messages shown. None if it is gone.
+/// (less its artifacts' text when they are not shown) and of the messages shown. None if it is
+/// gone.
 fn load_listed_task(
     store: &Store,
     task_id: &str,
@@ -218,10 +219,19 @@ fn load_listed_task(
         store.messages_sized(&record.conversation(), &seqs[seqs.len() - shown..])?;
     let mut task = record.task;
     task.history = history;
+    let mut bytes = record_bytes + history_bytes;
     if !view.artifacts {
+        let left_out: usize = task
+            .artifacts
+            .iter()
+            .flat_map(|a| &a.parts)
+            .filter_map(|p| p.as_text())
+            .map(str::len)
+            .sum();
+        bytes = bytes.saturating_sub(left_out);
         task.artifacts.clear();
     }
-    Ok(Some((task, record_bytes + history_bytes)))
+    Ok(Some((task, bytes)))
 }
 
 /// The engine's front door. Cheap to clone; needs a running actix System to start.
