@@ -218,6 +218,9 @@ pub struct LimitsConfig {
     /// Connections open at once across all HTTP workers (each takes an even share); beyond,
     /// new connections wait in the kernel's listen queue until one closes.
     pub max_connections: usize,
+    /// What one `ListTasks` or `colloquy/getConversation` page may hold, in bytes; a page
+    /// stops early at it (a single larger record still comes back, alone).
+    pub response_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -230,6 +233,7 @@ impl Default for LimitsConfig {
             running_turns: 10_000,
             body_timeout_ms: 5_000,
             max_connections: 10_000,
+            response_bytes: crate::engine::DEFAULT_RESPONSE_BYTES,
         }
     }
 }
@@ -440,9 +444,14 @@ impl Config {
                 "metrics.token is empty; leave it unset for a /metrics without a token".into(),
             ));
         }
-        if self.limits.body_bytes == 0 || self.limits.context_id_bytes == 0 {
+        if self.limits.body_bytes == 0
+            || self.limits.context_id_bytes == 0
+            || self.limits.response_bytes == 0
+        {
             return Err(ConfigError::Invalid(
-                "limits.body_bytes and limits.context_id_bytes must be positive".into(),
+                "limits.body_bytes, limits.context_id_bytes and limits.response_bytes must be \
+                 positive"
+                    .into(),
             ));
         }
         if self.limits.body_timeout_ms == 0 || self.limits.max_connections == 0 {
@@ -478,6 +487,7 @@ impl Config {
             max_running_turns: self.limits.running_turns.max(1),
             max_context_id_bytes: self.limits.context_id_bytes,
             max_resident: self.contexts.max_resident.max(1),
+            response_bytes: self.limits.response_bytes,
         }
     }
 }

@@ -12,7 +12,7 @@ mod crashfs;
 
 use rand::Rng;
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -194,26 +194,34 @@ async fn verify(
 ) {
     for (context_id, turns) in acked {
         let label = &labels[context_id];
-        let response = rpc(
-            client,
-            url,
-            "colloquy/getConversation",
-            json!({"contextId": context_id, "historyLength": 100_000}),
-        )
-        .await
-        .expect("getConversation");
-        let messages = response["result"]["messages"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no conversation {context_id}: {response}"));
-        let stored: Vec<(String, String)> = messages
-            .iter()
-            .map(|m| {
+        let mut stored: Vec<(String, String)> = Vec::new();
+        let mut token = String::new();
+        loop {
+            let response = rpc(
+                client,
+                url,
+                "colloquy/getConversation",
+                json!({"contextId": context_id, "historyLength": 100_000, "pageToken": token}),
+            )
+            .await
+            .expect("getConversation");
+            let messages = response["result"]["messages"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no conversation {context_id}: {response}"));
+            stored.extend(messages.iter().map(|m| {
                 (
                     m["role"].as_str().unwrap_or("").to_owned(),
                     text_of(&m["parts"]),
                 )
-            })
-            .collect();
+            }));
+            token = response["result"]["nextPageToken"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
+            if token.is_empty() {
+                break;
+            }
+        }
         for (role, text) in &stored {
             if role == "ROLE_USER" {
                 assert!(
@@ -250,11 +258,83 @@ async fn verify(
     }
 }
 
+/// What a task cut off by a crash says (the engine's `INTERRUPTED_TASK_TEXT`).
+const INTERRUPTED_TASK_TEXT: &str = "the server stopped before the agent finished";
+
+async fn list_tasks_in(
+    client: &reqwest::Client,
+    url: &str,
+    state: &str,
+    page_token: &str,
+) -> Value {
+    let response = rpc(
+        client,
+        url,
+        "ListTasks",
+        json!({"status": state, "pageSize": 100, "pageToken": page_token, "historyLength": 0}),
+    )
+    .await
+    .expect("ListTasks");
+    assert!(response.get("error").is_none(), "ListTasks: {response}");
+    response["result"].clone()
+}
+
+/// Right after a restart, before any conversation is used: no task reads as working, and every
+/// task the crash cut off reads as failed with the interrupted message (through ListTasks,
+/// GetTask and SubscribeToTask). Returns how many failed tasks are new since the last restart.
+async fn check_no_task_left_working(
+    client: &reqwest::Client,
+    url: &str,
+    failed_before: &mut BTreeSet<String>,
+) -> usize {
+    let working = list_tasks_in(client, url, "TASK_STATE_WORKING", "").await;
+    assert_eq!(
+        working["totalSize"], 0,
+        "tasks still read as working after a restart: {working}"
+    );
+    let mut new_failed = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = list_tasks_in(client, url, "TASK_STATE_FAILED", &token).await;
+        for task in page["tasks"].as_array().expect("tasks") {
+            assert_eq!(
+                text_of(&task["status"]["message"]["parts"]),
+                INTERRUPTED_TASK_TEXT,
+                "a failed task: {task}"
+            );
+            let id = task["id"].as_str().expect("task id").to_owned();
+            if failed_before.insert(id.clone()) {
+                new_failed.push(id);
+            }
+        }
+        token = page["nextPageToken"].as_str().unwrap_or("").to_owned();
+        if token.is_empty() {
+            break;
+        }
+    }
+    for id in &new_failed {
+        let got = rpc(client, url, "GetTask", json!({"id": id}))
+            .await
+            .expect("GetTask");
+        assert_eq!(
+            got["result"]["status"]["state"], "TASK_STATE_FAILED",
+            "{got}"
+        );
+        let subscribed = rpc(client, url, "SubscribeToTask", json!({"id": id}))
+            .await
+            .expect("SubscribeToTask answers a failed task with a JSON error, not a stream");
+        assert_eq!(subscribed["error"]["code"], -32004, "{subscribed}");
+    }
+    new_failed.len()
+}
+
 /// What a run of crash rounds did.
 struct Rounds {
     conversations: usize,
     acknowledged: usize,
     cut_off: usize,
+    /// Restarts that found tasks a kill had cut off mid-turn (and failed them).
+    restarts_failing_tasks: usize,
     /// How many restarts replayed the write-ahead log, from the server's log.
     replays: usize,
 }
@@ -277,8 +357,13 @@ async fn crash_rounds(
     let mut labels: BTreeMap<String, String> = BTreeMap::new();
     let mut rng = rand::thread_rng();
     let mut cut_off = 0;
+    let mut failed_tasks = BTreeSet::new();
+    let mut restarts_failing_tasks = 0;
     for round in 0..ROUNDS {
         let mut server = start(data, log, env, &client).await;
+        if check_no_task_left_working(&client, &server.url, &mut failed_tasks).await > 0 {
+            restarts_failing_tasks += 1;
+        }
         let snapshot = acked.lock().expect("acked lock").clone();
         verify(&client, &server.url, &snapshot, &labels).await;
 
@@ -331,6 +416,9 @@ async fn crash_rounds(
     }
     // A last restart checks the last crash.
     let mut server = start(data, log, env, &client).await;
+    if check_no_task_left_working(&client, &server.url, &mut failed_tasks).await > 0 {
+        restarts_failing_tasks += 1;
+    }
     let snapshot = acked.lock().expect("acked lock").clone();
     verify(&client, &server.url, &snapshot, &labels).await;
     let _ = server.child.kill();
@@ -339,14 +427,21 @@ async fn crash_rounds(
         conversations: snapshot.len(),
         acknowledged: snapshot.values().map(Vec::len).sum(),
         cut_off,
+        restarts_failing_tasks,
         replays: std::fs::read_to_string(log)
             .expect("server log")
             .matches("replayed the write-ahead log")
             .count(),
     };
     eprintln!(
-        "{} conversations, {} acknowledged turns, {} cut off, {} replays",
-        rounds.conversations, rounds.acknowledged, rounds.cut_off, rounds.replays
+        "{} conversations, {} acknowledged turns, {} cut off, {} replays, {} tasks failed by \
+         {} restarts",
+        rounds.conversations,
+        rounds.acknowledged,
+        rounds.cut_off,
+        rounds.replays,
+        failed_tasks.len(),
+        rounds.restarts_failing_tasks
     );
     assert!(
         rounds.acknowledged > ROUNDS,
@@ -357,6 +452,11 @@ async fn crash_rounds(
         rounds.cut_off >= ROUNDS / 2,
         "the crashes rarely hit running load: {}",
         rounds.cut_off
+    );
+    assert!(
+        rounds.restarts_failing_tasks >= ROUNDS / 10,
+        "the kills rarely cut off a stored running turn: {} restarts failed tasks",
+        rounds.restarts_failing_tasks
     );
     rounds
 }

@@ -48,10 +48,10 @@ fn reply_text(task: &Task) -> String {
 
 async fn stored(engine: &Engine, context_id: &str) -> Vec<Message> {
     engine
-        .conversation(ANONYMOUS, context_id, 200)
+        .conversation(ANONYMOUS, context_id, 200, None)
         .await
         .expect("read")
-        .map(|(_, messages)| messages)
+        .map(|page| page.messages)
         .unwrap_or_default()
 }
 
@@ -348,4 +348,88 @@ async fn new_context_ids_are_unguessable() {
     }
     assert_ne!(a.context_id, b.context_id);
     engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[actix_rt::test]
+async fn the_running_task_index_holds_exactly_the_turns_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), Arc::new(ScriptedAgent), EngineConfig::default());
+    let running = || engine.store().running_tasks().expect("index reads");
+
+    let hub = engine
+        .send(ANONYMOUS, user("slow 300", Some("finishes")))
+        .await
+        .unwrap();
+    assert_eq!(
+        running(),
+        vec![hub.task_id.clone()],
+        "written with the start"
+    );
+    hub.wait_final().await;
+    assert!(running().is_empty(), "removed with the end");
+
+    let hub = engine
+        .send(ANONYMOUS, user("slow 60000", Some("canceled")))
+        .await
+        .unwrap();
+    assert_eq!(running(), vec![hub.task_id.clone()]);
+    let canceled = engine.cancel(ANONYMOUS, &hub.task_id).await.unwrap();
+    assert_eq!(canceled.status.state, TaskState::Canceled);
+    assert!(running().is_empty(), "removed with the cancel");
+
+    let asked = turn(&engine, "ask: which city?", Some("waits"))
+        .await
+        .unwrap();
+    assert_eq!(asked.status.state, TaskState::InputRequired);
+    assert!(
+        running().is_empty(),
+        "a task waiting for input is not running"
+    );
+    let failed = turn(&engine, "fail", Some("fails")).await.unwrap();
+    assert_eq!(failed.status.state, TaskState::Failed);
+    assert!(running().is_empty(), "removed when the turn fails");
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
+#[actix_rt::test]
+async fn a_restart_fails_the_turns_a_crash_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_in(dir.path(), Arc::new(ScriptedAgent), EngineConfig::default());
+    let finished = turn(&engine, "hello", Some("done")).await.unwrap();
+    let hub = engine
+        .send(ANONYMOUS, user("slow 60000", Some("cut-off")))
+        .await
+        .unwrap();
+    let cut_off = hub.task_id.clone();
+    // A crash: the store keeps the task as working; no shutdown ends it.
+    engine.store().durable().await.unwrap();
+    let store = engine.store().clone();
+    drop(engine);
+    drop(hub);
+    assert_eq!(store.running_tasks().unwrap(), vec![cut_off.clone()]);
+    assert_eq!(
+        store.task(&cut_off).unwrap().unwrap().task.status.state,
+        TaskState::Working
+    );
+
+    let restarted = Engine::start(store, Arc::new(ScriptedAgent), EngineConfig::default());
+    assert_eq!(restarted.fail_interrupted_turns().await.unwrap(), 1);
+    let task = restarted.get_task(ANONYMOUS, &cut_off).await.unwrap();
+    assert_eq!(task.status.state, TaskState::Failed);
+    let said = task.status.message.as_ref().map(Message::text);
+    assert_eq!(
+        said.as_deref(),
+        Some("the server stopped before the agent finished")
+    );
+    assert!(restarted.store().running_tasks().unwrap().is_empty());
+    let untouched = restarted.get_task(ANONYMOUS, &finished.id).await.unwrap();
+    assert_eq!(
+        untouched.status, finished.status,
+        "ended tasks are left alone"
+    );
+    // The conversation carries on; its stale running task is not failed twice.
+    let next = turn(&restarted, "again", Some("cut-off")).await.unwrap();
+    assert_eq!(next.status.state, TaskState::Completed);
+    assert_eq!(restarted.fail_interrupted_turns().await.unwrap(), 0);
+    restarted.shutdown(Duration::from_secs(1)).await;
 }

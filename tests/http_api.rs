@@ -528,3 +528,134 @@ async fn card_versions_choose_the_fields() {
     );
     server.stop().await;
 }
+
+/// Every page of a listing, following `nextPageToken` until it is empty.
+async fn all_pages(server: &TestServer, method: &str, params: Value) -> Vec<Value> {
+    let mut pages = Vec::new();
+    let mut token = String::new();
+    loop {
+        let mut params = params.clone();
+        params["pageToken"] = json!(token);
+        let response = server.rpc(V1, method, params).await;
+        let result = response["result"].clone();
+        assert!(result.is_object(), "{method}: {response}");
+        token = result["nextPageToken"].as_str().unwrap().to_owned();
+        pages.push(result);
+        if token.is_empty() {
+            return pages;
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn list_tasks_pages_stop_at_the_response_budget() {
+    let server = start_scripted(|config| config.limits.response_bytes = 5000).await;
+    let mut sent = Vec::new();
+    for i in 0..12 {
+        let text = format!("turn {i} {}", "x".repeat(400));
+        let response = server.send_text(V1, &text, Some("budget"), None).await;
+        sent.push(task_of(&response)["id"].as_str().unwrap().to_owned());
+    }
+    let params = json!({"pageSize": 100, "historyLength": 100, "includeArtifacts": true});
+    let pages = all_pages(&server, "ListTasks", params.clone()).await;
+    assert!(
+        pages.len() > 1,
+        "a page stops at the budget: {}",
+        pages.len()
+    );
+    let mut seen = Vec::new();
+    for page in &pages {
+        let tasks = page["tasks"].as_array().unwrap();
+        assert!(
+            !tasks.is_empty() && tasks.len() < 12,
+            "{} tasks",
+            tasks.len()
+        );
+        assert_eq!(page["totalSize"], json!(12));
+        for task in tasks {
+            assert!(task.get("artifacts").is_some() && task.get("history").is_some());
+            seen.push(task["id"].as_str().unwrap().to_owned());
+        }
+    }
+    sent.reverse();
+    assert_eq!(seen, sent, "every task exactly once, newest first");
+    // Only what a page shows counts: without artifacts and history all twelve fit.
+    let bare = server
+        .rpc(
+            V1,
+            "ListTasks",
+            json!({"pageSize": 100, "historyLength": 0}),
+        )
+        .await;
+    assert_eq!(bare["result"]["tasks"].as_array().unwrap().len(), 12);
+    assert_eq!(bare["result"]["nextPageToken"], json!(""));
+
+    // A task larger than the whole budget still comes back, alone.
+    let big = server
+        .send_text(V1, &"y".repeat(20_000), Some("budget"), None)
+        .await;
+    let big_id = task_of(&big)["id"].as_str().unwrap().to_owned();
+    let pages = all_pages(&server, "ListTasks", params).await;
+    assert_eq!(pages[0]["tasks"].as_array().unwrap().len(), 1);
+    assert_eq!(pages[0]["tasks"][0]["id"], json!(big_id));
+    assert_ne!(pages[0]["nextPageToken"], json!(""));
+    let listed: usize = pages
+        .iter()
+        .map(|p| p["tasks"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(listed, 13);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn get_conversation_pages_through_every_message_once_in_order() {
+    let server = start_scripted(|config| config.limits.response_bytes = 3000).await;
+    let mut expected = Vec::new();
+    for i in 0..15 {
+        let text = format!("turn {i} {}", "z".repeat(300));
+        let response = server.send_text(V1, &text, Some("paged"), None).await;
+        let reply = task_of(&response)["artifacts"][0].clone();
+        expected.push(text);
+        expected.push(message_text(&reply));
+    }
+    let pages = all_pages(
+        &server,
+        "colloquy/getConversation",
+        json!({"contextId": "paged", "historyLength": 1000}),
+    )
+    .await;
+    assert!(pages.len() > 2, "pages: {}", pages.len());
+    let mut texts = Vec::new();
+    for page in &pages {
+        let messages = page["messages"].as_array().unwrap();
+        assert!(!messages.is_empty() && messages.len() < 30);
+        assert_eq!(page["turns"], json!(15));
+        texts.extend(messages.iter().map(message_text));
+    }
+    assert_eq!(texts, expected, "every message once, oldest first");
+
+    // historyLength picks where the first page starts; later pages run to the newest.
+    let pages = all_pages(
+        &server,
+        "colloquy/getConversation",
+        json!({"contextId": "paged", "historyLength": 10}),
+    )
+    .await;
+    let recent: Vec<String> = pages
+        .iter()
+        .flat_map(|p| p["messages"].as_array().unwrap().iter().map(message_text))
+        .collect();
+    assert_eq!(recent, expected[20..]);
+
+    // The shared test helper pages through as well.
+    assert_eq!(server.stored_messages(V1, "paged").await.len(), 30);
+    let bad = server
+        .rpc(
+            V1,
+            "colloquy/getConversation",
+            json!({"contextId": "paged", "pageToken": "not-ours"}),
+        )
+        .await;
+    assert_eq!(bad["error"]["code"], json!(-32602), "{bad}");
+    server.stop().await;
+}

@@ -45,7 +45,13 @@ pub struct EngineConfig {
     /// Live conversation actors; past it idle ones are stopped first, and past 110% new
     /// conversations are refused as overloaded.
     pub max_resident: usize,
+    /// What one listing page may hold, in bytes (estimated from stored sizes): a page stops
+    /// early once it is reached, though a single larger record is still returned alone.
+    pub response_bytes: usize,
 }
+
+/// The default of [`EngineConfig::response_bytes`].
+pub const DEFAULT_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -58,6 +64,7 @@ impl Default for EngineConfig {
             max_running_turns: 10_000,
             max_context_id_bytes: 256,
             max_resident: 1_000_000,
+            response_bytes: DEFAULT_RESPONSE_BYTES,
         }
     }
 }
@@ -137,6 +144,49 @@ impl Shared {
     }
 }
 
+/// How a listing shows each task.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskListView {
+    /// The most recent messages of each task's history (None: all of them).
+    pub history_length: Option<usize>,
+    pub artifacts: bool,
+}
+
+/// One page of a conversation: its metadata and messages, oldest first.
+#[derive(Debug, Clone)]
+pub struct ConversationPage {
+    pub meta: ConversationMeta,
+    pub messages: Vec<Message>,
+    /// Resumes after the last message; empty when the page reached the newest one.
+    pub next_page_token: String,
+}
+
+/// What is left of one response's byte budget. The first item always fits, however large, so
+/// a record larger than the budget still comes back (alone).
+struct ResponseBudget {
+    left: usize,
+    taken: usize,
+}
+
+impl ResponseBudget {
+    fn new(bytes: usize) -> Self {
+        ResponseBudget {
+            left: bytes,
+            taken: 0,
+        }
+    }
+
+    /// Takes an item of `bytes` if it fits.
+    fn take(&mut self, bytes: usize) -> bool {
+        if self.taken > 0 && bytes > self.left {
+            return false;
+        }
+        self.left = self.left.saturating_sub(bytes);
+        self.taken += 1;
+        true
+    }
+}
+
 /// A fresh, unguessable contextId: `ctx-` and 128 random bits in hex.
 pub fn new_context_id() -> String {
     format!("ctx-{:032x}", rand::random::<u128>())
@@ -148,6 +198,40 @@ async fn blocking<T: Send + 'static>(
     actix_rt::task::spawn_blocking(work)
         .await
         .map_err(|e| EngineError::Internal(format!("store task: {e}")))?
+}
+
+/// A listed task as the view shows it, and its estimated size: the stored sizes of its record
+/// (less its artifacts' text when they are not shown) and of the messages shown. None if it is
+/// gone.
+fn load_listed_task(
+    store: &Store,
+    task_id: &str,
+    view: TaskListView,
+) -> EngineResult<Option<(Task, usize)>> {
+    let Some((record, record_bytes)) = store.task_sized(task_id)? else {
+        return Ok(None);
+    };
+    let seqs = &record.history_seqs;
+    let shown = view
+        .history_length
+        .map_or(seqs.len(), |n| n.min(seqs.len()));
+    let (history, history_bytes) =
+        store.messages_sized(&record.conversation(), &seqs[seqs.len() - shown..])?;
+    let mut task = record.task;
+    task.history = history;
+    let mut bytes = record_bytes + history_bytes;
+    if !view.artifacts {
+        let left_out: usize = task
+            .artifacts
+            .iter()
+            .flat_map(|a| &a.parts)
+            .filter_map(|p| p.as_text())
+            .map(str::len)
+            .sum();
+        bytes = bytes.saturating_sub(left_out);
+        task.artifacts.clear();
+    }
+    Ok(Some((task, bytes)))
 }
 
 /// The engine's front door. Cheap to clone; needs a running actix System to start.
@@ -191,6 +275,12 @@ impl Engine {
     /// A durable write to the store: the readiness check.
     pub async fn probe_store(&self) -> EngineResult<()> {
         Ok(self.store().write(|store| store.probe()).await?)
+    }
+
+    /// Fails the tasks whose turns were running when the process last stopped without ending
+    /// them (a crash): call once at start, before serving. Returns how many were failed.
+    pub async fn fail_interrupted_turns(&self) -> EngineResult<usize> {
+        self.store().write(turn::fail_interrupted_tasks).await
     }
 
     pub fn resident_contexts(&self) -> usize {
@@ -315,34 +405,41 @@ impl Engine {
         blocking(move || turn::load_task(&store, &principal, &task_id).map(|(_, task)| task)).await
     }
 
+    /// One page of the principal's tasks (or a conversation's), newest status first, within
+    /// the response budget: a page stops early when the next task would exceed it.
     pub async fn list_tasks(
         &self,
         principal: &str,
         context_id: Option<&str>,
         mut query: TaskQuery,
-        with_history: bool,
+        view: TaskListView,
     ) -> EngineResult<Page<Task>> {
         query.conversation = context_id.map(|c| ConversationKey::new(principal, c));
         let store = self.store().clone();
         let principal_owned = principal.to_owned();
-        let page = blocking(move || {
-            let page = store.list_tasks(&principal_owned, &query)?;
-            let mut tasks = Vec::with_capacity(page.items.len());
-            for record in page.items {
-                let mut task = record.task.clone();
-                if with_history {
-                    task.history = store.messages(&record.conversation(), &record.history_seqs)?;
+        let mut budget = ResponseBudget::new(self.config().response_bytes);
+        blocking(move || {
+            let listed = store.list_tasks(&principal_owned, &query)?;
+            let mut tasks = Vec::with_capacity(listed.items.len());
+            let mut next_page_token = listed.next_page_token;
+            let mut resume_after: Option<&str> = None;
+            for entry in &listed.items {
+                if let Some((task, bytes)) = load_listed_task(&store, &entry.task_id, view)? {
+                    if !budget.take(bytes) {
+                        next_page_token = resume_after.unwrap_or_default().to_owned();
+                        break;
+                    }
+                    tasks.push(task);
                 }
-                tasks.push(task);
+                resume_after = Some(&entry.resume_token);
             }
             Ok(Page {
                 items: tasks,
-                next_page_token: page.next_page_token,
-                total_size: page.total_size,
+                next_page_token,
+                total_size: listed.total_size,
             })
         })
-        .await?;
-        Ok(page)
+        .await
     }
 
     pub async fn cancel(&self, principal: &str, task_id: &str) -> EngineResult<Task> {
@@ -407,26 +504,40 @@ impl Engine {
         .await
     }
 
-    /// A conversation's metadata and its `history_length` most recent messages (oldest first).
+    /// A conversation's metadata and one page of its messages, oldest first: from the
+    /// `history_length`-th most recent one, or from where `page_token` says the last page
+    /// stopped, to the newest, within the response budget.
     pub async fn conversation(
         &self,
         principal: &str,
         context_id: &str,
         history_length: usize,
-    ) -> EngineResult<Option<(ConversationMeta, Vec<Message>)>> {
+        page_token: Option<String>,
+    ) -> EngineResult<Option<ConversationPage>> {
         self.check_context_id(context_id)?;
         let store = self.store().clone();
         let key = ConversationKey::new(principal, context_id);
+        let mut budget = ResponseBudget::new(self.config().response_bytes);
         blocking(move || {
             let Some(meta) = store.conversation(&key)? else {
                 return Ok(None);
             };
-            let messages = store
-                .recent_messages(&key, meta.next_seq, history_length)?
-                .into_iter()
-                .map(|(_, m)| m)
-                .collect();
-            Ok(Some((meta, messages)))
+            let first = meta.next_seq.saturating_sub(history_length as u64);
+            let mut messages = Vec::new();
+            let mut next_page_token = String::new();
+            for entry in store.messages_from(&key, first, page_token.as_deref())? {
+                let (seq, message, bytes) = entry?;
+                if !budget.take(bytes) {
+                    next_page_token = crate::store::message_page_token(seq);
+                    break;
+                }
+                messages.push(message);
+            }
+            Ok(Some(ConversationPage {
+                meta,
+                messages,
+                next_page_token,
+            }))
         })
         .await
     }

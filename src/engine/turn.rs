@@ -123,23 +123,53 @@ pub fn begin(start: TurnStart<'_>) -> EngineResult<BegunTurn> {
     })
 }
 
-/// A task left working by a process that died: it will never finish, so it failed.
-fn fail_interrupted_task(store: &Store, task_id: &str, batch: &mut WriteBatch) -> EngineResult<()> {
-    if let Some(previous) = store.task(task_id)?
-        && !previous.task.status.state.ends_turn()
-    {
-        let mut record = previous.clone();
-        record.task.status = TaskStatus::new(
-            TaskState::Failed,
-            Some(Message::agent_text(
-                "the server stopped before this task finished",
-                &record.task.context_id,
-                Some(task_id),
-            )),
-        );
-        batch.put_task(&record, Some(&previous));
+/// What a task cut off by a crash says when it is marked failed.
+pub const INTERRUPTED_TASK_TEXT: &str = "the server stopped before the agent finished";
+
+/// A task left working by a process that died: it will never finish, so it failed. Returns
+/// whether it was still running.
+fn fail_interrupted_task(
+    store: &Store,
+    task_id: &str,
+    batch: &mut WriteBatch,
+) -> EngineResult<bool> {
+    let Some(previous) = store.task(task_id)? else {
+        return Ok(false);
+    };
+    if previous.task.status.state.ends_turn() {
+        return Ok(false);
     }
-    Ok(())
+    let mut record = previous.clone();
+    record.task.status = TaskStatus::new(
+        TaskState::Failed,
+        Some(Message::agent_text(
+            INTERRUPTED_TASK_TEXT,
+            &record.task.context_id,
+            Some(task_id),
+        )),
+    );
+    batch.put_task(&record, Some(&previous));
+    Ok(true)
+}
+
+/// At start, before any turn runs: fails every task the store's running-task index holds (the
+/// turns a crash cut off), reading only that index. A conversation's stale `running_task` is then
+/// found already failed when the conversation is next used.
+///
+/// This assumes one process owns the store: on a store shared by several processes, only the
+/// tasks of this process's own earlier run could be failed here.
+pub fn fail_interrupted_tasks(store: &Store) -> EngineResult<usize> {
+    let mut batch = WriteBatch::new();
+    let mut failed = 0;
+    for task_id in store.running_tasks()? {
+        if fail_interrupted_task(store, &task_id, &mut batch)? {
+            failed += 1;
+        } else {
+            batch.forget_running_task(&task_id);
+        }
+    }
+    store.apply(batch)?;
+    Ok(failed)
 }
 
 /// The reply (the text the caller received, in full) and the task's final state, to store.

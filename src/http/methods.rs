@@ -3,7 +3,7 @@
 use super::AppState;
 use super::rpc::Reply;
 use super::sse;
-use crate::engine::EngineError;
+use crate::engine::{EngineError, TaskListView};
 use crate::model::{Message, PartContent, SendResult, format_time};
 use crate::protocol::codec::{self, TaskView};
 use crate::protocol::fields::{Obj, field_error};
@@ -276,10 +276,14 @@ impl Call<'_> {
             page_size,
             page_token: params.opt_str("pageToken")?.map(str::to_owned),
         };
+        let list_view = TaskListView {
+            history_length,
+            artifacts: include_artifacts,
+        };
         let page = self
             .state
             .engine
-            .list_tasks(self.principal, context_id, query, history_length != Some(0))
+            .list_tasks(self.principal, context_id, query, list_view)
             .await
             .map_err(|e| self.engine_error(e))?;
         let view = TaskView {
@@ -336,24 +340,27 @@ impl Call<'_> {
     async fn get_conversation(&self) -> RpcResult<Value> {
         let context_id = self.context_id()?;
         let history_length = self.history_length()?.unwrap_or(crate::history::MAX_LIMIT);
-        let found = self
+        let token = self.params.opt_str("pageToken")?.map(str::to_owned);
+        let page = self
             .state
             .engine
-            .conversation(self.principal, context_id, history_length)
+            .conversation(self.principal, context_id, history_length, token)
             .await
-            .map_err(|e| self.engine_error(e))?;
-        let (meta, messages) =
-            found.ok_or_else(|| RpcError::ConversationNotFound(context_id.to_owned()))?;
-        let messages: Vec<Value> = messages
+            .map_err(|e| self.engine_error(e))?
+            .ok_or_else(|| RpcError::ConversationNotFound(context_id.to_owned()))?;
+        let messages: Vec<Value> = page
+            .messages
             .iter()
             .map(|m| codec::encode_message(self.version, m))
             .collect();
+        let meta = &page.meta;
         Ok(json!({
             "contextId": meta.context_id,
             "turns": meta.turns,
             "createdAt": format_time(&meta.created_at),
             "updatedAt": format_time(&meta.updated_at),
             "messages": messages,
+            "nextPageToken": page.next_page_token,
         }))
     }
 

@@ -142,6 +142,19 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
             error: e.to_string(),
         })?;
     let engine = Engine::start(store, agent, config.engine());
+    let interrupted = engine
+        .fail_interrupted_turns()
+        .await
+        .map_err(|e| ServeError::Store {
+            path: config.data.display().to_string(),
+            error: format!("failing the turns a crash cut off: {e}"),
+        })?;
+    if interrupted > 0 {
+        tracing::warn!(
+            tasks = interrupted,
+            "marked failed the tasks that were running when the server last stopped"
+        );
+    }
     let grace = Duration::from_secs(config.shutdown.grace_secs);
     let workers = match config.workers {
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),

@@ -12,6 +12,8 @@
 //! - `i` ++ conversation key ++ !status ms ++ task id -> state byte (tasks of a conversation, newest first)
 //! - `p` ++ principal key ++ !status ms ++ task id    -> state byte (tasks of a principal, newest first)
 //! - `l` ++ principal key ++ !updated ms ++ conv key  -> empty (conversations, newest first)
+//! - `r` ++ task id                                  -> empty (tasks whose turn is running: read at
+//!   start to fail what a crash cut off, without scanning the tasks)
 
 mod commit;
 mod key;
@@ -142,6 +144,26 @@ pub struct Page<T> {
     pub total_size: usize,
 }
 
+/// A task in a listing, not yet loaded: its id and the page token that resumes after it.
+#[derive(Debug, Clone)]
+pub struct ListedTask {
+    pub task_id: String,
+    pub resume_token: String,
+}
+
+/// The page token that resumes a conversation's messages at sequence number `seq`.
+pub fn message_page_token(seq: u64) -> String {
+    hex::encode(seq.to_be_bytes())
+}
+
+fn seq_of_page_token(token: &str) -> StoreResult<u64> {
+    hex::decode(token)
+        .ok()
+        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+        .map(u64::from_be_bytes)
+        .ok_or(StoreError::BadPageToken)
+}
+
 /// Collects writes, already encoded, to be applied atomically.
 #[derive(Debug, Default)]
 pub struct WriteBatch {
@@ -154,6 +176,7 @@ const TASK: u8 = b't';
 const TASKS_BY_CONVERSATION: u8 = b'i';
 const TASKS_BY_PRINCIPAL: u8 = b'p';
 const CONVERSATIONS_BY_PRINCIPAL: u8 = b'l';
+const RUNNING_TASKS: u8 = b'r';
 
 fn prefixed(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
     let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
@@ -180,6 +203,15 @@ fn message_key(key: &ConversationKey, seq: u64) -> Vec<u8> {
 
 fn task_key(task_id: &str) -> Vec<u8> {
     prefixed(TASK, &[task_id.as_bytes()])
+}
+
+fn running_task_key(task_id: &str) -> Vec<u8> {
+    prefixed(RUNNING_TASKS, &[task_id.as_bytes()])
+}
+
+/// A task is running from the batch that starts its turn to the one that ends it.
+fn is_running(record: &TaskRecord) -> bool {
+    !record.task.status.state.ends_turn()
 }
 
 fn task_index_keys(record: &TaskRecord) -> [Vec<u8>; 2] {
@@ -247,6 +279,11 @@ impl WriteBatch {
             .push(KvOp::Put(message_key(key, seq), encode(message)));
     }
 
+    /// Drops a running-task index entry whose task is gone or no longer running.
+    pub fn forget_running_task(&mut self, task_id: &str) {
+        self.ops.push(KvOp::Delete(running_task_key(task_id)));
+    }
+
     /// Writes the task; `previous` is what is stored now, to move its index entries.
     pub fn put_task(&mut self, record: &TaskRecord, previous: Option<&TaskRecord>) {
         if let Some(previous) = previous {
@@ -257,6 +294,14 @@ impl WriteBatch {
         let state = vec![record.task.status.state.code()];
         for key in task_index_keys(record) {
             self.ops.push(KvOp::Put(key, state.clone()));
+        }
+        let was_running = previous.is_some_and(is_running);
+        if is_running(record) {
+            self.ops
+                .push(KvOp::Put(running_task_key(&record.task.id), Vec::new()));
+        } else if was_running {
+            self.ops
+                .push(KvOp::Delete(running_task_key(&record.task.id)));
         }
         self.ops
             .push(KvOp::Put(task_key(&record.task.id), encode(record)));
@@ -400,25 +445,84 @@ impl Store {
             .collect()
     }
 
+    /// A conversation's messages from the one a page token names (or from sequence number
+    /// `from`), oldest first, read lazily, each with its stored size in bytes (a cheap estimate
+    /// of its size in a response).
+    pub fn messages_from<'a>(
+        &'a self,
+        key: &ConversationKey,
+        from: u64,
+        page_token: Option<&str>,
+    ) -> StoreResult<impl Iterator<Item = StoreResult<(u64, Message, usize)>> + 'a> {
+        let from = match page_token.filter(|t| !t.is_empty()) {
+            Some(token) => seq_of_page_token(token)?,
+            None => from,
+        };
+        let scan = self.backend.scan(
+            Bound::Included(message_key(key, from)),
+            Bound::Included(message_key(key, u64::MAX)),
+            false,
+        );
+        Ok(scan.map(|entry| {
+            let (k, v) = entry?;
+            Ok((seq_of(&k)?, decode(&v)?, v.len()))
+        }))
+    }
+
     pub fn messages(&self, key: &ConversationKey, seqs: &[u64]) -> StoreResult<Vec<Message>> {
+        Ok(self.messages_sized(key, seqs)?.0)
+    }
+
+    /// The messages and their total stored size in bytes.
+    pub fn messages_sized(
+        &self,
+        key: &ConversationKey,
+        seqs: &[u64],
+    ) -> StoreResult<(Vec<Message>, usize)> {
         let mut messages = Vec::with_capacity(seqs.len());
+        let mut bytes_read = 0;
         for seq in seqs {
             if let Some(bytes) = self.backend.get(&message_key(key, *seq))? {
+                bytes_read += bytes.len();
                 messages.push(decode(&bytes)?);
             }
         }
-        Ok(messages)
+        Ok((messages, bytes_read))
     }
 
     pub fn task(&self, task_id: &str) -> StoreResult<Option<TaskRecord>> {
+        Ok(self.task_sized(task_id)?.map(|(record, _)| record))
+    }
+
+    /// The task and its stored size in bytes (its artifacts included).
+    pub fn task_sized(&self, task_id: &str) -> StoreResult<Option<(TaskRecord, usize)>> {
         self.backend
             .get(&task_key(task_id))?
-            .map(|bytes| decode(&bytes))
+            .map(|bytes| Ok((decode(&bytes)?, bytes.len())))
             .transpose()
     }
 
-    /// The principal's tasks (or one conversation's), newest status first.
-    pub fn list_tasks(&self, principal: &str, query: &TaskQuery) -> StoreResult<Page<TaskRecord>> {
+    /// The ids of the tasks stored as running: one scan of the running-task index, however many
+    /// conversations and tasks are stored.
+    pub fn running_tasks(&self) -> StoreResult<Vec<String>> {
+        let prefix = vec![RUNNING_TASKS];
+        let mut ids = Vec::new();
+        for entry in self
+            .backend
+            .scan(Bound::Included(prefix.clone()), Bound::Unbounded, false)
+        {
+            let (key, _) = entry?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            ids.push(String::from_utf8_lossy(&key[prefix.len()..]).into_owned());
+        }
+        Ok(ids)
+    }
+
+    /// The principal's tasks (or one conversation's), newest status first: their ids, for the
+    /// caller to load (and stop early, resuming from an entry's token).
+    pub fn list_tasks(&self, principal: &str, query: &TaskQuery) -> StoreResult<Page<ListedTask>> {
         let prefix = match &query.conversation {
             Some(key) => prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]),
             None => prefixed(
@@ -443,14 +547,14 @@ impl Store {
             query.page_token.as_deref(),
             wanted,
         )?;
-        let mut items = Vec::with_capacity(page.items.len());
-        for key in &page.items {
-            let task_id = &key[prefix.len() + 8..];
-            let task_id = String::from_utf8_lossy(task_id);
-            if let Some(record) = self.task(&task_id)? {
-                items.push(record);
-            }
-        }
+        let items = page
+            .items
+            .iter()
+            .map(|key| ListedTask {
+                task_id: String::from_utf8_lossy(&key[prefix.len() + 8..]).into_owned(),
+                resume_token: hex::encode(&key[prefix.len()..]),
+            })
+            .collect();
         Ok(Page {
             items,
             next_page_token: page.next_page_token,
@@ -587,6 +691,7 @@ impl Store {
             let task_id = String::from_utf8_lossy(&index_key[tasks_prefix.len() + 8..]);
             if let Some(record) = self.task(&task_id)? {
                 ops.extend(task_index_keys(&record).into_iter().map(KvOp::Delete));
+                ops.push(KvOp::Delete(running_task_key(&task_id)));
                 ops.push(KvOp::Delete(task_key(&task_id)));
             }
         }

@@ -357,19 +357,25 @@ impl TestServer {
             .expect("stream opened")
     }
 
-    /// The stored messages of a conversation (via colloquy/getConversation).
+    /// The stored messages of a conversation (via colloquy/getConversation, every page).
     pub async fn stored_messages(&self, version: &str, context_id: &str) -> Vec<Value> {
-        let response = self
-            .rpc(
-                version,
-                "colloquy/getConversation",
-                json!({"contextId": context_id, "historyLength": 200}),
-            )
-            .await;
-        response["result"]["messages"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
+        let mut messages = Vec::new();
+        let mut token = String::new();
+        loop {
+            let response = self
+                .rpc(
+                    version,
+                    "colloquy/getConversation",
+                    json!({"contextId": context_id, "historyLength": 200, "pageToken": token}),
+                )
+                .await;
+            let result = &response["result"];
+            messages.extend(result["messages"].as_array().cloned().unwrap_or_default());
+            token = result["nextPageToken"].as_str().unwrap_or("").to_owned();
+            if token.is_empty() {
+                return messages;
+            }
+        }
     }
 }
 
