@@ -280,6 +280,14 @@ impl Engine {
     /// Fails the tasks whose turns were running when the process last stopped without ending
     /// them (a crash): call once at start, before serving. Returns how many were failed.
     pub async fn fail_interrupted_turns(&self) -> EngineResult<usize> {
+        // A clean stop leaves the index empty: then start-up writes (and flushes) nothing.
+        let store = self.store().clone();
+        if blocking(move || Ok(store.running_tasks()?))
+            .await?
+            .is_empty()
+        {
+            return Ok(0);
+        }
         self.store().write(turn::fail_interrupted_tasks).await
     }
 
