@@ -7,8 +7,11 @@
 //! Two kinds of crash: SIGKILL, which leaves the page cache (and so every write) intact, and a
 //! power cut, simulated by [`crashfs`], which also forgets whatever was never synced.
 
+mod common;
 #[path = "crash/crashfs.rs"]
 mod crashfs;
+
+use common::free_port;
 
 use rand::Rng;
 use serde_json::{Value, json};
@@ -37,11 +40,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    listener.local_addr().expect("local addr").port()
 }
 
 async fn start(data: &Path, log: &Path, env: &[(&str, &str)], client: &reqwest::Client) -> Server {

@@ -165,14 +165,6 @@ fn documented_series() -> Vec<String> {
     names
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A `colloquy serve` child process (killed on drop) and its base URL, once `/healthz` answers.
 struct Child {
     _process: tokio::process::Child,

@@ -61,6 +61,12 @@ pub async fn start_echo() -> TestServer {
 
 static IDS: AtomicU64 = AtomicU64::new(1);
 
+/// A loopback port free a moment ago, for a child process's `--listen`.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener.local_addr().expect("local addr").port()
+}
+
 pub fn next_id() -> u64 {
     IDS.fetch_add(1, Ordering::Relaxed)
 }
