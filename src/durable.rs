@@ -21,20 +21,26 @@ pub fn create_dir_all(dir: &Path) -> io::Result<()> {
     let mut existing = dir;
     while !existing.exists() {
         match existing.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => existing = parent,
-            _ => break,
+            Some(parent) => existing = parent,
+            None => break,
         }
     }
     fs::create_dir_all(dir)?;
     for folder in dir.ancestors() {
-        if let Some(parent) = folder.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
-        }
         if folder == existing {
             break;
         }
+        sync_dir(parent_of(folder))?;
     }
     Ok(())
+}
+
+/// The folder holding `path`'s entry (`.` for a bare relative name).
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
 }
 
 /// How many files and folders [`sync_tree`] synced.
@@ -58,17 +64,25 @@ fn sync_tree_into(dir: &Path, skip: &[&str], synced: &mut Synced) -> io::Result<
         if skip.iter().any(|s| entry.file_name() == *s) {
             continue;
         }
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            sync_tree_into(&entry.path(), &[], synced)?;
+        // An entry deleted since the listing (an old snapshot, a freed blob) has nothing to keep.
+        let gone = |e: &io::Error| e.kind() == io::ErrorKind::NotFound;
+        let kind = match entry.file_type() {
+            Ok(kind) => kind,
+            Err(e) if gone(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        let result = if kind.is_dir() {
+            sync_tree_into(&entry.path(), &[], synced)
         } else if kind.is_file() {
-            match File::open(entry.path()) {
-                Ok(file) => file.sync_all()?,
-                // Deleted since the listing (an old snapshot, a freed blob): nothing to keep.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            }
-            synced.files += 1;
+            File::open(entry.path())
+                .and_then(|file| file.sync_all())
+                .map(|()| synced.files += 1)
+        } else {
+            Ok(())
+        };
+        match result {
+            Err(e) if !gone(&e) => return Err(e),
+            _ => {}
         }
     }
     sync_dir(dir)?;
@@ -79,10 +93,7 @@ fn sync_tree_into(dir: &Path, skip: &[&str], synced: &mut Synced) -> io::Result<
 /// Replaces `path` with `bytes` so that a power cut leaves either the old file or the new one:
 /// written to a temporary file beside it, synced, renamed over it, and the folder synced.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
+    let dir = parent_of(path);
     create_dir_all(dir)?;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = dir.join(format!(
@@ -115,6 +126,14 @@ mod tests {
         assert!(deep.is_dir());
         // Existing folders are fine too.
         create_dir_all(&deep).unwrap();
+    }
+
+    #[test]
+    fn a_bare_relative_name_lives_in_the_current_folder() {
+        // Its entry is synced there: `--data mydata` must not leave the folder's name unsynced.
+        assert_eq!(parent_of(Path::new("data")), Path::new("."));
+        assert_eq!(parent_of(Path::new("a/data")), Path::new("a"));
+        assert_eq!(parent_of(Path::new("/data")), Path::new("/"));
     }
 
     #[test]

@@ -72,7 +72,8 @@ enum BodyError {
 impl BodyError {
     fn status(&self) -> StatusCode {
         match self {
-            BodyError::TooLarge { .. } | BodyError::Unreadable(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyError::Unreadable(_) => StatusCode::BAD_REQUEST,
             BodyError::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
         }
     }
