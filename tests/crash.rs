@@ -27,6 +27,9 @@ const CONTINUED_PER_ROUND: usize = 4;
 const MAX_TURNS_PER_ROUND: usize = 30;
 const MAX_TURNS_PER_CONVERSATION: usize = 60;
 
+/// The first message of each conversation in odd rounds is this large.
+const LARGE_TEXT_BYTES: usize = 150 * 1024;
+
 /// Acknowledged turns per conversation: (user text, reply text), in order.
 type Acked = BTreeMap<String, Vec<(String, String)>>;
 
@@ -137,7 +140,11 @@ async fn drive(
     acked: Arc<Mutex<Acked>>,
 ) -> bool {
     for turn in 0..turns {
-        let text = format!("{label} says {round}.{turn}");
+        let mut text = format!("{label} says {round}.{turn}");
+        if turn == 0 && round % 2 == 1 {
+            // Large enough that sled keeps the page as a blob file of its own (over 128 KiB).
+            text.push_str(&" and on".repeat(LARGE_TEXT_BYTES / 7));
+        }
         let mut message = json!({"messageId": format!("{label}-m{turn}"), "role": "ROLE_USER",
             "parts": [{"text": text}]});
         if let Some(context_id) = &context_id {
