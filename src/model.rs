@@ -256,3 +256,18 @@ pub enum SendResult {
     Task(Task),
     Message(Message),
 }
+
+/// How much of a task to show: `history_length` most recent messages (None = all), artifacts or
+/// not. The engine loads no more than this; the codec encodes no more than this.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskView {
+    pub history_length: Option<usize>,
+    pub artifacts: bool,
+}
+
+impl TaskView {
+    pub const FULL: TaskView = TaskView {
+        history_length: None,
+        artifacts: true,
+    };
+}

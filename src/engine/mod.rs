@@ -16,7 +16,7 @@ pub use hub::{StreamItem, Subscription, TaskHub};
 
 use crate::agent::SharedAgent;
 use crate::history::HistoryLimits;
-use crate::model::{Message, Role, Task};
+use crate::model::{Message, Role, Task, TaskView};
 use crate::store::{ConversationKey, ConversationMeta, Page, Store, TaskQuery};
 use context::{CancelOutcome, CancelTask, DeleteConversation, Shutdown, StartTurn, TurnStarted};
 use directory::Directory;
@@ -144,14 +144,6 @@ impl Shared {
     }
 }
 
-/// How a listing shows each task.
-#[derive(Debug, Clone, Copy)]
-pub struct TaskListView {
-    /// The most recent messages of each task's history (None: all of them).
-    pub history_length: Option<usize>,
-    pub artifacts: bool,
-}
-
 /// One page of a conversation: its metadata and messages, oldest first.
 #[derive(Debug, Clone)]
 pub struct ConversationPage {
@@ -206,7 +198,7 @@ async fn blocking<T: Send + 'static>(
 fn load_listed_task(
     store: &Store,
     task_id: &str,
-    view: TaskListView,
+    view: TaskView,
 ) -> EngineResult<Option<(Task, usize)>> {
     let Some((record, record_bytes)) = store.task_sized(task_id)? else {
         return Ok(None);
@@ -420,7 +412,7 @@ impl Engine {
         principal: &str,
         context_id: Option<&str>,
         mut query: TaskQuery,
-        view: TaskListView,
+        view: TaskView,
     ) -> EngineResult<Page<Task>> {
         query.conversation = context_id.map(|c| ConversationKey::new(principal, c));
         let store = self.store().clone();

@@ -3,7 +3,7 @@
 use super::AppState;
 use super::rpc::Reply;
 use super::sse;
-use crate::engine::{EngineError, TaskListView};
+use crate::engine::EngineError;
 use crate::model::{Message, PartContent, SendResult, format_time};
 use crate::protocol::codec::{self, TaskView};
 use crate::protocol::fields::{Obj, field_error};
@@ -276,20 +276,16 @@ impl Call<'_> {
             page_size,
             page_token: params.opt_str("pageToken")?.map(str::to_owned),
         };
-        let list_view = TaskListView {
+        let view = TaskView {
             history_length,
             artifacts: include_artifacts,
         };
         let page = self
             .state
             .engine
-            .list_tasks(self.principal, context_id, query, list_view)
+            .list_tasks(self.principal, context_id, query, view)
             .await
             .map_err(|e| self.engine_error(e))?;
-        let view = TaskView {
-            history_length,
-            artifacts: include_artifacts,
-        };
         let tasks: Vec<Value> = page
             .items
             .iter()

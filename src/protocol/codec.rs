@@ -7,6 +7,7 @@
 use super::WireVersion;
 use super::fields::{FieldResult, Obj, field_error};
 use crate::engine::StreamItem;
+pub use crate::model::TaskView;
 use crate::model::{
     Artifact, Message, Part, PartContent, Role, SendResult, Task, TaskEvent, TaskState, TaskStatus,
     format_time,
@@ -354,20 +355,6 @@ pub fn encode_artifact(version: WireVersion, artifact: &Artifact) -> Value {
         artifact.metadata.clone().map(Value::Object),
     );
     Value::Object(map)
-}
-
-/// How much of a task to show: `history_length` most recent messages (None = all), artifacts or not.
-#[derive(Debug, Clone, Copy)]
-pub struct TaskView {
-    pub history_length: Option<usize>,
-    pub artifacts: bool,
-}
-
-impl TaskView {
-    pub const FULL: TaskView = TaskView {
-        history_length: None,
-        artifacts: true,
-    };
 }
 
 pub fn encode_task(version: WireVersion, task: &Task, view: TaskView) -> Value {
