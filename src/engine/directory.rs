@@ -6,7 +6,6 @@
 //! it was never handled, so nothing ran twice and nothing is lost.
 
 use super::Shared;
-use super::agent_actor::AgentActor;
 use super::context::{ContextActor, StopIfIdle};
 use super::error::{EngineError, EngineResult};
 use crate::store::ConversationKey;
@@ -25,17 +24,12 @@ struct Resident {
     addr: Addr<ContextActor>,
 }
 
-struct Worker {
-    arbiter: ArbiterHandle,
-    agent: Addr<AgentActor>,
-}
-
 /// The arbiter threads, joined on shutdown so every actor (and its store handle) is gone after.
 type Threads = Mutex<Vec<Arbiter>>;
 
 pub struct Directory {
     shards: Box<[Mutex<HashMap<ConversationKey, Resident>>]>,
-    workers: Vec<Worker>,
+    arbiters: Vec<ArbiterHandle>,
     shared: Arc<Shared>,
     generations: AtomicU64,
     threads: Threads,
@@ -44,22 +38,12 @@ pub struct Directory {
 }
 
 impl Directory {
-    /// Starts `arbiters` arbiter threads, each with its own `AgentActor`. Needs a running actix System.
+    /// Starts `arbiters` arbiter threads. Needs a running actix System.
     pub fn start(shared: Arc<Shared>, arbiters: usize) -> Arc<Self> {
         let threads: Vec<Arbiter> = (0..arbiters.max(1)).map(|_| Arbiter::new()).collect();
-        let workers = threads
-            .iter()
-            .map(|thread| {
-                let arbiter = thread.handle();
-                let agent_backend = shared.agent.clone();
-                let agent =
-                    AgentActor::start_in_arbiter(&arbiter, move |_| AgentActor::new(agent_backend));
-                Worker { arbiter, agent }
-            })
-            .collect();
         Arc::new(Directory {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            workers,
+            arbiters: threads.iter().map(Arbiter::handle).collect(),
             shared,
             generations: AtomicU64::new(0),
             threads: Mutex::new(threads),
@@ -70,10 +54,6 @@ impl Directory {
 
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
-    }
-
-    pub fn config(&self) -> &super::EngineConfig {
-        &self.shared.config
     }
 
     fn shard(&self, key: &ConversationKey) -> MutexGuard<'_, HashMap<ConversationKey, Resident>> {
@@ -98,22 +78,16 @@ impl Directory {
             return Ok(resident.addr.clone());
         }
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
-        let worker = &self.workers[key.shard(self.workers.len())];
+        let arbiter = &self.arbiters[key.shard(self.arbiters.len())];
         let directory = self.clone();
-        let agent = worker.agent.clone();
-        let (key_copy, principal, context_id) = (*key, principal.to_owned(), context_id.to_owned());
-        let addr = ContextActor::start_in_arbiter(&worker.arbiter, move |_| {
-            ContextActor::new(
-                key_copy,
-                &principal,
-                &context_id,
-                generation,
-                directory,
-                agent,
-            )
+        let shared = self.shared.clone();
+        let (key, principal, context_id) = (*key, principal.to_owned(), context_id.to_owned());
+        let addr = ContextActor::start_in_arbiter(arbiter, move |_| {
+            let on_stop = Box::new(move || directory.forget(&key, generation));
+            ContextActor::new(key, &principal, &context_id, shared, on_stop)
         });
         let replaced = shard.insert(
-            *key,
+            key,
             Resident {
                 generation,
                 addr: addr.clone(),
@@ -158,7 +132,7 @@ impl Directory {
     }
 
     /// Removes the entry if it is still the actor of that generation (a newer one may have replaced it).
-    pub fn forget(&self, key: &ConversationKey, generation: u64) {
+    fn forget(&self, key: &ConversationKey, generation: u64) {
         let mut shard = self.shard(key);
         if shard.get(key).is_some_and(|r| r.generation == generation) {
             shard.remove(key);
@@ -213,8 +187,8 @@ impl Directory {
 
     /// Stops the arbiters and waits for their threads (off the async thread).
     pub async fn stop_arbiters(&self) {
-        for worker in &self.workers {
-            worker.arbiter.stop();
+        for arbiter in &self.arbiters {
+            arbiter.stop();
         }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         let joined = actix_rt::task::spawn_blocking(move || {

@@ -1,7 +1,7 @@
 use crate::model::TaskState;
 use crate::store::StoreError;
 
-/// Why the engine refused or failed a request. `rpc::error` maps each to a JSON-RPC code.
+/// Why the engine refused or failed a request. The HTTP edge maps each to a JSON-RPC code.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum EngineError {
     #[error("invalid params: {0}")]
@@ -30,7 +30,23 @@ impl From<StoreError> for EngineError {
             StoreError::BadPageToken => {
                 EngineError::InvalidParams("pageToken: not a token this server issued".into())
             }
-            other => EngineError::Store(other.to_string()),
+            StoreError::Busy {
+                context_id,
+                task_id,
+            } => EngineError::ContextBusy {
+                context_id,
+                task_id,
+            },
+            StoreError::TaskNotFound(task_id) => EngineError::TaskNotFound(task_id),
+            StoreError::TaskTerminal { task_id, state } => {
+                EngineError::TaskTerminal { task_id, state }
+            }
+            StoreError::TaskNotCancelable { task_id, state } => {
+                EngineError::TaskNotCancelable { task_id, state }
+            }
+            other @ (StoreError::Backend(_)
+            | StoreError::Corrupt(_)
+            | StoreError::StaleToken { .. }) => EngineError::Store(other.to_string()),
         }
     }
 }

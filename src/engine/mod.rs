@@ -1,29 +1,36 @@
 //! The conversation engine: a `Directory` of `ContextActor`s (one per live conversation), each
-//! running its turns through the `AgentActor` of its arbiter, over the [`Store`].
+//! running its turns ([`turn`]) over the [`ConversationStore`](crate::store::ConversationStore).
 //!
 //! The engine knows nothing of HTTP or wire versions: [`Engine`] is the one door the front uses.
+//! The path of one turn: `docs/architecture.md`.
 
-mod agent_actor;
 mod context;
 mod directory;
+mod drive;
 mod error;
 pub mod hub;
 mod turn;
+mod validate;
 
-pub use agent_actor::StopReason;
+pub use drive::StopReason;
 pub use error::{EngineError, EngineResult};
 pub use hub::{StreamItem, Subscription, TaskHub};
+pub use validate::{MessageLimits, ValidMessage};
 
 use crate::agent::SharedAgent;
 use crate::history::HistoryLimits;
-use crate::model::{Message, Role, Task, TaskView};
-use crate::store::{ConversationKey, ConversationMeta, Page, Store, TaskQuery};
-use context::{CancelOutcome, CancelTask, DeleteConversation, Shutdown, StartTurn, TurnStarted};
+use crate::model::{SendResult, Task};
+use crate::store::{
+    ConversationKey, ConversationMeta, ConversationPage, MessagesFrom, Page, SharedStore,
+    TaskQuery,
+};
+use context::{CancelOutcome, CancelTask, DeleteConversation, Shutdown, StartTurn, When};
 use directory::Directory;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use turn::Answer;
 
 /// The principal of requests when no authentication is configured.
 pub const ANONYMOUS: &str = "anonymous";
@@ -41,7 +48,8 @@ pub struct EngineConfig {
     pub arbiters: usize,
     /// Turns running at once across all conversations; beyond, sends are refused as overloaded.
     pub max_running_turns: usize,
-    pub max_context_id_bytes: usize,
+    /// What a caller's message may hold.
+    pub message: MessageLimits,
     /// Live conversation actors; past it idle ones are stopped first, and past 110% new
     /// conversations are refused as overloaded.
     pub max_resident: usize,
@@ -62,7 +70,7 @@ impl Default for EngineConfig {
             subscriber_buffer: 1024,
             arbiters: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_running_turns: 10_000,
-            max_context_id_bytes: 256,
+            message: MessageLimits::default(),
             max_resident: 1_000_000,
             response_bytes: DEFAULT_RESPONSE_BYTES,
         }
@@ -102,9 +110,9 @@ impl TaskRegistry {
     }
 }
 
-/// What every actor shares.
+/// What every actor and turn shares.
 pub struct Shared {
-    pub store: Store,
+    pub store: SharedStore,
     pub agent: SharedAgent,
     pub config: EngineConfig,
     pub live: TaskRegistry,
@@ -113,14 +121,23 @@ pub struct Shared {
 }
 
 impl Shared {
+    pub fn running_turns(&self) -> usize {
+        self.running.load(Ordering::Acquire)
+    }
+}
+
+/// One turn counted in the engine's running total while held.
+pub(crate) struct Permit(Arc<Shared>);
+
+impl Permit {
     /// Counts a turn in, unless the server is full or shutting down.
-    fn turn_started(&self) -> EngineResult<()> {
-        if self.shutting_down.load(Ordering::Acquire) {
+    fn take(shared: &Arc<Shared>) -> EngineResult<Permit> {
+        if shared.shutting_down.load(Ordering::Acquire) {
             return Err(EngineError::ShuttingDown);
         }
-        let running = self.running.fetch_add(1, Ordering::AcqRel) + 1;
-        if running > self.config.max_running_turns {
-            self.running.fetch_sub(1, Ordering::AcqRel);
+        let running = shared.running.fetch_add(1, Ordering::AcqRel) + 1;
+        if running > shared.config.max_running_turns {
+            shared.running.fetch_sub(1, Ordering::AcqRel);
             metrics::counter!("colloquy_overload_rejections_total").increment(1);
             return Err(EngineError::Overloaded {
                 running: running - 1,
@@ -128,54 +145,18 @@ impl Shared {
             });
         }
         metrics::gauge!("colloquy_contexts_busy").set(running as f64);
-        Ok(())
+        Ok(Permit(shared.clone()))
     }
+}
 
-    fn turn_ended(&self) {
+impl Drop for Permit {
+    fn drop(&mut self) {
         let running = self
+            .0
             .running
             .fetch_sub(1, Ordering::AcqRel)
             .saturating_sub(1);
         metrics::gauge!("colloquy_contexts_busy").set(running as f64);
-    }
-
-    pub fn running_turns(&self) -> usize {
-        self.running.load(Ordering::Acquire)
-    }
-}
-
-/// One page of a conversation: its metadata and messages, oldest first.
-#[derive(Debug, Clone)]
-pub struct ConversationPage {
-    pub meta: ConversationMeta,
-    pub messages: Vec<Message>,
-    /// Resumes after the last message; empty when the page reached the newest one.
-    pub next_page_token: String,
-}
-
-/// What is left of one response's byte budget. The first item always fits, however large, so
-/// a record larger than the budget still comes back (alone).
-struct ResponseBudget {
-    left: usize,
-    taken: usize,
-}
-
-impl ResponseBudget {
-    fn new(bytes: usize) -> Self {
-        ResponseBudget {
-            left: bytes,
-            taken: 0,
-        }
-    }
-
-    /// Takes an item of `bytes` if it fits.
-    fn take(&mut self, bytes: usize) -> bool {
-        if self.taken > 0 && bytes > self.left {
-            return false;
-        }
-        self.left = self.left.saturating_sub(bytes);
-        self.taken += 1;
-        true
     }
 }
 
@@ -184,56 +165,15 @@ pub fn new_context_id() -> String {
     format!("ctx-{:032x}", rand::random::<u128>())
 }
 
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> EngineResult<T> + Send + 'static,
-) -> EngineResult<T> {
-    actix_rt::task::spawn_blocking(work)
-        .await
-        .map_err(|e| EngineError::Internal(format!("store task: {e}")))?
-}
-
-/// A listed task as the view shows it, and its estimated size: the stored sizes of its record
-/// (less its artifacts' text when they are not shown) and of the messages shown. None if it is
-/// gone.
-fn load_listed_task(
-    store: &Store,
-    task_id: &str,
-    view: TaskView,
-) -> EngineResult<Option<(Task, usize)>> {
-    let Some((record, record_bytes)) = store.task_sized(task_id)? else {
-        return Ok(None);
-    };
-    let seqs = &record.history_seqs;
-    let shown = view
-        .history_length
-        .map_or(seqs.len(), |n| n.min(seqs.len()));
-    let (history, history_bytes) =
-        store.messages_sized(&record.conversation(), &seqs[seqs.len() - shown..])?;
-    let mut task = record.task;
-    task.history = history;
-    let mut bytes = record_bytes + history_bytes;
-    if !view.artifacts {
-        let left_out: usize = task
-            .artifacts
-            .iter()
-            .flat_map(|a| &a.parts)
-            .filter_map(|p| p.as_text())
-            .map(str::len)
-            .sum();
-        bytes = bytes.saturating_sub(left_out);
-        task.artifacts.clear();
-    }
-    Ok(Some((task, bytes)))
-}
-
 /// The engine's front door. Cheap to clone; needs a running actix System to start.
 #[derive(Clone)]
 pub struct Engine {
     directory: Arc<Directory>,
 }
 
+
 impl Engine {
-    pub fn start(store: Store, agent: SharedAgent, config: EngineConfig) -> Engine {
+    pub fn start(store: SharedStore, agent: SharedAgent, config: EngineConfig) -> Engine {
         let arbiters = config.arbiters;
         let shared = Arc::new(Shared {
             store,
@@ -252,7 +192,7 @@ impl Engine {
         self.directory.shared()
     }
 
-    pub fn store(&self) -> &Store {
+    pub fn store(&self) -> &SharedStore {
         &self.shared().store
     }
 
@@ -266,21 +206,13 @@ impl Engine {
 
     /// A durable write to the store: the readiness check.
     pub async fn probe_store(&self) -> EngineResult<()> {
-        Ok(self.store().write(|store| store.probe()).await?)
+        Ok(self.store().probe().await?)
     }
 
     /// Fails the tasks whose turns were running when the process last stopped without ending
     /// them (a crash): call once at start, before serving. Returns how many were failed.
     pub async fn fail_interrupted_turns(&self) -> EngineResult<usize> {
-        // A clean stop leaves the index empty: then start-up writes (and flushes) nothing.
-        let store = self.store().clone();
-        if blocking(move || Ok(store.running_tasks()?))
-            .await?
-            .is_empty()
-        {
-            return Ok(0);
-        }
-        self.store().write(turn::fail_interrupted_tasks).await
+        Ok(self.store().fail_interrupted_turns().await?)
     }
 
     pub fn resident_contexts(&self) -> usize {
@@ -291,59 +223,62 @@ impl Engine {
         self.shared().running_turns()
     }
 
-    fn check_context_id(&self, context_id: &str) -> EngineResult<()> {
-        let max = self.config().max_context_id_bytes;
-        if context_id.is_empty() {
-            return Err(EngineError::InvalidParams(
-                "contextId: must not be empty".into(),
-            ));
-        }
-        if context_id.len() > max {
-            return Err(EngineError::InvalidParams(format!(
-                "contextId: {} bytes, more than the limit of {max}",
-                context_id.len()
-            )));
-        }
-        Ok(())
+    /// Checks a caller's message: the one place messages are validated.
+    pub fn validate(&self, message: crate::model::Message) -> EngineResult<ValidMessage> {
+        ValidMessage::check(message, &self.config().message)
     }
 
-    /// Starts a turn. The hub follows it: wait on it (blocking send) or snapshot it.
-    pub async fn send(&self, principal: &str, message: Message) -> EngineResult<Arc<TaskHub>> {
-        Ok(self.start_turn(principal, message, false).await?.hub)
+    /// Starts a turn and returns once its start is stored; the hub follows it.
+    pub async fn send(&self, principal: &str, message: ValidMessage) -> EngineResult<Arc<TaskHub>> {
+        match self
+            .start_turn(principal, message, When::Started { subscribe: false })
+            .await?
+        {
+            Answer::Started { hub, .. } => Ok(hub),
+            Answer::Finished(_) => Err(EngineError::Internal("the turn answered late".into())),
+        }
+    }
+
+    /// Runs a turn and returns its outcome once stored.
+    pub async fn send_blocking(
+        &self,
+        principal: &str,
+        message: ValidMessage,
+    ) -> EngineResult<SendResult> {
+        match self.start_turn(principal, message, When::Finished).await? {
+            Answer::Finished(result) => Ok(result),
+            Answer::Started { hub, .. } => hub
+                .wait_final()
+                .await
+                .ok_or_else(|| EngineError::Internal("the turn ended without a result".into())),
+        }
     }
 
     /// Starts a turn and follows it from its first event.
     pub async fn send_streaming(
         &self,
         principal: &str,
-        message: Message,
+        message: ValidMessage,
     ) -> EngineResult<(Arc<TaskHub>, Subscription)> {
-        let started = self.start_turn(principal, message, true).await?;
-        let subscription = started
-            .subscription
-            .unwrap_or_else(|| started.hub.subscribe());
-        Ok((started.hub, subscription))
+        match self
+            .start_turn(principal, message, When::Started { subscribe: true })
+            .await?
+        {
+            Answer::Started { hub, subscription } => {
+                let subscription = subscription.unwrap_or_else(|| hub.subscribe());
+                Ok((hub, subscription))
+            }
+            Answer::Finished(_) => Err(EngineError::Internal("the turn answered late".into())),
+        }
     }
 
     async fn start_turn(
         &self,
         principal: &str,
-        mut message: Message,
-        stream: bool,
-    ) -> EngineResult<TurnStarted> {
-        if message.role != Role::User {
-            return Err(EngineError::InvalidParams(
-                "message.role: a message sent to the agent must have the user role".into(),
-            ));
-        }
-        if message.parts.is_empty() {
-            return Err(EngineError::InvalidParams(
-                "message.parts: must not be empty".into(),
-            ));
-        }
-        if let Some(context_id) = &message.context_id {
-            self.check_context_id(context_id)?;
-        }
+        message: ValidMessage,
+        when: When,
+    ) -> EngineResult<Answer> {
+        let mut message = message.into_inner();
         let context_id = match message.task_id.clone() {
             Some(task_id) => {
                 self.context_of_task(principal, &task_id, message.context_id.as_deref())
@@ -354,17 +289,13 @@ impl Engine {
         message.context_id = Some(context_id.clone());
         let key = ConversationKey::new(principal, &context_id);
         let task_id = message.task_id.clone();
+        let start = StartTurn {
+            message,
+            task_id,
+            when,
+        };
         self.directory
-            .call(
-                &key,
-                principal,
-                &context_id,
-                StartTurn {
-                    message,
-                    task_id,
-                    stream,
-                },
-            )
+            .call(&key, principal, &context_id, start)
             .await?
     }
 
@@ -375,24 +306,27 @@ impl Engine {
         task_id: &str,
         context_id: Option<&str>,
     ) -> EngineResult<String> {
-        let record = self.owned_task(principal, task_id).await?;
-        if let Some(context_id) = context_id.filter(|c| *c != record.task.context_id) {
+        let task = self.stored_task(principal, task_id).await?;
+        if let Some(context_id) = context_id.filter(|c| *c != task.context_id) {
             return Err(EngineError::InvalidParams(format!(
                 "contextId: {context_id:?} is not the context of task {task_id}"
             )));
         }
-        turn::ensure_open(&record)?;
-        Ok(record.task.context_id)
+        let state = task.status.state;
+        if state.is_terminal() {
+            return Err(EngineError::TaskTerminal {
+                task_id: task_id.to_owned(),
+                state,
+            });
+        }
+        Ok(task.context_id)
     }
 
-    async fn owned_task(
-        &self,
-        principal: &str,
-        task_id: &str,
-    ) -> EngineResult<crate::store::TaskRecord> {
-        let store = self.store().clone();
-        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
-        blocking(move || turn::owned_task(&store, &principal, &task_id)).await
+    async fn stored_task(&self, principal: &str, task_id: &str) -> EngineResult<Task> {
+        self.store()
+            .task(principal, task_id)
+            .await?
+            .ok_or_else(|| EngineError::TaskNotFound(task_id.to_owned()))
     }
 
     /// The task as it is now: live for a running task, else as stored.
@@ -400,69 +334,40 @@ impl Engine {
         if let Some(hub) = self.shared().live.get(principal, task_id) {
             return Ok(hub.snapshot());
         }
-        let store = self.store().clone();
-        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
-        blocking(move || turn::load_task(&store, &principal, &task_id).map(|(_, task)| task)).await
+        self.stored_task(principal, task_id).await
     }
 
     /// One page of the principal's tasks (or a conversation's), newest status first, within
     /// the response budget: a page stops early when the next task would exceed it.
-    pub async fn list_tasks(
-        &self,
-        principal: &str,
-        context_id: Option<&str>,
-        mut query: TaskQuery,
-        view: TaskView,
-    ) -> EngineResult<Page<Task>> {
-        query.conversation = context_id.map(|c| ConversationKey::new(principal, c));
-        let store = self.store().clone();
-        let principal_owned = principal.to_owned();
-        let mut budget = ResponseBudget::new(self.config().response_bytes);
-        blocking(move || {
-            let listed = store.list_tasks(&principal_owned, &query)?;
-            let mut tasks = Vec::with_capacity(listed.items.len());
-            let mut next_page_token = listed.next_page_token;
-            let mut resume_after: Option<&str> = None;
-            for entry in &listed.items {
-                if let Some((task, bytes)) = load_listed_task(&store, &entry.task_id, view)? {
-                    if !budget.take(bytes) {
-                        next_page_token = resume_after.unwrap_or_default().to_owned();
-                        break;
-                    }
-                    tasks.push(task);
-                }
-                resume_after = Some(&entry.resume_token);
-            }
-            Ok(Page {
-                items: tasks,
-                next_page_token,
-                total_size: listed.total_size,
-            })
-        })
-        .await
+    pub async fn list_tasks(&self, principal: &str, mut query: TaskQuery) -> EngineResult<Page<Task>> {
+        query.max_bytes = self.config().response_bytes;
+        Ok(self.store().list_tasks(principal, query).await?)
     }
 
     pub async fn cancel(&self, principal: &str, task_id: &str) -> EngineResult<Task> {
-        let record = self.owned_task(principal, task_id).await?;
-        turn::ensure_cancelable(&record)?;
-        let context_id = record.task.context_id.clone();
-        let key = record.conversation();
+        let task = self.stored_task(principal, task_id).await?;
+        let state = task.status.state;
+        if state.is_terminal() {
+            return Err(EngineError::TaskNotCancelable {
+                task_id: task_id.to_owned(),
+                state,
+            });
+        }
+        let key = ConversationKey::new(principal, &task.context_id);
         let cancel = CancelTask {
             task_id: task_id.to_owned(),
         };
-        let hub = match self
+        let stopping = match self
             .directory
-            .call(&key, principal, &context_id, cancel)
+            .call(&key, principal, &task.context_id, cancel)
             .await??
         {
             CancelOutcome::Done(task) => return Ok(*task),
-            CancelOutcome::Running(hub) => hub,
-            CancelOutcome::Starting(hub) => hub
-                .await
-                .map_err(|_| EngineError::TaskNotFound(task_id.to_owned()))?,
+            CancelOutcome::Stopping(stopping) => stopping,
         };
+        let hub = turn::stopped_hub(stopping, task_id).await?;
         match hub.wait_final().await {
-            Some(crate::model::SendResult::Task(task)) => Ok(task),
+            Some(SendResult::Task(task)) => Ok(task),
             _ => self.get_task(principal, task_id).await,
         }
     }
@@ -496,12 +401,10 @@ impl Engine {
         page_size: usize,
         page_token: Option<String>,
     ) -> EngineResult<Page<ConversationMeta>> {
-        let store = self.store().clone();
-        let principal = principal.to_owned();
-        blocking(move || {
-            Ok(store.list_conversations(&principal, page_size, page_token.as_deref())?)
-        })
-        .await
+        Ok(self
+            .store()
+            .list_conversations(principal, page_size, page_token)
+            .await?)
     }
 
     /// A conversation's metadata and one page of its messages, oldest first: from the
@@ -514,32 +417,16 @@ impl Engine {
         history_length: usize,
         page_token: Option<String>,
     ) -> EngineResult<Option<ConversationPage>> {
-        self.check_context_id(context_id)?;
-        let store = self.store().clone();
+        validate::check_context_id(context_id, &self.config().message)?;
         let key = ConversationKey::new(principal, context_id);
-        let mut budget = ResponseBudget::new(self.config().response_bytes);
-        blocking(move || {
-            let Some(meta) = store.conversation(&key)? else {
-                return Ok(None);
-            };
-            let first = meta.next_seq.saturating_sub(history_length as u64);
-            let mut messages = Vec::new();
-            let mut next_page_token = String::new();
-            for entry in store.messages_from(&key, first, page_token.as_deref())? {
-                let (seq, message, bytes) = entry?;
-                if !budget.take(bytes) {
-                    next_page_token = crate::store::message_page_token(seq);
-                    break;
-                }
-                messages.push(message);
-            }
-            Ok(Some(ConversationPage {
-                meta,
-                messages,
-                next_page_token,
-            }))
-        })
-        .await
+        let from = match page_token.filter(|t| !t.is_empty()) {
+            Some(token) => MessagesFrom::PageToken(token),
+            None => MessagesFrom::Latest(history_length),
+        };
+        Ok(self
+            .store()
+            .conversation_page(key, from, self.config().response_bytes)
+            .await?)
     }
 
     /// Deletes a conversation; refused while a turn runs in it.
@@ -548,7 +435,7 @@ impl Engine {
         principal: &str,
         context_id: &str,
     ) -> EngineResult<bool> {
-        self.check_context_id(context_id)?;
+        validate::check_context_id(context_id, &self.config().message)?;
         let key = ConversationKey::new(principal, context_id);
         self.directory
             .call(&key, principal, context_id, DeleteConversation)
@@ -580,7 +467,7 @@ impl Engine {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        if let Err(e) = shared.store.durable().await {
+        if let Err(e) = shared.store.flush().await {
             tracing::error!(error = %e, "final flush failed");
         }
         self.directory.stop_arbiters().await;

@@ -1,198 +1,359 @@
-//! The store side of a turn: what is written when it starts and when it ends.
+//! One running turn: a single [`Turn`] owns everything about it (the conversation's slot, the
+//! engine-wide permit, the live-task entry, the hub, the lease) from the moment its actor claims
+//! the conversation until its outcome is published. Dropping it frees all of that in one place.
 //!
-//! [`begin`] reads and writes; it runs on the store thread, so its reads and write are one step,
-//! in order with every other write. [`finish`] only computes its batch, which the caller commits
-//! ([`Store::commit`]). Either way the caller waits for the write to be durable before anyone
-//! hears of it.
+//! The path, in [`run`]: store the caller's message and the working task (persist first), render
+//! the guarded history, drive the agent, store the reply and final state, then publish.
 
+use super::drive::{Drive, StopReason, TurnOutcome, drive};
 use super::error::{EngineError, EngineResult};
+use super::hub::{Subscription, TaskHub};
+use super::{Permit, Shared};
 use crate::agent::AgentRequest;
-use crate::engine::agent_actor::TurnOutcome;
-use crate::history::{HistoryEntry, HistoryLimits, render_prompt};
+use crate::history::{HistoryEntry, render_prompt};
 use crate::model::{Artifact, Message, Role, SendResult, Task, TaskState, TaskStatus, now};
-use crate::store::{ConversationKey, ConversationMeta, Store, TaskRecord, WriteBatch};
+use crate::store::{BeginTurn, FinishTurn, Lease, TurnBegun};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
 
-/// What a started turn knows: enough to run the agent and to write the outcome.
-pub struct BegunTurn {
-    pub meta: ConversationMeta,
-    pub record: TaskRecord,
-    /// The task with its history, as streams and non-blocking callers first see it.
-    pub task: Task,
-    pub request: AgentRequest,
+/// Who holds a conversation: the turn running in it, or a delete.
+struct Occupant {
+    task_id: String,
+    stop: Option<oneshot::Sender<StopReason>>,
+    hub: HubWait,
 }
 
-pub struct TurnStart<'a> {
-    pub store: &'a Store,
-    pub key: ConversationKey,
-    pub principal: &'a str,
-    pub context_id: &'a str,
+enum HubWait {
+    Ready(Arc<TaskHub>),
+    /// The turn is still storing its start: these cancels get the hub once it exists.
+    Pending(Vec<oneshot::Sender<Arc<TaskHub>>>),
+}
+
+/// A conversation's slot, shared by its actor and the turn that holds it: at most one occupant.
+#[derive(Clone, Default)]
+pub(super) struct Slot(Arc<Mutex<Option<Occupant>>>);
+
+/// How a cancel reaches a running task.
+pub enum Stopping {
+    /// Its hub reports the canceled state once it is stored.
+    Running(Arc<TaskHub>),
+    /// Still storing its start: its hub comes once the turn has started.
+    Starting(oneshot::Receiver<Arc<TaskHub>>),
+}
+
+impl Slot {
+    /// The task of the occupant, if any.
+    pub(super) fn occupant(&self) -> Option<String> {
+        self.0.lock().as_ref().map(|o| o.task_id.clone())
+    }
+
+    /// Takes the slot for `task_id`, unless it is taken.
+    pub(super) fn claim(
+        &self,
+        task_id: &str,
+        stop: Option<oneshot::Sender<StopReason>>,
+    ) -> Option<Claim> {
+        let mut occupant = self.0.lock();
+        if occupant.is_some() {
+            return None;
+        }
+        *occupant = Some(Occupant {
+            task_id: task_id.to_owned(),
+            stop,
+            hub: HubWait::Pending(Vec::new()),
+        });
+        Some(Claim(self.clone()))
+    }
+
+    /// Stops the occupant if it runs `task_id`.
+    pub(super) fn stop(&self, task_id: &str, reason: StopReason) -> Option<Stopping> {
+        let mut guard = self.0.lock();
+        let occupant = guard.as_mut().filter(|o| o.task_id == task_id)?;
+        if let Some(stop) = occupant.stop.take() {
+            let _ = stop.send(reason);
+        }
+        Some(match &mut occupant.hub {
+            HubWait::Ready(hub) => Stopping::Running(hub.clone()),
+            HubWait::Pending(waiters) => {
+                let (tx, rx) = oneshot::channel();
+                waiters.push(tx);
+                Stopping::Starting(rx)
+            }
+        })
+    }
+
+    /// Stops whatever turn holds the slot (the server is going down).
+    pub(super) fn stop_any(&self, reason: StopReason) {
+        if let Some(stop) = self.0.lock().as_mut().and_then(|o| o.stop.take()) {
+            let _ = stop.send(reason);
+        }
+    }
+}
+
+/// A held slot; dropping it frees the conversation.
+pub(super) struct Claim(Slot);
+
+impl Claim {
+    fn set_hub(&self, hub: &Arc<TaskHub>) {
+        if let Some(occupant) = self.0.0.lock().as_mut() {
+            let waiting = std::mem::replace(&mut occupant.hub, HubWait::Ready(hub.clone()));
+            if let HubWait::Pending(waiters) = waiting {
+                for waiter in waiters {
+                    let _ = waiter.send(hub.clone());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.0.0.lock().take();
+    }
+}
+
+/// A running task's hub, findable by id (live reads, subscriptions) while held.
+struct Listed {
+    shared: Arc<Shared>,
+    hub: Arc<TaskHub>,
+}
+
+impl Drop for Listed {
+    fn drop(&mut self) {
+        self.shared.live.remove(&self.hub);
+    }
+}
+
+/// When the caller of a turn hears back.
+pub enum Answer {
+    /// Once the start is stored: the hub, and a subscription taken before the agent starts.
+    Started {
+        hub: Arc<TaskHub>,
+        subscription: Option<Subscription>,
+    },
+    /// Once the outcome is stored.
+    Finished(SendResult),
+}
+
+pub(super) enum AnswerWhen {
+    Started { subscribe: bool },
+    Finished,
+}
+
+/// What the actor hands a turn to run.
+pub(super) struct TurnRequest {
+    pub principal: Arc<str>,
+    pub context_id: Arc<str>,
+    /// Validated, its contextId and taskId set.
     pub message: Message,
     pub task_id: String,
     pub continuing: bool,
-    pub limits: HistoryLimits,
+    pub stop: oneshot::Receiver<StopReason>,
+    pub when: AnswerWhen,
+    pub answer: oneshot::Sender<EngineResult<Answer>>,
 }
 
-/// Stores the caller's message exactly as received and the task as working, in one batch.
-pub fn begin(start: TurnStart<'_>) -> EngineResult<BegunTurn> {
-    let TurnStart {
-        store,
-        key,
+/// Everything about one running turn; see the module's documentation.
+pub(super) struct Turn {
+    shared: Arc<Shared>,
+    claim: Claim,
+    _permit: Permit,
+    listed: Option<Listed>,
+    hub: Option<Arc<TaskHub>>,
+    lease: Option<Lease>,
+    ended: bool,
+}
+
+impl Turn {
+    pub(super) fn new(shared: Arc<Shared>, claim: Claim, permit: Permit) -> Self {
+        Turn {
+            shared,
+            claim,
+            _permit: permit,
+            listed: None,
+            hub: None,
+            lease: None,
+            ended: false,
+        }
+    }
+
+    /// The turn's start is stored: make its task live.
+    fn started(&mut self, principal: &str, begun: &TurnBegun) -> Arc<TaskHub> {
+        let open = !self.shared.agent.may_answer_with_message();
+        let hub = TaskHub::new(
+            principal.to_owned(),
+            begun.task.clone(),
+            open,
+            self.shared.config.subscriber_buffer,
+        );
+        self.shared.live.insert(hub.clone());
+        self.listed = Some(Listed {
+            shared: self.shared.clone(),
+            hub: hub.clone(),
+        });
+        self.claim.set_hub(&hub);
+        self.hub = Some(hub.clone());
+        self.lease = Some(begun.lease.clone());
+        hub
+    }
+
+    /// Frees everything, then publishes the outcome: the conversation is free before anyone
+    /// hears the reply.
+    fn end(mut self, result: SendResult) {
+        self.ended = true;
+        let hub = self.hub.take();
+        drop(self);
+        if let SendResult::Task(task) = &result {
+            metrics::counter!("colloquy_tasks_total", "state" => task.status.state.as_str())
+                .increment(1);
+        }
+        if let Some(hub) = hub {
+            hub.finish(result);
+        }
+    }
+}
+
+impl Drop for Turn {
+    /// A turn dropped before its end (its task panicked, or the runtime stopped): its task
+    /// fails, in the store and for everyone waiting, rather than stay working.
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let (Some(hub), Some(lease)) = (self.hub.take(), self.lease.take()) else {
+            return;
+        };
+        let mut task = hub.snapshot();
+        task.status = TaskStatus::new(
+            TaskState::Failed,
+            Some(Message::agent_text(
+                "the turn stopped unexpectedly",
+                &task.context_id,
+                Some(&task.id),
+            )),
+        );
+        let end = FinishTurn {
+            lease,
+            reply: None,
+            status: task.status.clone(),
+            artifacts: task.artifacts.clone(),
+            agent_state: None,
+        };
+        let write = self.shared.store.finish_turn(end);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = write.await {
+                    tracing::error!(error = %e, "could not store the failure of a dropped turn");
+                }
+            });
+        }
+        hub.finish(SendResult::Task(task));
+    }
+}
+
+/// Runs a claimed turn to its end; the caller hears back through `request.answer`.
+pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
+    let TurnRequest {
         principal,
         context_id,
-        mut message,
+        message,
         task_id,
         continuing,
-        limits,
-    } = start;
-    let stored_meta = store.conversation(&key)?;
-    let mut meta = stored_meta
-        .clone()
-        .unwrap_or_else(|| ConversationMeta::new(principal, context_id));
-    let mut batch = WriteBatch::new();
-    if let Some(stale) = meta.running_task.take() {
-        fail_interrupted_task(store, &stale, &mut batch)?;
-    }
-    let render_started = std::time::Instant::now();
-    // A conversation never stored has no messages to read.
-    let recent = match &stored_meta {
-        Some(stored) => store.recent_messages(&key, stored.next_seq, limits.limit)?,
-        None => Vec::new(),
+        stop,
+        when,
+        answer,
+    } = request;
+    let shared = turn.shared.clone();
+    let limits = shared.config.history;
+    let begin = BeginTurn {
+        principal: principal.to_string(),
+        context_id: context_id.to_string(),
+        message,
+        task_id,
+        continuing,
+        history_limit: limits.limit,
     };
-    let history: Vec<HistoryEntry> = recent.iter().map(|(_, m)| HistoryEntry::from(m)).collect();
-
-    let (mut record, previous) = if continuing {
-        let record = owned_task(store, principal, &task_id)?;
-        if record.task.context_id != context_id {
-            return Err(EngineError::TaskNotFound(task_id));
+    let begun = match shared.store.begin_turn(begin).await {
+        Ok(begun) => begun,
+        Err(e) => {
+            let _ = answer.send(Err(e.into()));
+            return;
         }
-        ensure_open(&record)?;
-        (record.clone(), Some(record))
-    } else {
-        let record = TaskRecord {
-            task: Task {
-                id: task_id.clone(),
-                context_id: context_id.to_owned(),
-                status: TaskStatus::new(TaskState::Submitted, None),
-                artifacts: Vec::new(),
-                history: Vec::new(),
-                metadata: None,
-            },
-            principal: principal.to_owned(),
-            history_seqs: Vec::new(),
-        };
-        (record, None)
     };
+    let hub = turn.started(&principal, &begun);
+    let answer = match when {
+        AnswerWhen::Started { subscribe } => {
+            let subscription = subscribe.then(|| hub.subscribe());
+            let started = Answer::Started {
+                hub: hub.clone(),
+                subscription,
+            };
+            // A caller that left does not stop the turn.
+            let _ = answer.send(Ok(started));
+            None
+        }
+        AnswerWhen::Finished => Some(answer),
+    };
+    let request = agent_request(&begun, limits);
+    let outcome = drive(
+        &shared.agent,
+        request,
+        Drive {
+            hub: &hub,
+            stop,
+            timeout: shared.config.agent_timeout,
+            store: &shared.store,
+            lease: &begun.lease,
+        },
+    )
+    .await;
+    let (result, end) = conclude(begun, outcome, hub.artifacts(), hub.reply_text());
+    let result = match shared.store.finish_turn(end).await {
+        Ok(()) => result,
+        Err(e) => {
+            tracing::error!(error = %e, "could not store the end of a turn");
+            unstored(&hub, &e.to_string())
+        }
+    };
+    turn.end(result.clone());
+    if let Some(answer) = answer {
+        let _ = answer.send(Ok(Answer::Finished(result)));
+    }
+}
 
-    message.context_id = Some(context_id.to_owned());
-    message.task_id = Some(task_id.clone());
-    message.timestamp = Some(now());
-    let seq = meta.next_seq;
-    meta.next_seq += 1;
-    meta.turns += 1;
-    meta.updated_at = now();
-    meta.running_task = Some(task_id.clone());
-    batch.append_message(&key, seq, &message);
-    record.history_seqs.push(seq);
-    record.task.status = TaskStatus::new(TaskState::Working, None);
-    record.task.artifacts.clear();
-    batch.put_task(&record, previous.as_ref());
-    batch.put_conversation(&meta, stored_meta.as_ref());
-
-    let mut task = record.task.clone();
-    let earlier = &record.history_seqs[..record.history_seqs.len() - 1];
-    task.history = store.messages(&key, earlier)?;
-    task.history.push(message.clone());
+/// What the agent gets: the caller's message, the recent history and the guarded prompt.
+fn agent_request(begun: &TurnBegun, limits: crate::history::HistoryLimits) -> AgentRequest {
+    let render_started = Instant::now();
+    let message = begun.task.history.last().cloned().unwrap_or_else(|| {
+        Message::agent_text("", &begun.task.context_id, Some(&begun.task.id))
+    });
+    let history: Vec<HistoryEntry> = begun.recent.iter().map(HistoryEntry::from).collect();
     let prompt = render_prompt(&history, &message.text(), limits);
     metrics::histogram!("colloquy_history_render_seconds").record(render_started.elapsed());
     metrics::counter!("colloquy_history_messages_rendered_total").increment(history.len() as u64);
-    let request = AgentRequest {
-        context_id: context_id.to_owned(),
-        task_id,
+    AgentRequest {
+        context_id: begun.task.context_id.clone(),
+        task_id: begun.task.id.clone(),
         message,
         history,
         prompt,
-        turn: meta.turns,
-        state: meta.agent_state.clone(),
-    };
-    store.apply(batch)?;
-    Ok(BegunTurn {
-        meta,
-        record,
-        task,
-        request,
-    })
-}
-
-/// What a task cut off by a crash says when it is marked failed.
-pub const INTERRUPTED_TASK_TEXT: &str = "the server stopped before the agent finished";
-
-/// A task left working by a process that died: it will never finish, so it failed. Returns
-/// whether it was still running.
-fn fail_interrupted_task(
-    store: &Store,
-    task_id: &str,
-    batch: &mut WriteBatch,
-) -> EngineResult<bool> {
-    let Some(previous) = store.task(task_id)? else {
-        return Ok(false);
-    };
-    if previous.task.status.state.ends_turn() {
-        return Ok(false);
+        turn: begun.turn,
+        state: begun.agent_state.clone(),
     }
-    let mut record = previous.clone();
-    record.task.status = TaskStatus::new(
-        TaskState::Failed,
-        Some(Message::agent_text(
-            INTERRUPTED_TASK_TEXT,
-            &record.task.context_id,
-            Some(task_id),
-        )),
-    );
-    batch.put_task(&record, Some(&previous));
-    Ok(true)
 }
 
-/// At start, before any turn runs: fails every task the store's running-task index holds (the
-/// turns a crash cut off), reading only that index. A conversation's stale `running_task` is then
-/// found already failed when the conversation is next used.
-///
-/// This assumes one process owns the store: on a store shared by several processes, only the
-/// tasks of this process's own earlier run could be failed here.
-pub fn fail_interrupted_tasks(store: &Store) -> EngineResult<usize> {
-    let mut batch = WriteBatch::new();
-    let mut failed = 0;
-    for task_id in store.running_tasks()? {
-        if fail_interrupted_task(store, &task_id, &mut batch)? {
-            failed += 1;
-        } else {
-            batch.forget_running_task(&task_id);
-        }
-    }
-    store.apply(batch)?;
-    Ok(failed)
-}
-
-/// The reply (the text the caller received, in full) and the task's final state, to store.
-pub fn finish(
-    begun: BegunTurn,
+/// The caller's answer and what to store: the reply (the text the caller received, in full)
+/// and the task's final state.
+fn conclude(
+    begun: TurnBegun,
     outcome: TurnOutcome,
     artifacts: Vec<Artifact>,
     reply_text: String,
-) -> (SendResult, WriteBatch) {
-    let BegunTurn {
-        meta: began_meta,
-        mut record,
-        task: begun_task,
-        ..
-    } = begun;
-    // The task's messages so far were loaded when the turn began; only the reply is new.
-    let mut history = begun_task.history;
-    let key = began_meta.key();
-    let mut meta = began_meta.clone();
-    let context_id = meta.context_id.clone();
-    let task_id = record.task.id.clone();
-    let mut batch = WriteBatch::new();
-
+) -> (SendResult, FinishTurn) {
+    let TurnBegun { lease, task, .. } = begun;
+    let (context_id, task_id) = (task.context_id.clone(), task.id.clone());
     let status_message = outcome
         .status_text
         .as_deref()
@@ -204,98 +365,57 @@ pub fn finish(
         (None, true) if outcome.state.is_interrupted() => status_message.clone(),
         (None, true) => None,
     };
-    if let Some(mut reply) = reply {
+    let reply = reply.map(|mut reply| {
         reply.role = Role::Agent;
         reply.context_id = Some(context_id.clone());
         reply.task_id = Some(task_id.clone());
         reply.timestamp.get_or_insert_with(now);
-        batch.append_message(&key, meta.next_seq, &reply);
-        record.history_seqs.push(meta.next_seq);
-        meta.next_seq += 1;
-        history.push(reply);
-    }
-    let previous = record.clone();
-    record.task.status = TaskStatus::new(outcome.state, status_message);
-    record.task.artifacts = artifacts;
-    batch.put_task(&record, Some(&previous));
-    meta.running_task = None;
-    meta.updated_at = now();
-    if outcome.agent_state.is_some() {
-        meta.agent_state = outcome.agent_state.clone();
-    }
-    batch.put_conversation(&meta, Some(&began_meta));
-
-    if let Some(mut message) = outcome.message {
-        message.context_id = Some(context_id);
-        message.task_id = None;
-        return (SendResult::Message(message), batch);
-    }
-    let mut task = record.task;
-    task.history = history;
-    (SendResult::Task(task), batch)
+        reply
+    });
+    let mut final_task = Task {
+        status: TaskStatus::new(outcome.state, status_message),
+        artifacts,
+        ..task
+    };
+    final_task.history.extend(reply.clone());
+    let end = FinishTurn {
+        lease,
+        reply,
+        status: final_task.status.clone(),
+        artifacts: final_task.artifacts.clone(),
+        agent_state: outcome.agent_state,
+    };
+    let result = match outcome.message {
+        Some(mut message) => {
+            message.context_id = Some(context_id);
+            message.task_id = None;
+            SendResult::Message(message)
+        }
+        None => SendResult::Task(final_task),
+    };
+    (result, end)
 }
 
-/// Cancels a task that is not running (waiting for input): it becomes canceled.
-pub fn cancel_waiting(store: &Store, principal: &str, task_id: &str) -> EngineResult<Task> {
-    let previous = owned_task(store, principal, task_id)?;
-    ensure_cancelable(&previous)?;
-    let mut record = previous.clone();
-    record.task.status = TaskStatus::new(
-        TaskState::Canceled,
+/// The task as the caller sees it when its end could not be stored.
+fn unstored(hub: &TaskHub, error: &str) -> SendResult {
+    let mut task = hub.snapshot();
+    task.status = TaskStatus::new(
+        TaskState::Failed,
         Some(Message::agent_text(
-            "canceled by the client",
-            &record.task.context_id,
-            Some(task_id),
+            format!("the reply could not be stored: {error}"),
+            &task.context_id,
+            Some(&task.id),
         )),
     );
-    let mut batch = WriteBatch::new();
-    batch.put_task(&record, Some(&previous));
-    store.apply(batch)?;
-    let mut task = record.task.clone();
-    task.history = store.messages(&record.conversation(), &record.history_seqs)?;
-    Ok(task)
+    SendResult::Task(task)
 }
 
-/// The stored task if it belongs to `principal`; another principal's task is simply not found.
-pub fn owned_task(store: &Store, principal: &str, task_id: &str) -> EngineResult<TaskRecord> {
-    store
-        .task(task_id)?
-        .filter(|r| r.principal == principal)
-        .ok_or_else(|| EngineError::TaskNotFound(task_id.to_owned()))
-}
-
-/// A message may continue this task only while it is not terminal.
-pub fn ensure_open(record: &TaskRecord) -> EngineResult<()> {
-    let state = record.task.status.state;
-    if state.is_terminal() {
-        return Err(EngineError::TaskTerminal {
-            task_id: record.task.id.clone(),
-            state,
-        });
+/// Converts what a stop returns into the hub to wait on.
+pub(super) async fn stopped_hub(stopping: Stopping, task_id: &str) -> EngineResult<Arc<TaskHub>> {
+    match stopping {
+        Stopping::Running(hub) => Ok(hub),
+        Stopping::Starting(hub) => hub
+            .await
+            .map_err(|_| EngineError::TaskNotFound(task_id.to_owned())),
     }
-    Ok(())
-}
-
-/// Only a task that has not ended can be canceled.
-pub fn ensure_cancelable(record: &TaskRecord) -> EngineResult<()> {
-    let state = record.task.status.state;
-    if state.is_terminal() {
-        return Err(EngineError::TaskNotCancelable {
-            task_id: record.task.id.clone(),
-            state,
-        });
-    }
-    Ok(())
-}
-
-/// A stored task with its history, as `GetTask` shows it.
-pub fn load_task(
-    store: &Store,
-    principal: &str,
-    task_id: &str,
-) -> EngineResult<(TaskRecord, Task)> {
-    let record = owned_task(store, principal, task_id)?;
-    let mut task = record.task.clone();
-    task.history = store.messages(&record.conversation(), &record.history_seqs)?;
-    Ok((record, task))
 }

@@ -1,37 +1,29 @@
-//! Persistence: conversations, their messages, tasks and the listing indexes.
+//! Persistence: the record-level interface the engine talks to, and its implementations.
 //!
-//! [`Store`] lays typed records out over an ordered key-value [`KvBackend`] with atomic batches
-//! and group-committed durability. sled is the embedded backend; any ordered KV store with atomic
-//! multi-key writes (the distributed databases colloquy moves onto past one machine) fits the trait.
-//! What is synced when, so that an acknowledged write survives a power cut: `docs/durability.md`.
+//! [`ConversationStore`] names what a conversation engine needs (begin a turn, record a status,
+//! finish a turn, cancel a waiting task, read, list, delete), never raw keys. Every condition a
+//! write depends on (a busy conversation, a terminal task, a stale ownership token) is checked by
+//! the store operation itself, atomically with the write, so the contract holds when several
+//! processes share one database. Every write resolves only once it is durable.
 //!
-//! Key layout (one keyspace, a record-type byte first):
-//! - `c` ++ conversation key                         -> [`ConversationMeta`]
-//! - `m` ++ conversation key ++ seq (u64 BE)         -> [`Message`]
-//! - `t` ++ task id                                  -> [`TaskRecord`]
-//! - `i` ++ conversation key ++ !status ms ++ task id -> state byte (tasks of a conversation, newest first)
-//! - `p` ++ principal key ++ !status ms ++ task id    -> state byte (tasks of a principal, newest first)
-//! - `l` ++ principal key ++ !updated ms ++ conv key  -> empty (conversations, newest first)
-//! - `r` ++ task id                                  -> empty (tasks whose turn is running: read at
-//!   start to fail what a crash cut off, without scanning the tasks)
+//! Implementations: [`EmbeddedStore`] (sled behind colloquy's write-ahead log, the default). The
+//! conformance suite in `tests/it/store_conformance.rs` runs against each.
 
-mod commit;
+mod embedded;
 mod key;
-mod sled_backend;
-mod wal;
 
+pub use embedded::{
+    DEFAULT_CHECKPOINT_EVERY, EmbeddedStore, KvBackend, KvOp, SledBackend, SledOptions,
+};
 pub use key::{ConversationKey, KEY_LEN, NAMESPACE_VERSION, PrincipalKey};
-pub use sled_backend::SledBackend;
-pub use wal::{DEFAULT_CHECKPOINT_EVERY, WalBackend};
 
-use crate::model::{Message, Task, TaskState};
+use crate::model::{Artifact, Message, Task, TaskState, TaskStatus, TaskView};
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
-use std::ops::Bound;
 use std::sync::Arc;
 
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StoreError {
     #[error("storage backend: {0}")]
     Backend(String),
@@ -39,38 +31,143 @@ pub enum StoreError {
     Corrupt(String),
     #[error("invalid page token")]
     BadPageToken,
+    /// A turn is running in the conversation (its lease is held).
+    #[error("task {task_id} is still running in context {context_id}")]
+    Busy { context_id: String, task_id: String },
+    /// The write's ownership token is not the conversation's current one: another turn (or
+    /// another node) took the conversation since this turn began.
+    #[error("the turn of task {task_id} no longer owns its conversation")]
+    StaleToken { task_id: String },
+    #[error("task not found: {0}")]
+    TaskNotFound(String),
+    #[error("task {task_id} is {} and accepts no more messages", state.as_str())]
+    TaskTerminal { task_id: String, state: TaskState },
+    #[error("task {task_id} is {} and cannot be canceled", state.as_str())]
+    TaskNotCancelable { task_id: String, state: TaskState },
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
-pub type KvPair = (Vec<u8>, Vec<u8>);
+/// A shared handle to whichever store the configuration chose.
+pub type SharedStore = Arc<dyn ConversationStore>;
 
-/// One write of an atomic batch.
-#[derive(Debug, Clone)]
-pub enum KvOp {
-    Put(Vec<u8>, Vec<u8>),
-    Delete(Vec<u8>),
+/// The record-level store interface. Futures are `'static` so callers can spawn them.
+pub trait ConversationStore: Send + Sync + 'static {
+    /// Takes the conversation (refused with [`StoreError::Busy`] while another turn holds it),
+    /// stores the caller's message and the task as working, atomically and durably, and returns
+    /// what the turn needs, with the ownership token its later writes carry.
+    fn begin_turn(&self, turn: BeginTurn) -> BoxFuture<'static, StoreResult<TurnBegun>>;
+
+    /// Records a status the task passes through while its turn runs.
+    fn record_status(
+        &self,
+        lease: &Lease,
+        status: TaskStatus,
+    ) -> BoxFuture<'static, StoreResult<()>>;
+
+    /// Stores the turn's reply and final state and releases the conversation.
+    fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>>;
+
+    /// Cancels a task that waits for input (not running): it becomes canceled. Returns it.
+    fn cancel_waiting(&self, principal: &str, task_id: &str)
+    -> BoxFuture<'static, StoreResult<Task>>;
+
+    /// Fails every task whose turn was running when its owner stopped without ending it (a
+    /// crash). Returns how many. On an embedded store call once at start, before serving.
+    fn fail_interrupted_turns(&self) -> BoxFuture<'static, StoreResult<usize>>;
+
+    fn conversation(
+        &self,
+        key: ConversationKey,
+    ) -> BoxFuture<'static, StoreResult<Option<ConversationMeta>>>;
+
+    /// One page of a conversation's messages, oldest first, within `max_bytes`.
+    fn conversation_page(
+        &self,
+        key: ConversationKey,
+        from: MessagesFrom,
+        max_bytes: usize,
+    ) -> BoxFuture<'static, StoreResult<Option<ConversationPage>>>;
+
+    /// The principal's task with its whole history; another principal's task is not found.
+    fn task(&self, principal: &str, task_id: &str) -> BoxFuture<'static, StoreResult<Option<Task>>>;
+
+    /// The principal's tasks (or one conversation's), newest status first, within the query's
+    /// byte budget.
+    fn list_tasks(
+        &self,
+        principal: &str,
+        query: TaskQuery,
+    ) -> BoxFuture<'static, StoreResult<Page<Task>>>;
+
+    /// The principal's conversations, most recently updated first.
+    fn list_conversations(
+        &self,
+        principal: &str,
+        page_size: usize,
+        page_token: Option<String>,
+    ) -> BoxFuture<'static, StoreResult<Page<ConversationMeta>>>;
+
+    /// Removes a conversation with its messages and tasks; refused with [`StoreError::Busy`]
+    /// while a turn runs in it. False if there was none.
+    fn delete_conversation(&self, key: ConversationKey) -> BoxFuture<'static, StoreResult<bool>>;
+
+    /// A durable write of a probe record: shows the store takes writes (readiness).
+    fn probe(&self) -> BoxFuture<'static, StoreResult<()>>;
+
+    /// Resolves once everything written before the call is durable (shutdown).
+    fn flush(&self) -> BoxFuture<'static, StoreResult<()>>;
+
+    /// Bytes the store occupies, if it can tell (the metrics endpoint).
+    fn size_on_disk(&self) -> BoxFuture<'static, StoreResult<u64>>;
 }
 
-/// An ordered key-value store with atomic batches and group-committed durability.
-pub trait KvBackend: Send + Sync + 'static {
-    fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>>;
-    /// Applies all operations atomically (not yet durably: see [`KvBackend::flush`]).
-    fn apply(&self, ops: Vec<KvOp>) -> StoreResult<()>;
-    /// Applies the operations in order, each on its own: a crash may keep any prefix of them.
-    /// For backends whose atomic batches cost more (sled's lock readers out).
-    fn apply_each(&self, ops: Vec<KvOp>) -> StoreResult<()> {
-        self.apply(ops)
-    }
-    fn scan<'a>(
-        &'a self,
-        from: Bound<Vec<u8>>,
-        to: Bound<Vec<u8>>,
-        reverse: bool,
-    ) -> Box<dyn Iterator<Item = StoreResult<KvPair>> + 'a>;
-    /// Makes everything applied before the call durable (blocks until it is on disk).
-    fn flush(&self) -> StoreResult<()>;
-    fn size_on_disk(&self) -> StoreResult<u64>;
+/// A turn's hold on its conversation: every write of the turn carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub key: ConversationKey,
+    pub task_id: String,
+    /// The conversation's generation when the turn took it; incremented at every take.
+    pub token: u64,
+}
+
+/// What starting a turn stores.
+#[derive(Debug, Clone)]
+pub struct BeginTurn {
+    pub principal: String,
+    pub context_id: String,
+    /// The caller's message, validated, with its contextId set.
+    pub message: Message,
+    pub task_id: String,
+    /// `task_id` names a stored task waiting for input, which this message answers.
+    pub continuing: bool,
+    /// How many of the conversation's latest messages to return for the agent's history.
+    pub history_limit: usize,
+}
+
+/// What a started turn knows.
+#[derive(Debug, Clone)]
+pub struct TurnBegun {
+    pub lease: Lease,
+    /// The task as stored, working, with its history (the caller's message last).
+    pub task: Task,
+    /// The conversation's latest messages before this one, oldest first.
+    pub recent: Vec<Message>,
+    /// This message's turn number in the conversation (1 for the first).
+    pub turn: u64,
+    pub agent_state: Option<serde_json::Value>,
+}
+
+/// What ending a turn stores.
+#[derive(Debug, Clone)]
+pub struct FinishTurn {
+    pub lease: Lease,
+    /// The agent's reply, appended to the conversation and the task's history.
+    pub reply: Option<Message>,
+    pub status: TaskStatus,
+    pub artifacts: Vec<Artifact>,
+    /// Replaces the conversation's agent state when set.
+    pub agent_state: Option<serde_json::Value>,
 }
 
 /// What is kept about a conversation besides its messages.
@@ -84,9 +181,12 @@ pub struct ConversationMeta {
     /// Messages the caller sent into this conversation.
     pub turns: u64,
     pub next_seq: u64,
-    /// The task running when this was written: found still set by a new actor, it was cut off by a crash.
+    /// The task whose turn holds the conversation, if any.
     #[serde(default)]
     pub running_task: Option<String>,
+    /// The ownership token of the latest turn (see [`Lease`]).
+    #[serde(default)]
+    pub token: u64,
     /// Opaque per-conversation state an agent backend keeps (an upstream contextId, say).
     #[serde(default)]
     pub agent_state: Option<serde_json::Value>,
@@ -103,6 +203,7 @@ impl ConversationMeta {
             turns: 0,
             next_seq: 0,
             running_task: None,
+            token: 0,
             agent_state: None,
         }
     }
@@ -112,28 +213,50 @@ impl ConversationMeta {
     }
 }
 
-/// A task as stored: its history lives in the conversation, referenced by sequence number.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskRecord {
-    pub task: Task,
-    pub principal: String,
-    pub history_seqs: Vec<u64>,
+/// Where a conversation page starts.
+#[derive(Debug, Clone)]
+pub enum MessagesFrom {
+    /// At the `n`-th most recent message.
+    Latest(usize),
+    /// Where a previous page's `next_page_token` says it stopped.
+    PageToken(String),
 }
 
-impl TaskRecord {
-    pub fn conversation(&self) -> ConversationKey {
-        ConversationKey::new(&self.principal, &self.task.context_id)
-    }
+/// One page of a conversation: its metadata and messages, oldest first.
+#[derive(Debug, Clone)]
+pub struct ConversationPage {
+    pub meta: ConversationMeta,
+    pub messages: Vec<Message>,
+    /// Resumes after the last message; empty when the page reached the newest one.
+    pub next_page_token: String,
 }
 
-/// Filters and paging for [`Store::list_tasks`].
-#[derive(Debug, Clone, Default)]
+/// Filters, paging and view for [`ConversationStore::list_tasks`].
+#[derive(Debug, Clone)]
 pub struct TaskQuery {
-    pub conversation: Option<ConversationKey>,
+    pub context_id: Option<String>,
     pub state: Option<TaskState>,
     pub status_after: Option<DateTime<Utc>>,
     pub page_size: usize,
     pub page_token: Option<String>,
+    pub view: TaskView,
+    /// What the page may hold, in bytes (estimated from stored sizes): it stops early once
+    /// reached, though a single larger task is still returned alone.
+    pub max_bytes: usize,
+}
+
+impl Default for TaskQuery {
+    fn default() -> Self {
+        TaskQuery {
+            context_id: None,
+            state: None,
+            status_after: None,
+            page_size: 50,
+            page_token: None,
+            view: TaskView::FULL,
+            max_bytes: usize::MAX,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -144,566 +267,28 @@ pub struct Page<T> {
     pub total_size: usize,
 }
 
-/// A task in a listing, not yet loaded: its id and the page token that resumes after it.
-#[derive(Debug, Clone)]
-pub struct ListedTask {
-    pub task_id: String,
-    pub resume_token: String,
+/// What is left of one response's byte budget. The first item always fits, however large, so
+/// a record larger than the budget still comes back (alone).
+pub(crate) struct ResponseBudget {
+    left: usize,
+    taken: usize,
 }
 
-/// The page token that resumes a conversation's messages at sequence number `seq`.
-pub fn message_page_token(seq: u64) -> String {
-    hex::encode(seq.to_be_bytes())
-}
-
-fn seq_of_page_token(token: &str) -> StoreResult<u64> {
-    hex::decode(token)
-        .ok()
-        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
-        .map(u64::from_be_bytes)
-        .ok_or(StoreError::BadPageToken)
-}
-
-/// Collects writes, already encoded, to be applied atomically.
-#[derive(Debug, Default)]
-pub struct WriteBatch {
-    ops: Vec<KvOp>,
-}
-
-const CONVERSATION: u8 = b'c';
-const MESSAGE: u8 = b'm';
-const TASK: u8 = b't';
-const TASKS_BY_CONVERSATION: u8 = b'i';
-const TASKS_BY_PRINCIPAL: u8 = b'p';
-const CONVERSATIONS_BY_PRINCIPAL: u8 = b'l';
-const RUNNING_TASKS: u8 = b'r';
-
-fn prefixed(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
-    let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
-    let mut key = Vec::with_capacity(len);
-    key.push(kind);
-    for part in parts {
-        key.extend_from_slice(part);
-    }
-    key
-}
-
-/// Newest first in a forward scan.
-fn inverted_millis(t: &DateTime<Utc>) -> [u8; 8] {
-    (u64::MAX - t.timestamp_millis().max(0) as u64).to_be_bytes()
-}
-
-fn conversation_key(key: &ConversationKey) -> Vec<u8> {
-    prefixed(CONVERSATION, &[key.as_bytes()])
-}
-
-fn message_key(key: &ConversationKey, seq: u64) -> Vec<u8> {
-    prefixed(MESSAGE, &[key.as_bytes(), &seq.to_be_bytes()])
-}
-
-fn task_key(task_id: &str) -> Vec<u8> {
-    prefixed(TASK, &[task_id.as_bytes()])
-}
-
-fn running_task_key(task_id: &str) -> Vec<u8> {
-    prefixed(RUNNING_TASKS, &[task_id.as_bytes()])
-}
-
-/// A task is running from the batch that starts its turn to the one that ends it.
-fn is_running(record: &TaskRecord) -> bool {
-    !record.task.status.state.ends_turn()
-}
-
-fn task_index_keys(record: &TaskRecord) -> [Vec<u8>; 2] {
-    let ts = inverted_millis(&record.task.status.timestamp);
-    let id = record.task.id.as_bytes();
-    [
-        prefixed(
-            TASKS_BY_CONVERSATION,
-            &[record.conversation().as_bytes(), &ts, id],
-        ),
-        prefixed(
-            TASKS_BY_PRINCIPAL,
-            &[PrincipalKey::new(&record.principal).as_bytes(), &ts, id],
-        ),
-    ]
-}
-
-fn conversation_index_key(meta: &ConversationMeta) -> Vec<u8> {
-    prefixed(
-        CONVERSATIONS_BY_PRINCIPAL,
-        &[
-            PrincipalKey::new(&meta.principal).as_bytes(),
-            &inverted_millis(&meta.updated_at),
-            meta.key().as_bytes(),
-        ],
-    )
-}
-
-fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    // Serialising our own plain data types to JSON cannot fail (no maps with non-string keys).
-    serde_json::to_vec(value).unwrap_or_default()
-}
-
-fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> StoreResult<T> {
-    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
-}
-
-impl WriteBatch {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
-    }
-
-    /// Writes the conversation's metadata; `previous` is what is stored now, to move its index entry.
-    pub fn put_conversation(
-        &mut self,
-        meta: &ConversationMeta,
-        previous: Option<&ConversationMeta>,
-    ) {
-        if let Some(previous) = previous {
-            self.ops
-                .push(KvOp::Delete(conversation_index_key(previous)));
-        }
-        self.ops
-            .push(KvOp::Put(conversation_index_key(meta), Vec::new()));
-        self.ops
-            .push(KvOp::Put(conversation_key(&meta.key()), encode(meta)));
-    }
-
-    pub fn append_message(&mut self, key: &ConversationKey, seq: u64, message: &Message) {
-        self.ops
-            .push(KvOp::Put(message_key(key, seq), encode(message)));
-    }
-
-    /// Drops a running-task index entry whose task is gone or no longer running.
-    pub fn forget_running_task(&mut self, task_id: &str) {
-        self.ops.push(KvOp::Delete(running_task_key(task_id)));
-    }
-
-    /// Writes the task; `previous` is what is stored now, to move its index entries.
-    pub fn put_task(&mut self, record: &TaskRecord, previous: Option<&TaskRecord>) {
-        if let Some(previous) = previous {
-            for key in task_index_keys(previous) {
-                self.ops.push(KvOp::Delete(key));
-            }
-        }
-        let state = vec![record.task.status.state.code()];
-        for key in task_index_keys(record) {
-            self.ops.push(KvOp::Put(key, state.clone()));
-        }
-        let was_running = previous.is_some_and(is_running);
-        if is_running(record) {
-            self.ops
-                .push(KvOp::Put(running_task_key(&record.task.id), Vec::new()));
-        } else if was_running {
-            self.ops
-                .push(KvOp::Delete(running_task_key(&record.task.id)));
-        }
-        self.ops
-            .push(KvOp::Put(task_key(&record.task.id), encode(record)));
-    }
-}
-
-/// Typed access to colloquy's records. Reads may touch the disk: call them off actor and worker
-/// threads (`spawn_blocking`). Writes that must be acknowledged go through [`Store::write`].
-#[derive(Clone)]
-pub struct Store {
-    backend: Arc<dyn KvBackend>,
-    /// None inside the store thread itself.
-    commits: Option<Arc<commit::GroupCommit>>,
-}
-
-/// How the embedded store is tuned.
-#[derive(Clone, Debug)]
-pub struct SledOptions {
-    /// sled's page cache.
-    pub cache_bytes: u64,
-    /// How often the write-ahead log's memtable moves into sled (and its log is deleted).
-    pub checkpoint_every: std::time::Duration,
-}
-
-impl Store {
-    /// Wraps a backend and starts its store thread (group commit).
-    pub fn new(backend: Arc<dyn KvBackend>) -> StoreResult<Self> {
-        let commits = commit::GroupCommit::start(backend.clone())?;
-        Ok(Store {
-            backend,
-            commits: Some(Arc::new(commits)),
-        })
-    }
-
-    /// sled in `path`, behind colloquy's write-ahead log in `path/wal`, with a `cache_bytes`
-    /// page cache and the default checkpoint interval.
-    pub fn open_sled(path: &std::path::Path, cache_bytes: u64) -> StoreResult<Self> {
-        Store::open_sled_with(
-            path,
-            &SledOptions {
-                cache_bytes,
-                checkpoint_every: wal::DEFAULT_CHECKPOINT_EVERY,
-            },
-        )
-    }
-
-    /// sled in `path`, behind colloquy's write-ahead log in `path/wal`.
-    pub fn open_sled_with(path: &std::path::Path, options: &SledOptions) -> StoreResult<Self> {
-        let sled = SledBackend::open(path, options.cache_bytes)?;
-        let log = WalBackend::open(sled, &path.join("wal"), options.checkpoint_every)?;
-        Store::new(Arc::new(log))
-    }
-
-    /// Runs `work` on the store thread and resolves once its writes are on disk. Concurrent
-    /// writers share one flush.
-    pub async fn write<T, E>(
-        &self,
-        work: impl FnOnce(&Store) -> Result<T, E> + Send + 'static,
-    ) -> Result<T, E>
-    where
-        T: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-    {
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        let job: commit::Job = Box::new(move |store| {
-            let result = work(store);
-            Box::new(move |flushed: &StoreResult<()>| {
-                let result = match (result, flushed) {
-                    (Ok(value), Ok(())) => Ok(value),
-                    (Ok(_), Err(e)) => Err(E::from(e.clone())),
-                    (Err(e), _) => Err(e),
-                };
-                let _ = answer.send(result);
-            })
-        });
-        let closed = || E::from(StoreError::Backend("the store is closed".into()));
-        match &self.commits {
-            Some(commits) if commits.submit(job) => {
-                answered.await.unwrap_or_else(|_| Err(closed()))
-            }
-            _ => Err(closed()),
+impl ResponseBudget {
+    pub(crate) fn new(bytes: usize) -> Self {
+        ResponseBudget {
+            left: bytes,
+            taken: 0,
         }
     }
 
-    /// Writes the batch and resolves once it is on disk.
-    pub async fn commit(&self, batch: WriteBatch) -> StoreResult<()> {
-        self.write(move |store| store.apply(batch)).await
-    }
-
-    pub fn apply(&self, batch: WriteBatch) -> StoreResult<()> {
-        if batch.is_empty() {
-            return Ok(());
+    /// Takes an item of `bytes` if it fits.
+    pub(crate) fn take(&mut self, bytes: usize) -> bool {
+        if self.taken > 0 && bytes > self.left {
+            return false;
         }
-        self.backend.apply(batch.ops)
+        self.left = self.left.saturating_sub(bytes);
+        self.taken += 1;
+        true
     }
-
-    /// Resolves once everything applied before the call is on disk.
-    pub fn durable(&self) -> BoxFuture<'static, StoreResult<()>> {
-        let store = self.clone();
-        Box::pin(async move { store.write(|_| Ok::<_, StoreError>(())).await })
-    }
-
-    /// Writes a probe record, to show the store takes writes (readiness).
-    pub fn probe(&self) -> StoreResult<()> {
-        let stamp = crate::model::now()
-            .timestamp_millis()
-            .to_be_bytes()
-            .to_vec();
-        self.backend
-            .apply(vec![KvOp::Put(b"zprobe".to_vec(), stamp)])
-    }
-
-    pub fn size_on_disk(&self) -> StoreResult<u64> {
-        self.backend.size_on_disk()
-    }
-
-    pub fn conversation(&self, key: &ConversationKey) -> StoreResult<Option<ConversationMeta>> {
-        self.backend
-            .get(&conversation_key(key))?
-            .map(|bytes| decode(&bytes))
-            .transpose()
-    }
-
-    /// The `limit` messages before sequence number `next_seq` (a conversation's `next_seq`: its
-    /// most recent ones), oldest first. Sequence numbers have no gaps, so this is one bounded
-    /// forward range scan, O(limit) however long the conversation.
-    pub fn recent_messages(
-        &self,
-        key: &ConversationKey,
-        next_seq: u64,
-        limit: usize,
-    ) -> StoreResult<Vec<(u64, Message)>> {
-        let from = message_key(key, next_seq.saturating_sub(limit as u64));
-        let to = message_key(key, next_seq);
-        self.backend
-            .scan(Bound::Included(from), Bound::Excluded(to), false)
-            .map(|entry| {
-                let (k, v) = entry?;
-                Ok((seq_of(&k)?, decode(&v)?))
-            })
-            .collect()
-    }
-
-    /// A conversation's messages from the one a page token names (or from sequence number
-    /// `from`), oldest first, read lazily, each with its stored size in bytes (a cheap estimate
-    /// of its size in a response).
-    pub fn messages_from<'a>(
-        &'a self,
-        key: &ConversationKey,
-        from: u64,
-        page_token: Option<&str>,
-    ) -> StoreResult<impl Iterator<Item = StoreResult<(u64, Message, usize)>> + 'a> {
-        let from = match page_token.filter(|t| !t.is_empty()) {
-            Some(token) => seq_of_page_token(token)?,
-            None => from,
-        };
-        let scan = self.backend.scan(
-            Bound::Included(message_key(key, from)),
-            Bound::Included(message_key(key, u64::MAX)),
-            false,
-        );
-        Ok(scan.map(|entry| {
-            let (k, v) = entry?;
-            Ok((seq_of(&k)?, decode(&v)?, v.len()))
-        }))
-    }
-
-    pub fn messages(&self, key: &ConversationKey, seqs: &[u64]) -> StoreResult<Vec<Message>> {
-        Ok(self.messages_sized(key, seqs)?.0)
-    }
-
-    /// The messages and their total stored size in bytes.
-    pub fn messages_sized(
-        &self,
-        key: &ConversationKey,
-        seqs: &[u64],
-    ) -> StoreResult<(Vec<Message>, usize)> {
-        let mut messages = Vec::with_capacity(seqs.len());
-        let mut bytes_read = 0;
-        for seq in seqs {
-            if let Some(bytes) = self.backend.get(&message_key(key, *seq))? {
-                bytes_read += bytes.len();
-                messages.push(decode(&bytes)?);
-            }
-        }
-        Ok((messages, bytes_read))
-    }
-
-    pub fn task(&self, task_id: &str) -> StoreResult<Option<TaskRecord>> {
-        Ok(self.task_sized(task_id)?.map(|(record, _)| record))
-    }
-
-    /// The task and its stored size in bytes (its artifacts included).
-    pub fn task_sized(&self, task_id: &str) -> StoreResult<Option<(TaskRecord, usize)>> {
-        self.backend
-            .get(&task_key(task_id))?
-            .map(|bytes| Ok((decode(&bytes)?, bytes.len())))
-            .transpose()
-    }
-
-    /// The ids of the tasks stored as running: one scan of the running-task index, however many
-    /// conversations and tasks are stored.
-    pub fn running_tasks(&self) -> StoreResult<Vec<String>> {
-        let prefix = vec![RUNNING_TASKS];
-        let mut ids = Vec::new();
-        for entry in self
-            .backend
-            .scan(Bound::Included(prefix.clone()), Bound::Unbounded, false)
-        {
-            let (key, _) = entry?;
-            if !key.starts_with(&prefix) {
-                break;
-            }
-            ids.push(String::from_utf8_lossy(&key[prefix.len()..]).into_owned());
-        }
-        Ok(ids)
-    }
-
-    /// The principal's tasks (or one conversation's), newest status first: their ids, for the
-    /// caller to load (and stop early, resuming from an entry's token).
-    pub fn list_tasks(&self, principal: &str, query: &TaskQuery) -> StoreResult<Page<ListedTask>> {
-        let prefix = match &query.conversation {
-            Some(key) => prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]),
-            None => prefixed(
-                TASKS_BY_PRINCIPAL,
-                &[PrincipalKey::new(principal).as_bytes()],
-            ),
-        };
-        let wanted = |key: &[u8], value: &[u8]| {
-            let state_ok = query.state.is_none_or(|s| value.first() == Some(&s.code()));
-            let time_ok = query.status_after.is_none_or(|after| {
-                key.get(prefix.len()..prefix.len() + 8)
-                    .and_then(|b| b.try_into().ok())
-                    .is_some_and(|b: [u8; 8]| {
-                        u64::MAX - u64::from_be_bytes(b) > after.timestamp_millis().max(0) as u64
-                    })
-            });
-            state_ok && time_ok
-        };
-        let page = self.page(
-            &prefix,
-            query.page_size,
-            query.page_token.as_deref(),
-            wanted,
-        )?;
-        let items = page
-            .items
-            .iter()
-            .map(|key| ListedTask {
-                task_id: String::from_utf8_lossy(&key[prefix.len() + 8..]).into_owned(),
-                resume_token: hex::encode(&key[prefix.len()..]),
-            })
-            .collect();
-        Ok(Page {
-            items,
-            next_page_token: page.next_page_token,
-            total_size: page.total_size,
-        })
-    }
-
-    /// The principal's conversations, most recently updated first.
-    pub fn list_conversations(
-        &self,
-        principal: &str,
-        page_size: usize,
-        page_token: Option<&str>,
-    ) -> StoreResult<Page<ConversationMeta>> {
-        let prefix = prefixed(
-            CONVERSATIONS_BY_PRINCIPAL,
-            &[PrincipalKey::new(principal).as_bytes()],
-        );
-        // An entry naming a key of another namespace version is not this version's to list.
-        let current_version =
-            |key: &[u8], _: &[u8]| ConversationKey::from_bytes(&key[prefix.len() + 8..]).is_some();
-        let page = self.page(&prefix, page_size, page_token, current_version)?;
-        let mut items = Vec::with_capacity(page.items.len());
-        for key in &page.items {
-            let Some(conversation) = ConversationKey::from_bytes(&key[prefix.len() + 8..]) else {
-                continue;
-            };
-            if let Some(meta) = self.conversation(&conversation)? {
-                items.push(meta);
-            }
-        }
-        Ok(Page {
-            items,
-            next_page_token: page.next_page_token,
-            total_size: page.total_size,
-        })
-    }
-
-    /// One page of index keys under `prefix`, resuming after the token's key.
-    fn page(
-        &self,
-        prefix: &[u8],
-        page_size: usize,
-        page_token: Option<&str>,
-        wanted: impl Fn(&[u8], &[u8]) -> bool,
-    ) -> StoreResult<Page<Vec<u8>>> {
-        let start = match page_token.filter(|t| !t.is_empty()) {
-            Some(token) => {
-                let suffix = hex::decode(token).map_err(|_| StoreError::BadPageToken)?;
-                Bound::Excluded(prefixed(prefix[0], &[&prefix[1..], &suffix]))
-            }
-            None => Bound::Included(prefix.to_vec()),
-        };
-        let mut items = Vec::new();
-        let mut next_page_token = String::new();
-        let mut total_size = 0;
-        let mut counted_before = 0;
-        if page_token.is_some_and(|t| !t.is_empty()) {
-            // totalSize counts every match, also those on earlier pages.
-            counted_before = self.count_matching(prefix, &start, &wanted)?;
-        }
-        for entry in self.backend.scan(start, Bound::Unbounded, false) {
-            let (key, value) = entry?;
-            if !key.starts_with(prefix) {
-                break;
-            }
-            if !wanted(&key, &value) {
-                continue;
-            }
-            total_size += 1;
-            if items.len() < page_size {
-                items.push(key);
-            } else if next_page_token.is_empty()
-                && let Some(last) = items.last()
-            {
-                next_page_token = hex::encode(&last[prefix.len()..]);
-            }
-        }
-        Ok(Page {
-            items,
-            next_page_token,
-            total_size: total_size + counted_before,
-        })
-    }
-
-    fn count_matching(
-        &self,
-        prefix: &[u8],
-        before: &Bound<Vec<u8>>,
-        wanted: &impl Fn(&[u8], &[u8]) -> bool,
-    ) -> StoreResult<usize> {
-        let end = match before {
-            Bound::Excluded(key) => Bound::Included(key.clone()),
-            _ => return Ok(0),
-        };
-        let mut count = 0;
-        for entry in self
-            .backend
-            .scan(Bound::Included(prefix.to_vec()), end, false)
-        {
-            let (key, value) = entry?;
-            if wanted(&key, &value) {
-                count += 1;
-            }
-        }
-        Ok(count)
-    }
-
-    /// Removes a conversation: its metadata, messages, tasks and index entries.
-    pub fn delete_conversation(&self, meta: &ConversationMeta) -> StoreResult<bool> {
-        let key = meta.key();
-        let mut ops = vec![
-            KvOp::Delete(conversation_key(&key)),
-            KvOp::Delete(conversation_index_key(meta)),
-        ];
-        let messages = self.backend.scan(
-            Bound::Included(message_key(&key, 0)),
-            Bound::Included(message_key(&key, u64::MAX)),
-            false,
-        );
-        for entry in messages {
-            ops.push(KvOp::Delete(entry?.0));
-        }
-        let tasks_prefix = prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]);
-        for entry in self.backend.scan(
-            Bound::Included(tasks_prefix.clone()),
-            Bound::Unbounded,
-            false,
-        ) {
-            let (index_key, _) = entry?;
-            if !index_key.starts_with(&tasks_prefix) {
-                break;
-            }
-            let task_id = String::from_utf8_lossy(&index_key[tasks_prefix.len() + 8..]);
-            if let Some(record) = self.task(&task_id)? {
-                ops.extend(task_index_keys(&record).into_iter().map(KvOp::Delete));
-                ops.push(KvOp::Delete(running_task_key(&task_id)));
-                ops.push(KvOp::Delete(task_key(&task_id)));
-            }
-        }
-        self.backend.apply(ops)?;
-        Ok(true)
-    }
-}
-
-fn seq_of(key: &[u8]) -> StoreResult<u64> {
-    key.len()
-        .checked_sub(8)
-        .and_then(|at| key[at..].try_into().ok())
-        .map(u64::from_be_bytes)
-        .ok_or_else(|| StoreError::Corrupt("message key too short".into()))
 }

@@ -1,13 +1,12 @@
-//! `AgentActor`: runs the backend for the conversations of its arbiter.
+//! Drives an agent backend through one turn: its events go to the turn's hub as they come.
 //!
-//! Each call runs in a task of its own, so a backend that panics or hangs fails only its task:
-//! the panic is caught at the task boundary, a hang ends at the timeout, a cancel aborts it.
+//! The backend runs in a task of its own, so one that panics or hangs fails only its task: the
+//! panic is caught at the task boundary, a hang ends at the timeout, a cancel aborts it.
 
+use super::hub::TaskHub;
 use crate::agent::{AgentEvent, AgentRequest, AgentSink, SharedAgent};
-use crate::engine::hub::TaskHub;
 use crate::model::{Message, TaskState, TaskStatus};
-use actix::prelude::*;
-use std::sync::Arc;
+use crate::store::{Lease, SharedStore};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
@@ -28,35 +27,14 @@ pub struct TurnOutcome {
     pub agent_state: Option<serde_json::Value>,
 }
 
-#[derive(Message)]
-#[rtype(result = "TurnOutcome")]
-pub struct RunTurn {
-    pub request: AgentRequest,
-    pub hub: Arc<TaskHub>,
+/// What driving a turn needs besides the agent and the request.
+pub struct Drive<'a> {
+    pub hub: &'a TaskHub,
     pub stop: oneshot::Receiver<StopReason>,
     pub timeout: Duration,
-}
-
-pub struct AgentActor {
-    agent: SharedAgent,
-}
-
-impl AgentActor {
-    pub fn new(agent: SharedAgent) -> Self {
-        AgentActor { agent }
-    }
-}
-
-impl Actor for AgentActor {
-    type Context = Context<Self>;
-}
-
-impl Handler<RunTurn> for AgentActor {
-    type Result = ResponseFuture<TurnOutcome>;
-
-    fn handle(&mut self, turn: RunTurn, _: &mut Context<Self>) -> Self::Result {
-        Box::pin(drive(self.agent.clone(), turn))
-    }
+    /// Where statuses the task passes through are recorded, under the turn's lease.
+    pub store: &'a SharedStore,
+    pub lease: &'a Lease,
 }
 
 /// Holds back an incomplete UTF-8 sequence at the end of a byte chunk until the next one.
@@ -98,7 +76,8 @@ struct Progress {
 }
 
 impl Progress {
-    fn apply(&mut self, event: AgentEvent, hub: &TaskHub) {
+    /// Applies an event; returns a status the task passes through, to record before showing.
+    fn apply(&mut self, event: AgentEvent, hub: &TaskHub) -> Option<TaskStatus> {
         match event {
             AgentEvent::Text(text) => self.append(hub, &text),
             AgentEvent::Bytes(bytes) => {
@@ -110,9 +89,10 @@ impl Progress {
                 hub.add_artifact(artifact);
             }
             AgentEvent::Status { state, text } if !state.ends_turn() => {
-                hub.status(TaskStatus::new(
+                let context_id = hub.snapshot().context_id;
+                return Some(TaskStatus::new(
                     state,
-                    text.map(|t| Message::agent_text(t, &hub.snapshot().context_id, None)),
+                    text.map(|t| Message::agent_text(t, &context_id, None)),
                 ));
             }
             AgentEvent::Status { state, text } => {
@@ -131,6 +111,7 @@ impl Progress {
             }
             AgentEvent::State(state) => self.outcome.agent_state = Some(state),
         }
+        None
     }
 
     fn append(&mut self, hub: &TaskHub, text: &str) {
@@ -145,12 +126,14 @@ impl Progress {
     }
 }
 
-async fn drive(agent: SharedAgent, turn: RunTurn) -> TurnOutcome {
-    let RunTurn {
-        request,
+/// Runs the agent on `request` until it ends, is stopped or times out.
+pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) -> TurnOutcome {
+    let Drive {
         hub,
         mut stop,
         timeout,
+        store,
+        lease,
     } = turn;
     let kind = agent.kind();
     let started = Instant::now();
@@ -174,7 +157,14 @@ async fn drive(agent: SharedAgent, turn: RunTurn) -> TurnOutcome {
     loop {
         tokio::select! {
             event = events.recv() => match event {
-                Some(event) => progress.apply(event, &hub),
+                Some(event) => {
+                    let Some(status) = progress.apply(event, hub) else { continue };
+                    if let Err(e) = store.record_status(lease, status.clone()).await {
+                        stopped = Some((TaskState::Failed, format!("could not record a status: {e}")));
+                        break;
+                    }
+                    hub.status(status);
+                }
                 None => break,
             },
             reason = &mut stop, if stop_open => {
@@ -204,7 +194,7 @@ async fn drive(agent: SharedAgent, turn: RunTurn) -> TurnOutcome {
     // Only real leftover bytes count as output: an empty append would turn a sole plain-message
     // answer into reply text.
     if !rest.is_empty() {
-        progress.append(&hub, &rest);
+        progress.append(hub, &rest);
     }
     let mut outcome = progress.outcome;
     if let Some((state, text)) = stopped {

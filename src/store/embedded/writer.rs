@@ -1,18 +1,22 @@
-//! Group commit: one store thread runs write jobs and makes them durable together.
+//! Group commit: one store thread runs the store's write operations and makes them durable
+//! together.
 //!
-//! Writers hand the thread a job; it drains every job queued, runs them in order, flushes once,
-//! then answers all of them. A job is answered only by a flush that followed its writes, so an
+//! Writers hand the thread a job (one of `ops.rs`'s operations); it drains every job queued, runs
+//! them in order (so each operation's checks and writes are one step), flushes once, then answers
+//! all of them. A job is answered only by a flush that followed its writes, so an
 //! answer means on disk; concurrent writers share flushes, and a write plus its flush costs one
 //! hand-off to this thread and one back.
 
-use super::{KvBackend, Store, StoreError, StoreResult};
+use super::kv::KvBackend;
+use super::records::Records;
+use crate::store::{StoreError, StoreResult};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 /// Runs on the store thread; returns what to do once the flush is known.
-pub(super) type Job = Box<dyn FnOnce(&Store) -> Completion + Send>;
+pub(super) type Job = Box<dyn FnOnce(&Records) -> Completion + Send>;
 pub(super) type Completion = Box<dyn FnOnce(&StoreResult<()>) + Send>;
 
 /// Jobs taken into one flush at most (keeps a flood from delaying the first answers).
@@ -55,10 +59,7 @@ impl Drop for GroupCommit {
 }
 
 fn run(backend: Arc<dyn KvBackend>, queue: mpsc::Receiver<Job>) {
-    let store = Store {
-        backend: backend.clone(),
-        commits: None,
-    };
+    let store = Records::new(backend.clone());
     while let Ok(first) = queue.recv() {
         let mut completions = vec![first(&store)];
         while completions.len() < MAX_JOBS_PER_FLUSH {

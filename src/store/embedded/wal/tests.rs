@@ -1,6 +1,6 @@
 use super::log::{encode_record, list_segments, segment_path};
 use super::*;
-use crate::store::SledBackend;
+use crate::store::embedded::sled_backend::SledBackend;
 use std::fs;
 
 fn put(key: &str, value: &str) -> KvOp {

@@ -22,7 +22,8 @@
 mod log;
 mod memtable;
 
-use super::{KvBackend, KvOp, KvPair, StoreError, StoreResult};
+use super::kv::{KvBackend, KvOp, KvPair};
+use crate::store::{StoreError, StoreResult};
 use log::SegmentFiles;
 use memtable::Memtable;
 use parking_lot::{Condvar, Mutex, RwLock};

@@ -9,7 +9,8 @@
 //! with (`Arc`s), so a checkpoint never waits for a reader, and a reader never misses an entry:
 //! the frozen table it holds outlives the checkpoint that moves it.
 
-use crate::store::{KvOp, KvPair, StoreResult};
+use crate::store::StoreResult;
+use crate::store::embedded::kv::{KvOp, KvPair};
 use crossbeam_skiplist::SkipMap;
 use std::cmp::Ordering;
 use std::iter::Peekable;

@@ -6,7 +6,8 @@
 //! so never acknowledged. A damaged record with records after it is refused (see [`read_all`]).
 
 use crate::durable;
-use crate::store::{KvOp, StoreError, StoreResult};
+use crate::store::embedded::kv::KvOp;
+use crate::store::{StoreError, StoreResult};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,8 @@
 //! syncs the folder entries of its `conf`, snapshots and blobs. So [`KvBackend::flush`] here
 //! follows sled's flush with an `fsync` of every file in the folder and of the folders.
 
-use super::{KvBackend, KvOp, KvPair, StoreError, StoreResult};
+use super::kv::{KvBackend, KvOp, KvPair};
+use crate::store::{StoreError, StoreResult};
 use crate::durable;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,105 @@
+//! The one place a message from a caller is checked. What passes is a [`ValidMessage`]: later
+//! code trusts its shape, sizes and ids without checking again.
+
+use super::error::{EngineError, EngineResult};
+use crate::model::{Message, PartContent, Role};
+
+/// What a message may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct MessageLimits {
+    pub parts: usize,
+    /// Text across all its parts.
+    pub text_bytes: usize,
+    /// Each of `contextId`, `taskId` and `messageId`.
+    pub id_bytes: usize,
+}
+
+impl Default for MessageLimits {
+    fn default() -> Self {
+        MessageLimits {
+            parts: 64,
+            text_bytes: 256 * 1024,
+            id_bytes: 256,
+        }
+    }
+}
+
+/// A caller's message that passed [`ValidMessage::check`].
+#[derive(Debug, Clone)]
+pub struct ValidMessage(Message);
+
+impl ValidMessage {
+    /// Checks sizes, ids, role and parts, in that order, naming the first field at fault.
+    pub fn check(message: Message, limits: &MessageLimits) -> EngineResult<Self> {
+        let invalid = |why: String| Err(EngineError::InvalidParams(why));
+        if message.parts.len() > limits.parts {
+            return invalid(format!(
+                "message.parts: {} parts, more than the limit of {}",
+                message.parts.len(),
+                limits.parts
+            ));
+        }
+        let text_bytes: usize = message
+            .parts
+            .iter()
+            .map(|p| match &p.content {
+                PartContent::Text { text } => text.len(),
+                _ => 0,
+            })
+            .sum();
+        if text_bytes > limits.text_bytes {
+            return invalid(format!(
+                "message.parts: {text_bytes} bytes of text, more than the limit of {}",
+                limits.text_bytes
+            ));
+        }
+        for (name, id) in [
+            ("messageId", Some(&message.message_id)),
+            ("taskId", message.task_id.as_ref()),
+        ] {
+            if id.is_some_and(|id| id.is_empty() || id.len() > limits.id_bytes) {
+                return invalid(format!(
+                    "message.{name}: must be 1 to {} bytes",
+                    limits.id_bytes
+                ));
+            }
+        }
+        if message.role != Role::User {
+            return invalid(
+                "message.role: a message sent to the agent must have the user role".into(),
+            );
+        }
+        if message.parts.is_empty() {
+            return invalid("message.parts: must not be empty".into());
+        }
+        if let Some(context_id) = &message.context_id {
+            check_context_id(context_id, limits)?;
+        }
+        Ok(ValidMessage(message))
+    }
+
+    pub fn get(&self) -> &Message {
+        &self.0
+    }
+
+    pub fn into_inner(self) -> Message {
+        self.0
+    }
+}
+
+/// A contextId is 1 to `limits.id_bytes` bytes.
+pub fn check_context_id(context_id: &str, limits: &MessageLimits) -> EngineResult<()> {
+    if context_id.is_empty() {
+        return Err(EngineError::InvalidParams(
+            "contextId: must not be empty".into(),
+        ));
+    }
+    if context_id.len() > limits.id_bytes {
+        return Err(EngineError::InvalidParams(format!(
+            "contextId: {} bytes, more than the limit of {}",
+            context_id.len(),
+            limits.id_bytes
+        )));
+    }
+    Ok(())
+}

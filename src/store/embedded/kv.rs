@@ -1,0 +1,34 @@
+//! The ordered key-value layer under the embedded store.
+
+use crate::store::StoreResult;
+use std::ops::Bound;
+
+pub type KvPair = (Vec<u8>, Vec<u8>);
+
+/// One write of an atomic batch.
+#[derive(Debug, Clone)]
+pub enum KvOp {
+    Put(Vec<u8>, Vec<u8>),
+    Delete(Vec<u8>),
+}
+
+/// An ordered key-value store with atomic batches and explicit durability.
+pub trait KvBackend: Send + Sync + 'static {
+    fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>>;
+    /// Applies all operations atomically (not yet durably: see [`KvBackend::flush`]).
+    fn apply(&self, ops: Vec<KvOp>) -> StoreResult<()>;
+    /// Applies the operations in order, each on its own: a crash may keep any prefix of them.
+    /// For backends whose atomic batches cost more (sled's lock readers out).
+    fn apply_each(&self, ops: Vec<KvOp>) -> StoreResult<()> {
+        self.apply(ops)
+    }
+    fn scan<'a>(
+        &'a self,
+        from: Bound<Vec<u8>>,
+        to: Bound<Vec<u8>>,
+        reverse: bool,
+    ) -> Box<dyn Iterator<Item = StoreResult<KvPair>> + 'a>;
+    /// Makes everything applied before the call durable (blocks until it is on disk).
+    fn flush(&self) -> StoreResult<()>;
+    fn size_on_disk(&self) -> StoreResult<u64>;
+}

@@ -1,0 +1,230 @@
+//! The embedded store: sled behind colloquy's write-ahead log, one process per data folder.
+//!
+//! Writes are the store's own operations (`ops.rs`), run in order on one store thread with group
+//! commit (`writer.rs`): each answers once a flush that followed it is on disk. Reads run on
+//! blocking threads. What is synced when, so that an acknowledged write survives a power cut:
+//! `docs/durability.md`.
+
+mod kv;
+mod ops;
+mod records;
+mod sled_backend;
+mod wal;
+mod writer;
+
+pub use kv::{KvBackend, KvOp};
+pub use ops::INTERRUPTED_TASK_TEXT;
+pub use sled_backend::SledBackend;
+pub use wal::DEFAULT_CHECKPOINT_EVERY;
+
+use super::{
+    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationStore,
+    FinishTurn, Lease, MessagesFrom, Page, StoreError, StoreResult, TaskQuery, TurnBegun,
+};
+use crate::model::{Message, Task, TaskStatus};
+use futures_util::future::BoxFuture;
+use ops::LiveTurns;
+use records::Records;
+use std::path::Path;
+use std::sync::Arc;
+use wal::WalBackend;
+use writer::GroupCommit;
+
+/// How the embedded store is tuned.
+#[derive(Clone, Debug)]
+pub struct SledOptions {
+    /// sled's page cache.
+    pub cache_bytes: u64,
+    /// How often the write-ahead log's memtable moves into sled (and its log is deleted).
+    pub checkpoint_every: std::time::Duration,
+}
+
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    records: Records,
+    writer: Arc<GroupCommit>,
+    live: Arc<LiveTurns>,
+}
+
+impl EmbeddedStore {
+    /// sled in `path`, behind the write-ahead log in `path/wal`. Blocks (opening reads the disk).
+    pub fn open(path: &Path, options: &SledOptions) -> StoreResult<Self> {
+        let sled = SledBackend::open(path, options.cache_bytes)?;
+        let log = WalBackend::open(sled, &path.join("wal"), options.checkpoint_every)?;
+        EmbeddedStore::over(Arc::new(log))
+    }
+
+    /// sled in `path` with a `cache_bytes` page cache and the default checkpoint interval.
+    pub fn open_sled(path: &Path, cache_bytes: u64) -> StoreResult<Self> {
+        EmbeddedStore::open(
+            path,
+            &SledOptions {
+                cache_bytes,
+                checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
+            },
+        )
+    }
+
+    /// The store over any ordered key-value backend, with its own store thread.
+    pub fn over(backend: Arc<dyn KvBackend>) -> StoreResult<Self> {
+        Ok(EmbeddedStore {
+            writer: Arc::new(GroupCommit::start(backend.clone())?),
+            records: Records::new(backend),
+            live: Arc::new(LiveTurns::default()),
+        })
+    }
+
+    /// The latest `limit` messages of a conversation, oldest first (the CLI's history).
+    pub fn recent_messages(
+        &self,
+        key: ConversationKey,
+        limit: usize,
+    ) -> BoxFuture<'static, StoreResult<Vec<Message>>> {
+        self.read(move |records| {
+            let Some(meta) = records.conversation(&key)? else {
+                return Ok(Vec::new());
+            };
+            let recent = records.recent_messages(&key, meta.next_seq, limit)?;
+            Ok(recent.into_iter().map(|(_, m)| m).collect())
+        })
+    }
+
+    /// Runs a store operation on the store thread; resolves once its writes are on disk.
+    fn write<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Records, &LiveTurns) -> StoreResult<T> + Send + 'static,
+    ) -> BoxFuture<'static, StoreResult<T>> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let live = self.live.clone();
+        let job: writer::Job = Box::new(move |records| {
+            let result = op(records, &live);
+            Box::new(move |flushed: &StoreResult<()>| {
+                let result = match (result, flushed) {
+                    (Ok(value), Ok(())) => Ok(value),
+                    (Ok(_), Err(e)) => Err(e.clone()),
+                    (Err(e), _) => Err(e),
+                };
+                let _ = answer.send(result);
+            })
+        });
+        let submitted = self.writer.submit(job);
+        Box::pin(async move {
+            let closed = || StoreError::Backend("the store is closed".into());
+            if !submitted {
+                return Err(closed());
+            }
+            answered.await.unwrap_or_else(|_| Err(closed()))
+        })
+    }
+
+    /// Runs a read on a blocking thread (it may touch the disk).
+    fn read<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Records) -> StoreResult<T> + Send + 'static,
+    ) -> BoxFuture<'static, StoreResult<T>> {
+        let records = self.records.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || op(&records))
+                .await
+                .map_err(|e| StoreError::Backend(format!("store read: {e}")))?
+        })
+    }
+}
+
+impl ConversationStore for EmbeddedStore {
+    fn begin_turn(&self, turn: BeginTurn) -> BoxFuture<'static, StoreResult<TurnBegun>> {
+        self.write(move |records, live| ops::begin(records, live, turn))
+    }
+
+    fn record_status(
+        &self,
+        lease: &Lease,
+        status: TaskStatus,
+    ) -> BoxFuture<'static, StoreResult<()>> {
+        let lease = lease.clone();
+        self.write(move |records, live| ops::record_status(records, live, &lease, status))
+    }
+
+    fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>> {
+        self.write(move |records, live| ops::finish(records, live, end))
+    }
+
+    fn cancel_waiting(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, StoreResult<Task>> {
+        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
+        self.write(move |records, live| ops::cancel_waiting(records, live, &principal, &task_id))
+    }
+
+    fn fail_interrupted_turns(&self) -> BoxFuture<'static, StoreResult<usize>> {
+        let this = self.clone();
+        Box::pin(async move {
+            // A clean stop leaves the index empty: then start-up writes (and flushes) nothing.
+            let running = this.read(|records| records.running_tasks()).await?;
+            if running.is_empty() {
+                return Ok(0);
+            }
+            this.write(ops::fail_interrupted).await
+        })
+    }
+
+    fn conversation(
+        &self,
+        key: ConversationKey,
+    ) -> BoxFuture<'static, StoreResult<Option<ConversationMeta>>> {
+        self.read(move |records| records.conversation(&key))
+    }
+
+    fn conversation_page(
+        &self,
+        key: ConversationKey,
+        from: MessagesFrom,
+        max_bytes: usize,
+    ) -> BoxFuture<'static, StoreResult<Option<ConversationPage>>> {
+        self.read(move |records| ops::conversation_page(records, &key, from, max_bytes))
+    }
+
+    fn task(&self, principal: &str, task_id: &str) -> BoxFuture<'static, StoreResult<Option<Task>>> {
+        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
+        self.read(move |records| ops::task(records, &principal, &task_id))
+    }
+
+    fn list_tasks(
+        &self,
+        principal: &str,
+        query: TaskQuery,
+    ) -> BoxFuture<'static, StoreResult<Page<Task>>> {
+        let principal = principal.to_owned();
+        self.read(move |records| ops::list_tasks(records, &principal, query))
+    }
+
+    fn list_conversations(
+        &self,
+        principal: &str,
+        page_size: usize,
+        page_token: Option<String>,
+    ) -> BoxFuture<'static, StoreResult<Page<ConversationMeta>>> {
+        let principal = principal.to_owned();
+        self.read(move |records| {
+            records.list_conversations(&principal, page_size, page_token.as_deref())
+        })
+    }
+
+    fn delete_conversation(&self, key: ConversationKey) -> BoxFuture<'static, StoreResult<bool>> {
+        self.write(move |records, live| ops::delete_conversation(records, live, &key))
+    }
+
+    fn probe(&self) -> BoxFuture<'static, StoreResult<()>> {
+        self.write(|records, _| records.probe())
+    }
+
+    fn flush(&self) -> BoxFuture<'static, StoreResult<()>> {
+        self.write(|_, _| Ok(()))
+    }
+
+    fn size_on_disk(&self) -> BoxFuture<'static, StoreResult<u64>> {
+        self.read(|records| records.backend().size_on_disk())
+    }
+}

@@ -1,0 +1,415 @@
+//! The embedded store's operations. Writes run on the store thread (`writer.rs`), one after
+//! another, so each one's checks and its batch are one step; reads run on blocking threads.
+//!
+//! On one process the lease of a conversation is "a turn of this process holds it": [`LiveTurns`]
+//! records which. A conversation whose stored `running_task` has no live turn was cut off by a
+//! crash (sled allows one process per folder), so its task is failed when the conversation is
+//! next taken.
+
+use super::records::{ListedTask, Records, TaskFilter, TaskRecord, WriteBatch, message_page_token};
+use crate::model::{Message, Task, TaskState, TaskStatus};
+use crate::store::{
+    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, FinishTurn, Lease,
+    MessagesFrom, Page, ResponseBudget, StoreError, StoreResult, TaskQuery, TurnBegun,
+};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+
+/// What a task cut off by a crash says when it is marked failed.
+pub const INTERRUPTED_TASK_TEXT: &str = "the server stopped before the agent finished";
+
+/// The conversations whose turns run in this process, with each turn's token.
+#[derive(Default)]
+pub struct LiveTurns(Mutex<HashMap<ConversationKey, u64>>);
+
+impl LiveTurns {
+    fn holder(&self, key: &ConversationKey) -> Option<u64> {
+        self.0.lock().get(key).copied()
+    }
+}
+
+/// Stores the caller's message and the task as working, in one batch, if no live turn holds
+/// the conversation.
+pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResult<TurnBegun> {
+    let key = ConversationKey::new(&turn.principal, &turn.context_id);
+    let stored = records.conversation(&key)?;
+    let mut meta = stored
+        .clone()
+        .unwrap_or_else(|| ConversationMeta::new(&turn.principal, &turn.context_id));
+    let mut batch = WriteBatch::new();
+    if let Some(running) = meta.running_task.take() {
+        if live.holder(&key).is_some() {
+            return Err(StoreError::Busy {
+                context_id: turn.context_id,
+                task_id: running,
+            });
+        }
+        fail_interrupted_task(records, &running, &mut batch)?;
+    }
+    // A conversation never stored has no messages to read.
+    let recent = match &stored {
+        Some(stored) => records.recent_messages(&key, stored.next_seq, turn.history_limit)?,
+        None => Vec::new(),
+    };
+    let (mut record, previous) = if turn.continuing {
+        let record = owned_task(records, &turn.principal, &turn.task_id)?;
+        if record.task.context_id != turn.context_id {
+            return Err(StoreError::TaskNotFound(turn.task_id));
+        }
+        ensure_open(&record)?;
+        (record.clone(), Some(record))
+    } else {
+        (new_task_record(&turn), None)
+    };
+    let seq = meta.next_seq;
+    meta.next_seq += 1;
+    meta.turns += 1;
+    meta.token += 1;
+    meta.updated_at = crate::model::now();
+    meta.running_task = Some(turn.task_id.clone());
+    batch.append_message(&key, seq, &turn.message);
+    record.history_seqs.push(seq);
+    record.task.status = TaskStatus::new(TaskState::Working, None);
+    record.task.artifacts.clear();
+    batch.put_task(&record, previous.as_ref());
+    batch.put_conversation(&meta, stored.as_ref());
+
+    let mut task = record.task.clone();
+    let earlier = &record.history_seqs[..record.history_seqs.len() - 1];
+    task.history = records.messages(&key, earlier)?;
+    task.history.push(turn.message);
+    records.apply(batch)?;
+    live.0.lock().insert(key, meta.token);
+    Ok(TurnBegun {
+        lease: Lease {
+            key,
+            task_id: turn.task_id,
+            token: meta.token,
+        },
+        task,
+        recent: recent.into_iter().map(|(_, m)| m).collect(),
+        turn: meta.turns,
+        agent_state: meta.agent_state,
+    })
+}
+
+fn new_task_record(turn: &BeginTurn) -> TaskRecord {
+    TaskRecord {
+        task: Task {
+            id: turn.task_id.clone(),
+            context_id: turn.context_id.clone(),
+            status: TaskStatus::new(TaskState::Submitted, None),
+            artifacts: Vec::new(),
+            history: Vec::new(),
+            metadata: None,
+        },
+        principal: turn.principal.clone(),
+        history_seqs: Vec::new(),
+    }
+}
+
+/// The conversation's metadata and the lease's task, if the lease still holds the conversation.
+fn held(
+    records: &Records,
+    live: &LiveTurns,
+    lease: &Lease,
+) -> StoreResult<(ConversationMeta, TaskRecord)> {
+    let stale = || StoreError::StaleToken {
+        task_id: lease.task_id.clone(),
+    };
+    let meta = records.conversation(&lease.key)?.ok_or_else(stale)?;
+    let holds = meta.token == lease.token
+        && meta.running_task.as_deref() == Some(lease.task_id.as_str())
+        && live.holder(&lease.key) == Some(lease.token);
+    if !holds {
+        return Err(stale());
+    }
+    let record = records.task(&lease.task_id)?.ok_or_else(stale)?;
+    Ok((meta, record))
+}
+
+pub fn record_status(
+    records: &Records,
+    live: &LiveTurns,
+    lease: &Lease,
+    status: TaskStatus,
+) -> StoreResult<()> {
+    let (_, previous) = held(records, live, lease)?;
+    let mut record = previous.clone();
+    record.task.status = status;
+    let mut batch = WriteBatch::new();
+    batch.put_task(&record, Some(&previous));
+    records.apply(batch)
+}
+
+/// Appends the reply, stores the final state and releases the conversation.
+pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResult<()> {
+    let lease = &end.lease;
+    let (previous_meta, previous) = held(records, live, lease)?;
+    let mut meta = previous_meta.clone();
+    let mut record = previous.clone();
+    let mut batch = WriteBatch::new();
+    if let Some(reply) = &end.reply {
+        batch.append_message(&lease.key, meta.next_seq, reply);
+        record.history_seqs.push(meta.next_seq);
+        meta.next_seq += 1;
+    }
+    record.task.status = end.status;
+    record.task.artifacts = end.artifacts;
+    batch.put_task(&record, Some(&previous));
+    meta.running_task = None;
+    meta.updated_at = crate::model::now();
+    if end.agent_state.is_some() {
+        meta.agent_state = end.agent_state;
+    }
+    batch.put_conversation(&meta, Some(&previous_meta));
+    records.apply(batch)?;
+    live.0.lock().remove(&lease.key);
+    Ok(())
+}
+
+/// Cancels a task that waits for input: it becomes canceled.
+pub fn cancel_waiting(
+    records: &Records,
+    live: &LiveTurns,
+    principal: &str,
+    task_id: &str,
+) -> StoreResult<Task> {
+    let previous = owned_task(records, principal, task_id)?;
+    let state = previous.task.status.state;
+    if state.is_terminal() {
+        return Err(StoreError::TaskNotCancelable {
+            task_id: task_id.to_owned(),
+            state,
+        });
+    }
+    let key = previous.conversation();
+    let running_here = records
+        .conversation(&key)?
+        .is_some_and(|meta| meta.running_task.as_deref() == Some(task_id));
+    if running_here && live.holder(&key).is_some() {
+        return Err(StoreError::Busy {
+            context_id: previous.task.context_id.clone(),
+            task_id: task_id.to_owned(),
+        });
+    }
+    let mut record = previous.clone();
+    record.task.status = TaskStatus::new(
+        TaskState::Canceled,
+        Some(Message::agent_text(
+            "canceled by the client",
+            &record.task.context_id,
+            Some(task_id),
+        )),
+    );
+    let mut batch = WriteBatch::new();
+    batch.put_task(&record, Some(&previous));
+    records.apply(batch)?;
+    let mut task = record.task;
+    task.history = records.messages(&key, &record.history_seqs)?;
+    Ok(task)
+}
+
+/// A task left working by a process that died: it will never finish, so it failed. Returns
+/// whether it was still running.
+fn fail_interrupted_task(
+    records: &Records,
+    task_id: &str,
+    batch: &mut WriteBatch,
+) -> StoreResult<bool> {
+    let Some(previous) = records.task(task_id)? else {
+        return Ok(false);
+    };
+    if previous.task.status.state.ends_turn() {
+        return Ok(false);
+    }
+    let mut record = previous.clone();
+    record.task.status = TaskStatus::new(
+        TaskState::Failed,
+        Some(Message::agent_text(
+            INTERRUPTED_TASK_TEXT,
+            &record.task.context_id,
+            Some(task_id),
+        )),
+    );
+    batch.put_task(&record, Some(&previous));
+    Ok(true)
+}
+
+/// Fails every task the running-task index holds whose conversation no live turn holds,
+/// reading only that index. A conversation's stale `running_task` is then found already failed
+/// when the conversation is next taken.
+pub fn fail_interrupted(records: &Records, live: &LiveTurns) -> StoreResult<usize> {
+    let mut batch = WriteBatch::new();
+    let mut failed = 0;
+    for task_id in records.running_tasks()? {
+        let held_here = records
+            .task(&task_id)?
+            .is_some_and(|r| live.holder(&r.conversation()).is_some());
+        if held_here {
+            continue;
+        }
+        if fail_interrupted_task(records, &task_id, &mut batch)? {
+            failed += 1;
+        } else {
+            batch.forget_running_task(&task_id);
+        }
+    }
+    records.apply(batch)?;
+    Ok(failed)
+}
+
+pub fn delete_conversation(
+    records: &Records,
+    live: &LiveTurns,
+    key: &ConversationKey,
+) -> StoreResult<bool> {
+    let Some(meta) = records.conversation(key)? else {
+        return Ok(false);
+    };
+    if let Some(task_id) = meta.running_task.clone().filter(|_| live.holder(key).is_some()) {
+        return Err(StoreError::Busy {
+            context_id: meta.context_id,
+            task_id,
+        });
+    }
+    records.delete_conversation(&meta)?;
+    Ok(true)
+}
+
+/// The stored task if it belongs to `principal`; another principal's task is simply not found.
+fn owned_task(records: &Records, principal: &str, task_id: &str) -> StoreResult<TaskRecord> {
+    records
+        .task(task_id)?
+        .filter(|r| r.principal == principal)
+        .ok_or_else(|| StoreError::TaskNotFound(task_id.to_owned()))
+}
+
+/// A message may continue a task only while it is not terminal.
+fn ensure_open(record: &TaskRecord) -> StoreResult<()> {
+    let state = record.task.status.state;
+    if state.is_terminal() {
+        return Err(StoreError::TaskTerminal {
+            task_id: record.task.id.clone(),
+            state,
+        });
+    }
+    Ok(())
+}
+
+/// A stored task with its whole history.
+pub fn task(records: &Records, principal: &str, task_id: &str) -> StoreResult<Option<Task>> {
+    let Some(record) = records.task(task_id)?.filter(|r| r.principal == principal) else {
+        return Ok(None);
+    };
+    let mut task = record.task.clone();
+    task.history = records.messages(&record.conversation(), &record.history_seqs)?;
+    Ok(Some(task))
+}
+
+pub fn list_tasks(records: &Records, principal: &str, query: TaskQuery) -> StoreResult<Page<Task>> {
+    let filter = TaskFilter {
+        conversation: query
+            .context_id
+            .as_deref()
+            .map(|c| ConversationKey::new(principal, c)),
+        state: query.state,
+        status_after: query.status_after,
+    };
+    let listed = records.list_tasks(
+        principal,
+        &filter,
+        query.page_size,
+        query.page_token.as_deref(),
+    )?;
+    let mut budget = ResponseBudget::new(query.max_bytes);
+    let mut tasks = Vec::with_capacity(listed.items.len());
+    let mut next_page_token = listed.next_page_token;
+    let mut resume_after: Option<&str> = None;
+    for ListedTask {
+        task_id,
+        resume_token,
+    } in &listed.items
+    {
+        if let Some((task, bytes)) = listed_task(records, task_id, &query)? {
+            if !budget.take(bytes) {
+                next_page_token = resume_after.unwrap_or_default().to_owned();
+                break;
+            }
+            tasks.push(task);
+        }
+        resume_after = Some(resume_token);
+    }
+    Ok(Page {
+        items: tasks,
+        next_page_token,
+        total_size: listed.total_size,
+    })
+}
+
+/// A listed task as the view shows it, and its estimated size: the stored sizes of its record
+/// (less its artifacts' text when they are not shown) and of the messages shown. None if it is
+/// gone.
+fn listed_task(
+    records: &Records,
+    task_id: &str,
+    query: &TaskQuery,
+) -> StoreResult<Option<(Task, usize)>> {
+    let Some((record, record_bytes)) = records.task_sized(task_id)? else {
+        return Ok(None);
+    };
+    let seqs = &record.history_seqs;
+    let shown = query
+        .view
+        .history_length
+        .map_or(seqs.len(), |n| n.min(seqs.len()));
+    let (history, history_bytes) =
+        records.messages_sized(&record.conversation(), &seqs[seqs.len() - shown..])?;
+    let mut task = record.task;
+    task.history = history;
+    let mut bytes = record_bytes + history_bytes;
+    if !query.view.artifacts {
+        let left_out: usize = task
+            .artifacts
+            .iter()
+            .flat_map(|a| &a.parts)
+            .filter_map(|p| p.as_text())
+            .map(str::len)
+            .sum();
+        bytes = bytes.saturating_sub(left_out);
+        task.artifacts.clear();
+    }
+    Ok(Some((task, bytes)))
+}
+
+/// A conversation's metadata and one page of its messages, oldest first, within the budget.
+pub fn conversation_page(
+    records: &Records,
+    key: &ConversationKey,
+    from: MessagesFrom,
+    max_bytes: usize,
+) -> StoreResult<Option<ConversationPage>> {
+    let Some(meta) = records.conversation(key)? else {
+        return Ok(None);
+    };
+    let (first, page_token) = match &from {
+        MessagesFrom::Latest(n) => (meta.next_seq.saturating_sub(*n as u64), None),
+        MessagesFrom::PageToken(token) => (0, Some(token.as_str())),
+    };
+    let mut budget = ResponseBudget::new(max_bytes);
+    let mut messages = Vec::new();
+    let mut next_page_token = String::new();
+    for entry in records.messages_from(key, first, page_token)? {
+        let (seq, message, bytes) = entry?;
+        if !budget.take(bytes) {
+            next_page_token = message_page_token(seq);
+            break;
+        }
+        messages.push(message);
+    }
+    Ok(Some(ConversationPage {
+        meta,
+        messages,
+        next_page_token,
+    }))
+}

@@ -1,0 +1,530 @@
+//! The embedded store's records over an ordered key-value backend: key layout, encoding, and
+//! typed reads and batched writes. Store operations (`ops.rs`) are built from these.
+//!
+//! Key layout (one keyspace, a record-type byte first):
+//! - `c` ++ conversation key                         -> [`ConversationMeta`]
+//! - `m` ++ conversation key ++ seq (u64 BE)         -> [`Message`]
+//! - `t` ++ task id                                  -> [`TaskRecord`]
+//! - `i` ++ conversation key ++ !status ms ++ task id -> state byte (tasks of a conversation, newest first)
+//! - `p` ++ principal key ++ !status ms ++ task id    -> state byte (tasks of a principal, newest first)
+//! - `l` ++ principal key ++ !updated ms ++ conv key  -> empty (conversations, newest first)
+//! - `r` ++ task id                                  -> empty (tasks whose turn is running: read at
+//!   start to fail what a crash cut off, without scanning the tasks)
+
+use super::kv::{KvBackend, KvOp};
+use crate::model::{Message, Task, TaskState};
+use crate::store::{ConversationKey, ConversationMeta, Page, PrincipalKey, StoreError, StoreResult};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::ops::Bound;
+use std::sync::Arc;
+
+/// A task as stored: its history lives in the conversation, referenced by sequence number.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub task: Task,
+    pub principal: String,
+    pub history_seqs: Vec<u64>,
+}
+
+impl TaskRecord {
+    pub fn conversation(&self) -> ConversationKey {
+        ConversationKey::new(&self.principal, &self.task.context_id)
+    }
+}
+
+/// A task in a listing, not yet loaded: its id and the page token that resumes after it.
+#[derive(Debug, Clone)]
+pub struct ListedTask {
+    pub task_id: String,
+    pub resume_token: String,
+}
+
+/// The page token that resumes a conversation's messages at sequence number `seq`.
+pub fn message_page_token(seq: u64) -> String {
+    hex::encode(seq.to_be_bytes())
+}
+
+fn seq_of_page_token(token: &str) -> StoreResult<u64> {
+    hex::decode(token)
+        .ok()
+        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+        .map(u64::from_be_bytes)
+        .ok_or(StoreError::BadPageToken)
+}
+
+/// Collects writes, already encoded, to be applied atomically.
+#[derive(Debug, Default)]
+pub struct WriteBatch {
+    ops: Vec<KvOp>,
+}
+
+const CONVERSATION: u8 = b'c';
+const MESSAGE: u8 = b'm';
+const TASK: u8 = b't';
+const TASKS_BY_CONVERSATION: u8 = b'i';
+const TASKS_BY_PRINCIPAL: u8 = b'p';
+const CONVERSATIONS_BY_PRINCIPAL: u8 = b'l';
+const RUNNING_TASKS: u8 = b'r';
+
+fn prefixed(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
+    let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
+    let mut key = Vec::with_capacity(len);
+    key.push(kind);
+    for part in parts {
+        key.extend_from_slice(part);
+    }
+    key
+}
+
+/// Newest first in a forward scan.
+fn inverted_millis(t: &DateTime<Utc>) -> [u8; 8] {
+    (u64::MAX - t.timestamp_millis().max(0) as u64).to_be_bytes()
+}
+
+fn conversation_key(key: &ConversationKey) -> Vec<u8> {
+    prefixed(CONVERSATION, &[key.as_bytes()])
+}
+
+fn message_key(key: &ConversationKey, seq: u64) -> Vec<u8> {
+    prefixed(MESSAGE, &[key.as_bytes(), &seq.to_be_bytes()])
+}
+
+fn task_key(task_id: &str) -> Vec<u8> {
+    prefixed(TASK, &[task_id.as_bytes()])
+}
+
+fn running_task_key(task_id: &str) -> Vec<u8> {
+    prefixed(RUNNING_TASKS, &[task_id.as_bytes()])
+}
+
+/// A task is running from the batch that starts its turn to the one that ends it.
+fn is_running(record: &TaskRecord) -> bool {
+    !record.task.status.state.ends_turn()
+}
+
+fn task_index_keys(record: &TaskRecord) -> [Vec<u8>; 2] {
+    let ts = inverted_millis(&record.task.status.timestamp);
+    let id = record.task.id.as_bytes();
+    [
+        prefixed(
+            TASKS_BY_CONVERSATION,
+            &[record.conversation().as_bytes(), &ts, id],
+        ),
+        prefixed(
+            TASKS_BY_PRINCIPAL,
+            &[PrincipalKey::new(&record.principal).as_bytes(), &ts, id],
+        ),
+    ]
+}
+
+fn conversation_index_key(meta: &ConversationMeta) -> Vec<u8> {
+    prefixed(
+        CONVERSATIONS_BY_PRINCIPAL,
+        &[
+            PrincipalKey::new(&meta.principal).as_bytes(),
+            &inverted_millis(&meta.updated_at),
+            meta.key().as_bytes(),
+        ],
+    )
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serialising our own plain data types to JSON cannot fail (no maps with non-string keys).
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> StoreResult<T> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+impl WriteBatch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Writes the conversation's metadata; `previous` is what is stored now, to move its index entry.
+    pub fn put_conversation(
+        &mut self,
+        meta: &ConversationMeta,
+        previous: Option<&ConversationMeta>,
+    ) {
+        if let Some(previous) = previous {
+            self.ops
+                .push(KvOp::Delete(conversation_index_key(previous)));
+        }
+        self.ops
+            .push(KvOp::Put(conversation_index_key(meta), Vec::new()));
+        self.ops
+            .push(KvOp::Put(conversation_key(&meta.key()), encode(meta)));
+    }
+
+    pub fn append_message(&mut self, key: &ConversationKey, seq: u64, message: &Message) {
+        self.ops
+            .push(KvOp::Put(message_key(key, seq), encode(message)));
+    }
+
+    /// Drops a running-task index entry whose task is gone or no longer running.
+    pub fn forget_running_task(&mut self, task_id: &str) {
+        self.ops.push(KvOp::Delete(running_task_key(task_id)));
+    }
+
+    /// Writes the task; `previous` is what is stored now, to move its index entries.
+    pub fn put_task(&mut self, record: &TaskRecord, previous: Option<&TaskRecord>) {
+        if let Some(previous) = previous {
+            for key in task_index_keys(previous) {
+                self.ops.push(KvOp::Delete(key));
+            }
+        }
+        let state = vec![record.task.status.state.code()];
+        for key in task_index_keys(record) {
+            self.ops.push(KvOp::Put(key, state.clone()));
+        }
+        let was_running = previous.is_some_and(is_running);
+        if is_running(record) {
+            self.ops
+                .push(KvOp::Put(running_task_key(&record.task.id), Vec::new()));
+        } else if was_running {
+            self.ops
+                .push(KvOp::Delete(running_task_key(&record.task.id)));
+        }
+        self.ops
+            .push(KvOp::Put(task_key(&record.task.id), encode(record)));
+    }
+}
+
+/// Filters of a task listing, as the index can apply them.
+#[derive(Debug, Clone, Default)]
+pub struct TaskFilter {
+    pub conversation: Option<ConversationKey>,
+    pub state: Option<TaskState>,
+    pub status_after: Option<DateTime<Utc>>,
+}
+
+/// Typed access to the records. Reads may touch the disk: call them off actor and worker
+/// threads.
+#[derive(Clone)]
+pub struct Records {
+    backend: Arc<dyn KvBackend>,
+}
+
+impl Records {
+    pub fn new(backend: Arc<dyn KvBackend>) -> Self {
+        Records { backend }
+    }
+
+    pub fn backend(&self) -> &Arc<dyn KvBackend> {
+        &self.backend
+    }
+
+    /// Applies the batch atomically (durable after the next flush).
+    pub fn apply(&self, batch: WriteBatch) -> StoreResult<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.backend.apply(batch.ops)
+    }
+
+    /// Writes a probe record, to show the store takes writes (readiness).
+    pub fn probe(&self) -> StoreResult<()> {
+        let stamp = crate::model::now()
+            .timestamp_millis()
+            .to_be_bytes()
+            .to_vec();
+        self.backend
+            .apply(vec![KvOp::Put(b"zprobe".to_vec(), stamp)])
+    }
+
+    pub fn conversation(&self, key: &ConversationKey) -> StoreResult<Option<ConversationMeta>> {
+        self.backend
+            .get(&conversation_key(key))?
+            .map(|bytes| decode(&bytes))
+            .transpose()
+    }
+
+    /// The `limit` messages before sequence number `next_seq` (a conversation's `next_seq`: its
+    /// most recent ones), oldest first. Sequence numbers have no gaps, so this is one bounded
+    /// forward range scan, O(limit) however long the conversation.
+    pub fn recent_messages(
+        &self,
+        key: &ConversationKey,
+        next_seq: u64,
+        limit: usize,
+    ) -> StoreResult<Vec<(u64, Message)>> {
+        let from = message_key(key, next_seq.saturating_sub(limit as u64));
+        let to = message_key(key, next_seq);
+        self.backend
+            .scan(Bound::Included(from), Bound::Excluded(to), false)
+            .map(|entry| {
+                let (k, v) = entry?;
+                Ok((seq_of(&k)?, decode(&v)?))
+            })
+            .collect()
+    }
+
+    /// A conversation's messages from the one a page token names (or from sequence number
+    /// `from`), oldest first, read lazily, each with its stored size in bytes (a cheap estimate
+    /// of its size in a response).
+    pub fn messages_from<'a>(
+        &'a self,
+        key: &ConversationKey,
+        from: u64,
+        page_token: Option<&str>,
+    ) -> StoreResult<impl Iterator<Item = StoreResult<(u64, Message, usize)>> + 'a> {
+        let from = match page_token.filter(|t| !t.is_empty()) {
+            Some(token) => seq_of_page_token(token)?,
+            None => from,
+        };
+        let scan = self.backend.scan(
+            Bound::Included(message_key(key, from)),
+            Bound::Included(message_key(key, u64::MAX)),
+            false,
+        );
+        Ok(scan.map(|entry| {
+            let (k, v) = entry?;
+            Ok((seq_of(&k)?, decode(&v)?, v.len()))
+        }))
+    }
+
+    pub fn messages(&self, key: &ConversationKey, seqs: &[u64]) -> StoreResult<Vec<Message>> {
+        Ok(self.messages_sized(key, seqs)?.0)
+    }
+
+    /// The messages and their total stored size in bytes.
+    pub fn messages_sized(
+        &self,
+        key: &ConversationKey,
+        seqs: &[u64],
+    ) -> StoreResult<(Vec<Message>, usize)> {
+        let mut messages = Vec::with_capacity(seqs.len());
+        let mut bytes_read = 0;
+        for seq in seqs {
+            if let Some(bytes) = self.backend.get(&message_key(key, *seq))? {
+                bytes_read += bytes.len();
+                messages.push(decode(&bytes)?);
+            }
+        }
+        Ok((messages, bytes_read))
+    }
+
+    pub fn task(&self, task_id: &str) -> StoreResult<Option<TaskRecord>> {
+        Ok(self.task_sized(task_id)?.map(|(record, _)| record))
+    }
+
+    /// The task and its stored size in bytes (its artifacts included).
+    pub fn task_sized(&self, task_id: &str) -> StoreResult<Option<(TaskRecord, usize)>> {
+        self.backend
+            .get(&task_key(task_id))?
+            .map(|bytes| Ok((decode(&bytes)?, bytes.len())))
+            .transpose()
+    }
+
+    /// The ids of the tasks stored as running: one scan of the running-task index, however many
+    /// conversations and tasks are stored.
+    pub fn running_tasks(&self) -> StoreResult<Vec<String>> {
+        let prefix = vec![RUNNING_TASKS];
+        let mut ids = Vec::new();
+        for entry in self
+            .backend
+            .scan(Bound::Included(prefix.clone()), Bound::Unbounded, false)
+        {
+            let (key, _) = entry?;
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            ids.push(String::from_utf8_lossy(&key[prefix.len()..]).into_owned());
+        }
+        Ok(ids)
+    }
+
+    /// The principal's tasks (or one conversation's), newest status first: their ids, for the
+    /// caller to load (and stop early, resuming from an entry's token).
+    pub fn list_tasks(
+        &self,
+        principal: &str,
+        query: &TaskFilter,
+        page_size: usize,
+        page_token: Option<&str>,
+    ) -> StoreResult<Page<ListedTask>> {
+        let prefix = match &query.conversation {
+            Some(key) => prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]),
+            None => prefixed(
+                TASKS_BY_PRINCIPAL,
+                &[PrincipalKey::new(principal).as_bytes()],
+            ),
+        };
+        let wanted = |key: &[u8], value: &[u8]| {
+            let state_ok = query.state.is_none_or(|s| value.first() == Some(&s.code()));
+            let time_ok = query.status_after.is_none_or(|after| {
+                key.get(prefix.len()..prefix.len() + 8)
+                    .and_then(|b| b.try_into().ok())
+                    .is_some_and(|b: [u8; 8]| {
+                        u64::MAX - u64::from_be_bytes(b) > after.timestamp_millis().max(0) as u64
+                    })
+            });
+            state_ok && time_ok
+        };
+        let page = self.page(&prefix, page_size, page_token, wanted)?;
+        let items = page
+            .items
+            .iter()
+            .map(|key| ListedTask {
+                task_id: String::from_utf8_lossy(&key[prefix.len() + 8..]).into_owned(),
+                resume_token: hex::encode(&key[prefix.len()..]),
+            })
+            .collect();
+        Ok(Page {
+            items,
+            next_page_token: page.next_page_token,
+            total_size: page.total_size,
+        })
+    }
+
+    /// The principal's conversations, most recently updated first.
+    pub fn list_conversations(
+        &self,
+        principal: &str,
+        page_size: usize,
+        page_token: Option<&str>,
+    ) -> StoreResult<Page<ConversationMeta>> {
+        let prefix = prefixed(
+            CONVERSATIONS_BY_PRINCIPAL,
+            &[PrincipalKey::new(principal).as_bytes()],
+        );
+        // An entry naming a key of another namespace version is not this version's to list.
+        let current_version =
+            |key: &[u8], _: &[u8]| ConversationKey::from_bytes(&key[prefix.len() + 8..]).is_some();
+        let page = self.page(&prefix, page_size, page_token, current_version)?;
+        let mut items = Vec::with_capacity(page.items.len());
+        for key in &page.items {
+            let Some(conversation) = ConversationKey::from_bytes(&key[prefix.len() + 8..]) else {
+                continue;
+            };
+            if let Some(meta) = self.conversation(&conversation)? {
+                items.push(meta);
+            }
+        }
+        Ok(Page {
+            items,
+            next_page_token: page.next_page_token,
+            total_size: page.total_size,
+        })
+    }
+
+    /// One page of index keys under `prefix`, resuming after the token's key.
+    fn page(
+        &self,
+        prefix: &[u8],
+        page_size: usize,
+        page_token: Option<&str>,
+        wanted: impl Fn(&[u8], &[u8]) -> bool,
+    ) -> StoreResult<Page<Vec<u8>>> {
+        let start = match page_token.filter(|t| !t.is_empty()) {
+            Some(token) => {
+                let suffix = hex::decode(token).map_err(|_| StoreError::BadPageToken)?;
+                Bound::Excluded(prefixed(prefix[0], &[&prefix[1..], &suffix]))
+            }
+            None => Bound::Included(prefix.to_vec()),
+        };
+        let mut items = Vec::new();
+        let mut next_page_token = String::new();
+        let mut total_size = 0;
+        let mut counted_before = 0;
+        if page_token.is_some_and(|t| !t.is_empty()) {
+            // totalSize counts every match, also those on earlier pages.
+            counted_before = self.count_matching(prefix, &start, &wanted)?;
+        }
+        for entry in self.backend.scan(start, Bound::Unbounded, false) {
+            let (key, value) = entry?;
+            if !key.starts_with(prefix) {
+                break;
+            }
+            if !wanted(&key, &value) {
+                continue;
+            }
+            total_size += 1;
+            if items.len() < page_size {
+                items.push(key);
+            } else if next_page_token.is_empty()
+                && let Some(last) = items.last()
+            {
+                next_page_token = hex::encode(&last[prefix.len()..]);
+            }
+        }
+        Ok(Page {
+            items,
+            next_page_token,
+            total_size: total_size + counted_before,
+        })
+    }
+
+    fn count_matching(
+        &self,
+        prefix: &[u8],
+        before: &Bound<Vec<u8>>,
+        wanted: &impl Fn(&[u8], &[u8]) -> bool,
+    ) -> StoreResult<usize> {
+        let end = match before {
+            Bound::Excluded(key) => Bound::Included(key.clone()),
+            _ => return Ok(0),
+        };
+        let mut count = 0;
+        for entry in self
+            .backend
+            .scan(Bound::Included(prefix.to_vec()), end, false)
+        {
+            let (key, value) = entry?;
+            if wanted(&key, &value) {
+                count += 1;
+            }
+        }
+        Ok(count)
+    }
+
+    /// Removes a conversation: its metadata, messages, tasks and index entries.
+    pub fn delete_conversation(&self, meta: &ConversationMeta) -> StoreResult<()> {
+        let key = meta.key();
+        let mut ops = vec![
+            KvOp::Delete(conversation_key(&key)),
+            KvOp::Delete(conversation_index_key(meta)),
+        ];
+        let messages = self.backend.scan(
+            Bound::Included(message_key(&key, 0)),
+            Bound::Included(message_key(&key, u64::MAX)),
+            false,
+        );
+        for entry in messages {
+            ops.push(KvOp::Delete(entry?.0));
+        }
+        let tasks_prefix = prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]);
+        for entry in self.backend.scan(
+            Bound::Included(tasks_prefix.clone()),
+            Bound::Unbounded,
+            false,
+        ) {
+            let (index_key, _) = entry?;
+            if !index_key.starts_with(&tasks_prefix) {
+                break;
+            }
+            let task_id = String::from_utf8_lossy(&index_key[tasks_prefix.len() + 8..]);
+            if let Some(record) = self.task(&task_id)? {
+                ops.extend(task_index_keys(&record).into_iter().map(KvOp::Delete));
+                ops.push(KvOp::Delete(running_task_key(&task_id)));
+                ops.push(KvOp::Delete(task_key(&task_id)));
+            }
+        }
+        self.backend.apply(ops)
+    }
+}
+
+fn seq_of(key: &[u8]) -> StoreResult<u64> {
+    key.len()
+        .checked_sub(8)
+        .and_then(|at| key[at..].try_into().ok())
+        .map(u64::from_be_bytes)
+        .ok_or_else(|| StoreError::Corrupt("message key too short".into()))
+}
