@@ -25,8 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The principal of requests when no authentication is configured.
-pub const ANONYMOUS: &str = "anonymous";
+pub use crate::model::ANONYMOUS;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
