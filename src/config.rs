@@ -2,15 +2,13 @@
 //!
 //! Environment keys are the TOML keys upper-cased, nested with `__`: `COLLOQUY_HISTORY__LIMIT=10`.
 
-use crate::engine::EngineConfig;
 use crate::history::{HistoryLimits, MAX_LIMIT};
-use crate::store::{DEFAULT_CHECKPOINT_EVERY, SledOptions};
+use crate::store::DEFAULT_CHECKPOINT_EVERY;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -202,6 +200,10 @@ impl Default for ContextsConfig {
     }
 }
 
+/// The engine's default too (`engine::DEFAULT_RESPONSE_BYTES`; `app`'s tests hold them equal):
+/// config stays plain settings, apart from the engine.
+const DEFAULT_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
@@ -233,7 +235,7 @@ impl Default for LimitsConfig {
             running_turns: 10_000,
             body_timeout_ms: 5_000,
             max_connections: 10_000,
-            response_bytes: crate::engine::DEFAULT_RESPONSE_BYTES,
+            response_bytes: DEFAULT_RESPONSE_BYTES,
         }
     }
 }
@@ -301,15 +303,6 @@ impl Default for StoreConfig {
         StoreConfig {
             cache_bytes: 64 * 1024 * 1024,
             checkpoint_interval_ms: DEFAULT_CHECKPOINT_EVERY.as_millis() as u64,
-        }
-    }
-}
-
-impl StoreConfig {
-    pub fn sled_options(&self) -> SledOptions {
-        SledOptions {
-            cache_bytes: self.cache_bytes,
-            checkpoint_every: Duration::from_millis(self.checkpoint_interval_ms),
         }
     }
 }
@@ -468,26 +461,5 @@ impl Config {
             .as_deref()
             .map(str::trim)
             .filter(|listen| !listen.is_empty())
-    }
-
-    pub fn engine(&self) -> EngineConfig {
-        let defaults = EngineConfig::default();
-        EngineConfig {
-            history: HistoryLimits {
-                limit: self.history.limit,
-                max_chars: self.history.max_chars,
-            },
-            idle_timeout: Duration::from_secs(self.contexts.idle_timeout_secs.max(1)),
-            agent_timeout: Duration::from_secs(self.agent.timeout_secs.max(1)),
-            subscriber_buffer: self.streaming.subscriber_buffer,
-            arbiters: match self.contexts.arbiters {
-                0 => defaults.arbiters,
-                n => n,
-            },
-            max_running_turns: self.limits.running_turns.max(1),
-            max_context_id_bytes: self.limits.context_id_bytes,
-            max_resident: self.contexts.max_resident.max(1),
-            response_bytes: self.limits.response_bytes,
-        }
     }
 }

@@ -6,9 +6,14 @@
 //!
 //! Layout: [`model`] the internal types; [`store`] persistence; [`history`] guarded rendering;
 //! [`agent`] backends; [`engine`] the actors; [`protocol`] the two wire versions; [`http`] the
-//! JSON-RPC front; [`cli`] the commands; [`config`] layered configuration.
+//! JSON-RPC front; [`app`] the composition root that builds and wires them; [`telemetry`] the
+//! metrics recorder; [`cli`] the commands; [`config`] layered configuration.
+//!
+//! Dependencies point one way: `protocol` is a pure wire library (model only), `store` knows
+//! neither engine nor HTTP, nothing below `http` knows `http` (`tests/layering.rs` checks).
 
 pub mod agent;
+pub mod app;
 pub mod cli;
 pub mod client;
 pub mod config;
@@ -19,3 +24,4 @@ pub mod http;
 pub mod model;
 pub mod protocol;
 pub mod store;
+pub mod telemetry;

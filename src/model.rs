@@ -9,6 +9,9 @@ use serde_json::{Map, Value};
 
 pub type Metadata = Map<String, Value>;
 
+/// The principal of requests when no authentication is configured.
+pub const ANONYMOUS: &str = "anonymous";
+
 /// Milliseconds-precision UTC "now", the precision every timestamp on the wire carries.
 pub fn now() -> DateTime<Utc> {
     let now = Utc::now();
@@ -248,6 +251,14 @@ pub enum TaskEvent {
         append: bool,
         last_chunk: bool,
     },
+}
+
+/// What a stream writes, in order: the task (or a plain message), then its events.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamItem {
+    Task(Task),
+    Message(Message),
+    Event(TaskEvent),
 }
 
 /// The result of a send: a task, or (for agents that answer without one) a plain message.

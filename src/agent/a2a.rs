@@ -8,8 +8,7 @@
 
 use super::{Agent, AgentError, AgentEvent, AgentRequest, AgentSink};
 use crate::client::{self, ClientError, ClientOptions, Peer, TaskAssembler};
-use crate::engine::StreamItem;
-use crate::model::{Message, SendResult, Task, TaskState};
+use crate::model::{Message, SendResult, StreamItem, Task, TaskState};
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use serde::{Deserialize, Serialize};

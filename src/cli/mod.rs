@@ -5,7 +5,7 @@ mod send;
 mod serve;
 mod store_commands;
 
-pub use serve::build_agent;
+pub use crate::app::build_agent;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -52,7 +52,7 @@ pub struct StoreArgs {
     #[arg(long)]
     data: Option<PathBuf>,
     /// The principal whose conversations to show (default: anonymous, the principal without auth).
-    #[arg(long, default_value = crate::engine::ANONYMOUS)]
+    #[arg(long, default_value = crate::model::ANONYMOUS)]
     principal: String,
     #[arg(long)]
     config: Option<PathBuf>,

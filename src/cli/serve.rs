@@ -1,12 +1,11 @@
 //! `colloquy serve`.
 
-use crate::agent::{A2aAgent, EchoAgent, ExecAgent, OpenAiAgent, SharedAgent};
+use crate::app::build_agent;
 use crate::config::Config;
 use clap::Args;
 use serde_json::{Map, Value, json};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Args, Debug, Clone, Default)]
@@ -117,42 +116,6 @@ impl ServeArgs {
     }
 }
 
-/// The backend `agent.kind` names.
-pub fn build_agent(config: &Config) -> Result<SharedAgent, String> {
-    match config.agent.kind.as_str() {
-        "echo" => Ok(Arc::new(EchoAgent::new(
-            config.agent.echo.chunk_chars,
-            Duration::from_millis(config.agent.echo.delay_ms),
-        ))),
-        "exec" => ExecAgent::from_config(&config.agent)
-            .map(|agent| Arc::new(agent) as SharedAgent)
-            .map_err(|e| format!("agent.kind \"exec\": {e}")),
-        "openai" => OpenAiAgent::from_config(config)
-            .map(|agent| Arc::new(agent) as SharedAgent)
-            .map_err(|e| format!("agent.kind \"openai\": {e}")),
-        "a2a" => {
-            let url = config.agent.peer_url.clone().ok_or_else(|| {
-                "agent.kind = \"a2a\" needs agent.peer_url (the peer agent's URL)".to_owned()
-            })?;
-            crate::client::check_url(&url).map_err(|e| format!("agent.peer_url: {e}"))?;
-            let token = match &config.agent.token_env {
-                None => None,
-                Some(name) => Some(std::env::var(name).map_err(|_| {
-                    format!("agent.token_env names {name}, which is not set in the environment")
-                })?),
-            };
-            Ok(Arc::new(A2aAgent::new(
-                url,
-                token,
-                config.agent.max_turns_per_context,
-            )))
-        }
-        other => Err(format!(
-            "agent.kind {other:?} is not available; use \"echo\", \"exec\", \"openai\" or \"a2a\""
-        )),
-    }
-}
-
 fn init_tracing(format: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -177,7 +140,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
         Duration::from_secs(config.shutdown.grace_secs) + crate::http::CLOSE_MARGIN + STOP_OVERRUN;
     let system = actix_rt::System::new();
     system.block_on(async move {
-        let server = crate::http::start(config, agent)
+        let server = crate::app::start(config, agent)
             .await
             .map_err(|e| e.to_string())?;
         wait_for_signal().await;

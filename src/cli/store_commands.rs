@@ -43,7 +43,7 @@ fn open(args: &StoreArgs) -> Result<Store, String> {
     if !data.exists() {
         return Err(format!("no data folder at {}", data.display()));
     }
-    Store::open_sled_with(&data, &config.store.sled_options()).map_err(|e| {
+    crate::app::open_store(&data, &config.store).map_err(|e| {
         format!(
             "opening {}: {e} (is a server running on it? use the colloquy/* JSON-RPC methods then)",
             data.display()

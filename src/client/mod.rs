@@ -4,8 +4,7 @@
 //! Shared by `colloquy send` and the `a2a` agent backend. Wire shapes come from
 //! [`crate::protocol::codec`], the same mapping the server uses.
 
-use crate::engine::StreamItem;
-use crate::model::{Artifact, Message, SendResult, Task, TaskEvent};
+use crate::model::{Artifact, Message, SendResult, StreamItem, Task, TaskEvent};
 use crate::protocol::WireVersion;
 use crate::protocol::codec;
 use eventsource_stream::Eventsource;

@@ -6,18 +6,12 @@
 //! Each subscriber has a bounded buffer; one that falls behind is dropped and told so, never
 //! silently skipped ahead, and never slows the agent or the other subscribers.
 
-use crate::model::{Artifact, Message, Part, SendResult, Task, TaskEvent, TaskStatus};
+use crate::model::{Artifact, Part, SendResult, Task, TaskEvent, TaskStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, watch};
 
-/// What a stream writes, in order.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StreamItem {
-    Task(Task),
-    Message(Message),
-    Event(TaskEvent),
-}
+pub use crate::model::StreamItem;
 
 /// The name of the one artifact every streamed reply is appended to.
 pub const REPLY_ARTIFACT_NAME: &str = "reply";

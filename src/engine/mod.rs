@@ -32,8 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use turn::Answer;
 
-/// The principal of requests when no authentication is configured.
-pub const ANONYMOUS: &str = "anonymous";
+pub use crate::model::ANONYMOUS;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {

@@ -2,7 +2,7 @@
 //! constant time; with none configured every request is the anonymous principal.
 
 use crate::config::AuthConfig;
-use crate::engine::ANONYMOUS;
+use crate::model::ANONYMOUS;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as MapEntry;

@@ -1,6 +1,6 @@
 //! The agent card: one card valid for both wire versions (or one, per `card.versions`).
 
-use super::AppState;
+use super::state::AppState;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value, json};
 

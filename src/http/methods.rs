@@ -1,8 +1,8 @@
 //! One function per JSON-RPC method: decode params, call the engine, encode the result.
 
-use super::AppState;
-use super::rpc::Reply;
+use super::errors::rpc_error;
 use super::sse;
+use super::state::AppState;
 use crate::engine::EngineError;
 use crate::model::{Message, PartContent, SendResult, format_time};
 use crate::protocol::codec::{self, TaskView};
@@ -15,6 +15,12 @@ const DEFAULT_PAGE_SIZE: u64 = 50;
 const MAX_PAGE_SIZE: u64 = 100;
 
 type RpcResult<T> = Result<T, RpcError>;
+
+/// What a method answers: one JSON result, or an SSE stream of them.
+pub enum Reply {
+    Json(Value),
+    Stream(sse::EventStream),
+}
 
 pub async fn dispatch(
     state: &AppState,
@@ -60,7 +66,7 @@ struct SendOptions {
 
 impl Call<'_> {
     fn engine_error(&self, e: EngineError) -> RpcError {
-        RpcError::from_engine(e, self.version)
+        rpc_error(e, self.version)
     }
 
     fn record_ids(context_id: Option<&str>, task_id: Option<&str>) {

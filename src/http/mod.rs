@@ -2,46 +2,37 @@
 //! endpoints, optionally on their own address).
 //!
 //! Handlers parse, authenticate and dispatch; every conversation rule lives in the engine.
+//! This module only routes and serves: the engine, auth and metrics it serves are built by the
+//! composition root, [`crate::app`].
 
 mod auth;
 mod card;
 mod connections;
+mod errors;
 mod methods;
 mod metrics_endpoint;
 pub mod rpc;
 mod sse;
+mod state;
 
 pub use auth::{Auth, TokenConfigError, digest as token_digest};
+pub use state::AppState;
 
-use crate::agent::SharedAgent;
-use crate::config::Config;
+/// The former home of the server's start; kept so `colloquy::http::start` still works.
+pub use crate::app::start;
+
 use crate::engine::Engine;
-use crate::store::Store;
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpResponse, HttpServer, web};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("{0}")]
     Config(String),
-    #[error("tokens: {0}")]
-    Tokens(#[from] TokenConfigError),
-    #[error("opening the store at {path}: {error}")]
-    Store { path: String, error: String },
     #[error("listening on {addr}: {error}")]
     Bind { addr: String, error: std::io::Error },
-}
-
-pub struct AppState {
-    pub engine: Engine,
-    pub config: Arc<Config>,
-    pub auth: Auth,
-    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
-    /// Digest of the bearer token `/metrics` requires (`metrics.token`), if any.
-    pub metrics_token: Option<[u8; 32]>,
 }
 
 /// After the grace period, how long streams have to deliver the final state of the turns failed
@@ -105,56 +96,11 @@ impl RunningServer {
     }
 }
 
-fn is_loopback(listen: &str) -> bool {
-    use std::net::ToSocketAddrs;
-    listen
-        .to_socket_addrs()
-        .map(|mut addrs| addrs.all(|a| a.ip().is_loopback()))
-        .unwrap_or(false)
-}
-
-/// Opens the store, starts the engine and serves. Needs a running actix System.
-pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, ServeError> {
-    // Installed first, so what the store and engine record while starting is kept.
-    let metrics = metrics_endpoint::recorder();
-    metrics_endpoint::register_series(agent.kind());
-    let auth = Auth::load(
-        &config.auth,
-        std::env::var("COLLOQUY_TOKENS").ok().as_deref(),
-    )?;
-    if !auth.enabled() && !config.allow_unauthenticated && !is_loopback(&config.listen) {
-        return Err(ServeError::Config(format!(
-            "refusing to listen on {} without authentication: configure tokens ([auth.tokens], \
-             auth.tokens_file or COLLOQUY_TOKENS) or pass --allow-unauthenticated",
-            config.listen
-        )));
-    }
-    let path = config.data.clone();
-    let options = config.store.sled_options();
-    let store = actix_rt::task::spawn_blocking(move || Store::open_sled_with(&path, &options))
-        .await
-        .map_err(|e| ServeError::Store {
-            path: config.data.display().to_string(),
-            error: e.to_string(),
-        })?
-        .map_err(|e| ServeError::Store {
-            path: config.data.display().to_string(),
-            error: e.to_string(),
-        })?;
-    let engine = Engine::start(store, agent, config.engine());
-    let interrupted = engine
-        .fail_interrupted_turns()
-        .await
-        .map_err(|e| ServeError::Store {
-            path: config.data.display().to_string(),
-            error: format!("failing the turns a crash cut off: {e}"),
-        })?;
-    if interrupted > 0 {
-        tracing::warn!(
-            tasks = interrupted,
-            "marked failed the tasks that were running when the server last stopped"
-        );
-    }
+/// Serves `state` on its configured address (and the operator endpoints on `admin_listen`, if
+/// set). Needs a running actix System.
+pub fn serve(state: AppState) -> Result<RunningServer, ServeError> {
+    let config = state.config.clone();
+    let engine = state.engine.clone();
     let grace = Duration::from_secs(config.shutdown.grace_secs);
     let workers = match config.workers {
         0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -165,18 +111,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         connections::per_worker(config.limits.max_connections, workers, open_files);
     let listen = config.listen.clone();
     let admin_listen = config.admin_listen().map(str::to_owned);
-    let metrics_token = config
-        .metrics
-        .token
-        .as_deref()
-        .map(|t| token_digest(t.trim()));
-    let state = web::Data::new(AppState {
-        engine: engine.clone(),
-        config: Arc::new(config),
-        auth,
-        metrics,
-        metrics_token,
-    });
+    let state = web::Data::new(state);
     let admin_state = state.clone();
     // `/metrics` moves to the admin address when there is one.
     let public_metrics = admin_listen.is_none();

@@ -1,8 +1,8 @@
 //! `POST /`: read and check the envelope, authenticate, pick the wire version, dispatch.
 
-use super::AppState;
-use super::methods;
+use super::methods::{self, Reply};
 use super::sse;
+use super::state::AppState;
 use crate::protocol::jsonrpc::{RequestId, failure, success};
 use crate::protocol::{Method, RpcError, RpcRequest, WireVersion};
 use actix_web::http::StatusCode;
@@ -12,12 +12,6 @@ use bytes::BytesMut;
 use futures_util::StreamExt;
 use std::time::{Duration, Instant};
 use tracing::Instrument;
-
-/// What a method answers: one JSON result, or an SSE stream of them.
-pub enum Reply {
-    Json(serde_json::Value),
-    Stream(sse::EventStream),
-}
 
 pub const VERSION_HEADER: &str = "A2A-Version";
 

@@ -1,6 +1,7 @@
 //! Server-Sent Events: each stream item is one `data:` line holding a JSON-RPC response.
 
-use crate::engine::{StreamItem, Subscription};
+use crate::engine::Subscription;
+use crate::model::StreamItem;
 use crate::protocol::codec::{self, TaskView};
 use crate::protocol::jsonrpc::{RequestId, failure, success};
 use crate::protocol::{RpcError, WireVersion};

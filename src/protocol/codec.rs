@@ -6,11 +6,10 @@
 
 use super::WireVersion;
 use super::fields::{FieldResult, Obj, field_error};
-use crate::engine::StreamItem;
 pub use crate::model::TaskView;
 use crate::model::{
-    Artifact, Message, Part, PartContent, Role, SendResult, Task, TaskEvent, TaskState, TaskStatus,
-    format_time,
+    Artifact, Message, Part, PartContent, Role, SendResult, StreamItem, Task, TaskEvent, TaskState,
+    TaskStatus, format_time,
 };
 use serde_json::{Map, Value, json};
 

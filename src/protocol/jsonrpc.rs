@@ -1,8 +1,10 @@
-//! The JSON-RPC 2.0 envelope and the one place errors become codes.
+//! The JSON-RPC 2.0 envelope and the one place error values become codes, messages and data.
+//!
+//! A pure wire module: which engine failure becomes which [`RpcError`] is the HTTP edge's
+//! business (`http::errors`).
 
 use super::WireVersion;
 use super::fields::FieldError;
-use crate::engine::EngineError;
 use serde_json::{Map, Value, json};
 
 /// Every JSON-RPC error colloquy answers with. [`RpcError::code`] is the one mapping to codes.
@@ -134,32 +136,6 @@ impl RpcError {
             error.insert("data".into(), data);
         }
         Value::Object(error)
-    }
-
-    pub fn from_engine(error: EngineError, version: WireVersion) -> Self {
-        match error {
-            EngineError::InvalidParams(m) => RpcError::InvalidParams(m),
-            EngineError::TaskNotFound(id) => RpcError::TaskNotFound(id),
-            e @ EngineError::TaskNotCancelable { .. } => RpcError::TaskNotCancelable(e.to_string()),
-            e @ EngineError::TaskTerminal { .. } => match version {
-                WireVersion::V1 => RpcError::Unsupported(e.to_string()),
-                WireVersion::V03 => RpcError::InvalidParams(e.to_string()),
-            },
-            EngineError::ContextBusy {
-                context_id,
-                task_id,
-            } => RpcError::ContextBusy {
-                context_id,
-                task_id,
-            },
-            EngineError::Overloaded { retry_after_ms, .. } => {
-                RpcError::Overloaded { retry_after_ms }
-            }
-            EngineError::ShuttingDown => RpcError::ShuttingDown,
-            e @ (EngineError::Store(_) | EngineError::Internal(_)) => {
-                RpcError::Internal(e.to_string())
-            }
-        }
     }
 }
 

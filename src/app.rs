@@ -1,0 +1,204 @@
+//! The composition root: builds the agent, auth, metrics, store and engine from the [`Config`]
+//! and hands them to the HTTP front, which only routes and serves what it is given.
+//!
+//! The only module that knows every other one; none of them depends on it.
+
+use crate::agent::{A2aAgent, EchoAgent, ExecAgent, OpenAiAgent, SharedAgent};
+use crate::config::{Config, StoreConfig};
+use crate::engine::{Engine, EngineConfig};
+use crate::history::HistoryLimits;
+use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
+use crate::store::{SledOptions, Store, StoreError};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why the server did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Config(String),
+    #[error("tokens: {0}")]
+    Tokens(#[from] TokenConfigError),
+    #[error("opening the store at {path}: {error}")]
+    Store { path: String, error: String },
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+/// Opens the store, starts the engine and serves. Needs a running actix System.
+pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, StartError> {
+    // Installed first, so what the store and engine record while starting is kept.
+    let metrics = crate::telemetry::recorder();
+    crate::telemetry::register_series(agent.kind());
+    let auth = load_auth(&config)?;
+    let store = open_store_async(&config).await?;
+    let engine = start_engine(store, agent, &config)
+        .await
+        .map_err(|error| StartError::Store {
+            path: config.data.display().to_string(),
+            error,
+        })?;
+    let metrics_token = config
+        .metrics
+        .token
+        .as_deref()
+        .map(|t| token_digest(t.trim()));
+    let state = AppState {
+        engine,
+        config: Arc::new(config),
+        auth,
+        metrics,
+        metrics_token,
+    };
+    Ok(crate::http::serve(state)?)
+}
+
+/// The tokens, and the refusal to serve a non-loopback address without any.
+fn load_auth(config: &Config) -> Result<Auth, StartError> {
+    let auth = Auth::load(
+        &config.auth,
+        std::env::var("COLLOQUY_TOKENS").ok().as_deref(),
+    )?;
+    if !auth.enabled() && !config.allow_unauthenticated && !is_loopback(&config.listen) {
+        return Err(StartError::Config(format!(
+            "refusing to listen on {} without authentication: configure tokens ([auth.tokens], \
+             auth.tokens_file or COLLOQUY_TOKENS) or pass --allow-unauthenticated",
+            config.listen
+        )));
+    }
+    Ok(auth)
+}
+
+fn is_loopback(listen: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    listen
+        .to_socket_addrs()
+        .map(|mut addrs| addrs.all(|a| a.ip().is_loopback()))
+        .unwrap_or(false)
+}
+
+/// Opens the store in `data` with the configured options (blocking: sled replays its log).
+/// The one place the server and the `store` commands open it.
+pub fn open_store(data: &std::path::Path, config: &StoreConfig) -> Result<Store, StoreError> {
+    Store::open_sled_with(data, &sled_options(config))
+}
+
+/// [`open_store`] on the configured data folder, off the async threads.
+async fn open_store_async(config: &Config) -> Result<Store, StartError> {
+    let failed = |error: String| StartError::Store {
+        path: config.data.display().to_string(),
+        error,
+    };
+    let data = config.data.clone();
+    let store_config = config.store.clone();
+    actix_rt::task::spawn_blocking(move || open_store(&data, &store_config))
+        .await
+        .map_err(|e| failed(e.to_string()))?
+        .map_err(|e| failed(e.to_string()))
+}
+
+/// Starts the engine over `store` and fails the turns a crash cut off.
+async fn start_engine(store: Store, agent: SharedAgent, config: &Config) -> Result<Engine, String> {
+    let engine = Engine::start(store, agent, engine_config(config));
+    let interrupted = engine
+        .fail_interrupted_turns()
+        .await
+        .map_err(|e| format!("failing the turns a crash cut off: {e}"))?;
+    if interrupted > 0 {
+        tracing::warn!(
+            tasks = interrupted,
+            "marked failed the tasks that were running when the server last stopped"
+        );
+    }
+    Ok(engine)
+}
+
+fn sled_options(store: &StoreConfig) -> SledOptions {
+    SledOptions {
+        cache_bytes: store.cache_bytes,
+        checkpoint_every: Duration::from_millis(store.checkpoint_interval_ms),
+    }
+}
+
+/// The engine's settings, from the configuration's sections.
+pub fn engine_config(config: &Config) -> EngineConfig {
+    let defaults = EngineConfig::default();
+    EngineConfig {
+        history: HistoryLimits {
+            limit: config.history.limit,
+            max_chars: config.history.max_chars,
+        },
+        idle_timeout: Duration::from_secs(config.contexts.idle_timeout_secs.max(1)),
+        agent_timeout: Duration::from_secs(config.agent.timeout_secs.max(1)),
+        subscriber_buffer: config.streaming.subscriber_buffer,
+        arbiters: match config.contexts.arbiters {
+            0 => defaults.arbiters,
+            n => n,
+        },
+        max_running_turns: config.limits.running_turns.max(1),
+        max_context_id_bytes: config.limits.context_id_bytes,
+        max_resident: config.contexts.max_resident.max(1),
+        response_bytes: config.limits.response_bytes,
+    }
+}
+
+/// The backend `agent.kind` names.
+pub fn build_agent(config: &Config) -> Result<SharedAgent, String> {
+    match config.agent.kind.as_str() {
+        "echo" => Ok(Arc::new(EchoAgent::new(
+            config.agent.echo.chunk_chars,
+            Duration::from_millis(config.agent.echo.delay_ms),
+        ))),
+        "exec" => ExecAgent::from_config(&config.agent)
+            .map(|agent| Arc::new(agent) as SharedAgent)
+            .map_err(|e| format!("agent.kind \"exec\": {e}")),
+        "openai" => OpenAiAgent::from_config(config)
+            .map(|agent| Arc::new(agent) as SharedAgent)
+            .map_err(|e| format!("agent.kind \"openai\": {e}")),
+        "a2a" => build_a2a_agent(config),
+        other => Err(format!(
+            "agent.kind {other:?} is not available; use \"echo\", \"exec\", \"openai\" or \"a2a\""
+        )),
+    }
+}
+
+fn build_a2a_agent(config: &Config) -> Result<SharedAgent, String> {
+    let url = config.agent.peer_url.clone().ok_or_else(|| {
+        "agent.kind = \"a2a\" needs agent.peer_url (the peer agent's URL)".to_owned()
+    })?;
+    crate::client::check_url(&url).map_err(|e| format!("agent.peer_url: {e}"))?;
+    let token = match &config.agent.token_env {
+        None => None,
+        Some(name) => Some(std::env::var(name).map_err(|_| {
+            format!("agent.token_env names {name}, which is not set in the environment")
+        })?),
+    };
+    Ok(Arc::new(A2aAgent::new(
+        url,
+        token,
+        config.agent.max_turns_per_context,
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Config keeps its own defaults (it does not depend on the engine); they must stay the
+    /// engine's.
+    #[test]
+    fn default_config_maps_to_the_engine_defaults() {
+        let mapped = engine_config(&Config::default());
+        let defaults = EngineConfig::default();
+        assert_eq!(mapped.response_bytes, defaults.response_bytes);
+        assert_eq!(mapped.history.limit, defaults.history.limit);
+        assert_eq!(mapped.history.max_chars, defaults.history.max_chars);
+        assert_eq!(mapped.idle_timeout, defaults.idle_timeout);
+        assert_eq!(mapped.agent_timeout, defaults.agent_timeout);
+        assert_eq!(mapped.subscriber_buffer, defaults.subscriber_buffer);
+        assert_eq!(mapped.arbiters, defaults.arbiters);
+        assert_eq!(mapped.max_running_turns, defaults.max_running_turns);
+        assert_eq!(mapped.max_context_id_bytes, defaults.max_context_id_bytes);
+        assert_eq!(mapped.max_resident, defaults.max_resident);
+    }
+}

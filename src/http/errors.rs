@@ -1,0 +1,31 @@
+//! The one place engine failures become JSON-RPC errors (and so their code, message and data).
+//!
+//! Protocol knows JSON-RPC error values; the engine knows why it refused. Only the edge that
+//! speaks both maps one onto the other.
+
+use crate::engine::EngineError;
+use crate::protocol::{RpcError, WireVersion};
+
+/// The JSON-RPC error a client of `version` gets for `error`.
+pub fn rpc_error(error: EngineError, version: WireVersion) -> RpcError {
+    match error {
+        EngineError::InvalidParams(m) => RpcError::InvalidParams(m),
+        EngineError::TaskNotFound(id) => RpcError::TaskNotFound(id),
+        e @ EngineError::TaskNotCancelable { .. } => RpcError::TaskNotCancelable(e.to_string()),
+        // v1.0 has an error for it; v0.3 only calls it bad params.
+        e @ EngineError::TaskTerminal { .. } => match version {
+            WireVersion::V1 => RpcError::Unsupported(e.to_string()),
+            WireVersion::V03 => RpcError::InvalidParams(e.to_string()),
+        },
+        EngineError::ContextBusy {
+            context_id,
+            task_id,
+        } => RpcError::ContextBusy {
+            context_id,
+            task_id,
+        },
+        EngineError::Overloaded { retry_after_ms, .. } => RpcError::Overloaded { retry_after_ms },
+        EngineError::ShuttingDown => RpcError::ShuttingDown,
+        e @ (EngineError::Store(_) | EngineError::Internal(_)) => RpcError::Internal(e.to_string()),
+    }
+}

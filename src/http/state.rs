@@ -1,0 +1,15 @@
+//! What every handler shares: built by the composition root (`crate::app`), served by `http`.
+
+use super::auth::Auth;
+use crate::config::Config;
+use crate::engine::Engine;
+use std::sync::Arc;
+
+pub struct AppState {
+    pub engine: Engine,
+    pub config: Arc<Config>,
+    pub auth: Auth,
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Digest of the bearer token `/metrics` requires (`metrics.token`), if any.
+    pub metrics_token: Option<[u8; 32]>,
+}
