@@ -8,7 +8,8 @@ use crate::config::{Config, StoreConfig};
 use crate::engine::{Engine, EngineConfig};
 use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
-use crate::store::{SledOptions, Store, StoreError};
+use crate::engine::MessageLimits;
+use crate::store::{EmbeddedStore, SharedStore, SledOptions, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,12 +80,15 @@ fn is_loopback(listen: &str) -> bool {
 
 /// Opens the store in `data` with the configured options (blocking: sled replays its log).
 /// The one place the server and the `store` commands open it.
-pub fn open_store(data: &std::path::Path, config: &StoreConfig) -> Result<Store, StoreError> {
-    Store::open_sled_with(data, &sled_options(config))
+pub fn open_store(
+    data: &std::path::Path,
+    config: &StoreConfig,
+) -> Result<EmbeddedStore, StoreError> {
+    EmbeddedStore::open(data, &sled_options(config))
 }
 
 /// [`open_store`] on the configured data folder, off the async threads.
-async fn open_store_async(config: &Config) -> Result<Store, StartError> {
+async fn open_store_async(config: &Config) -> Result<SharedStore, StartError> {
     let failed = |error: String| StartError::Store {
         path: config.data.display().to_string(),
         error,
@@ -94,11 +98,12 @@ async fn open_store_async(config: &Config) -> Result<Store, StartError> {
     actix_rt::task::spawn_blocking(move || open_store(&data, &store_config))
         .await
         .map_err(|e| failed(e.to_string()))?
+        .map(|store| Arc::new(store) as SharedStore)
         .map_err(|e| failed(e.to_string()))
 }
 
 /// Starts the engine over `store` and fails the turns a crash cut off.
-async fn start_engine(store: Store, agent: SharedAgent, config: &Config) -> Result<Engine, String> {
+async fn start_engine(store: SharedStore, agent: SharedAgent, config: &Config) -> Result<Engine, String> {
     let engine = Engine::start(store, agent, engine_config(config));
     let interrupted = engine
         .fail_interrupted_turns()
@@ -136,7 +141,11 @@ pub fn engine_config(config: &Config) -> EngineConfig {
             n => n,
         },
         max_running_turns: config.limits.running_turns.max(1),
-        max_context_id_bytes: config.limits.context_id_bytes,
+        message: MessageLimits {
+            parts: config.limits.parts_per_message,
+            text_bytes: config.limits.text_bytes,
+            id_bytes: config.limits.context_id_bytes,
+        },
         max_resident: config.contexts.max_resident.max(1),
         response_bytes: config.limits.response_bytes,
     }
@@ -198,7 +207,7 @@ mod tests {
         assert_eq!(mapped.subscriber_buffer, defaults.subscriber_buffer);
         assert_eq!(mapped.arbiters, defaults.arbiters);
         assert_eq!(mapped.max_running_turns, defaults.max_running_turns);
-        assert_eq!(mapped.max_context_id_bytes, defaults.max_context_id_bytes);
+        assert_eq!(mapped.message, defaults.message);
         assert_eq!(mapped.max_resident, defaults.max_resident);
     }
 }

@@ -3,7 +3,7 @@
 use super::StoreArgs;
 use crate::config::Config;
 use crate::model::{Role, format_time};
-use crate::store::{ConversationKey, ConversationMeta, Store};
+use crate::store::{ConversationKey, ConversationMeta, ConversationStore, EmbeddedStore, StoreResult};
 use clap::Args;
 use std::process::ExitCode;
 
@@ -36,7 +36,7 @@ pub struct DeleteArgs {
     context_id: String,
 }
 
-fn open(args: &StoreArgs) -> Result<Store, String> {
+fn open(args: &StoreArgs) -> Result<EmbeddedStore, String> {
     let config =
         Config::load(args.config.as_deref(), serde_json::json!({})).map_err(|e| e.to_string())?;
     let data = args.data.clone().unwrap_or(config.data);
@@ -51,15 +51,21 @@ fn open(args: &StoreArgs) -> Result<Store, String> {
     })
 }
 
+/// Runs a store future to its end on a runtime of its own (the commands are synchronous).
+fn wait<T>(work: impl std::future::Future<Output = StoreResult<T>>) -> Result<T, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(work).map_err(|e| e.to_string())
+}
+
 pub fn list(args: ListArgs) -> Result<ExitCode, String> {
     let store = open(&args.store)?;
-    let page = store
-        .list_conversations(
-            &args.store.principal,
-            args.page_size.max(1),
-            args.page_token.as_deref(),
-        )
-        .map_err(|e| e.to_string())?;
+    let page = wait(store.list_conversations(
+        &args.store.principal,
+        args.page_size.max(1),
+        args.page_token.clone(),
+    ))?;
     println!("{:<40} {:>6}  {:<24}", "CONTEXT ID", "TURNS", "UPDATED");
     for meta in &page.items {
         println!(
@@ -84,10 +90,10 @@ pub fn list(args: ListArgs) -> Result<ExitCode, String> {
 fn find(
     args: &StoreArgs,
     context_id: &str,
-) -> Result<(Store, ConversationKey, ConversationMeta), String> {
+) -> Result<(EmbeddedStore, ConversationKey, ConversationMeta), String> {
     let store = open(args)?;
     let key = ConversationKey::new(&args.principal, context_id);
-    match store.conversation(&key).map_err(|e| e.to_string())? {
+    match wait(store.conversation(key))? {
         Some(meta) => Ok((store, key, meta)),
         None => Err(format!(
             "no conversation {context_id:?} for principal {:?}",
@@ -104,10 +110,7 @@ pub fn history(args: HistoryArgs) -> Result<ExitCode, String> {
         meta.turns,
         format_time(&meta.updated_at)
     );
-    for (_, message) in store
-        .recent_messages(&key, meta.next_seq, args.limit)
-        .map_err(|e| e.to_string())?
-    {
+    for message in wait(store.recent_messages(key, args.limit))? {
         let role = match message.role {
             Role::User => "user",
             Role::Agent => "agent",
@@ -123,16 +126,8 @@ pub fn history(args: HistoryArgs) -> Result<ExitCode, String> {
 }
 
 pub fn delete(args: DeleteArgs) -> Result<ExitCode, String> {
-    let (store, _, meta) = find(&args.store, &args.context_id)?;
-    store
-        .delete_conversation(&meta)
-        .map_err(|e| e.to_string())?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .map_err(|e| e.to_string())?;
-    runtime
-        .block_on(store.durable())
-        .map_err(|e| e.to_string())?;
+    let (store, key, _) = find(&args.store, &args.context_id)?;
+    wait(store.delete_conversation(key))?;
     println!("deleted conversation {}", args.context_id);
     Ok(ExitCode::SUCCESS)
 }

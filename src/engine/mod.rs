@@ -245,7 +245,7 @@ impl Engine {
         message: ValidMessage,
     ) -> EngineResult<SendResult> {
         match self.start_turn(principal, message, When::Finished).await? {
-            Answer::Finished(result) => Ok(result),
+            Answer::Finished(result) => Ok(*result),
             Answer::Started { hub, .. } => hub
                 .wait_final()
                 .await

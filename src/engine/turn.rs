@@ -134,7 +134,7 @@ pub enum Answer {
         subscription: Option<Subscription>,
     },
     /// Once the outcome is stored.
-    Finished(SendResult),
+    Finished(Box<SendResult>),
 }
 
 pub(super) enum AnswerWhen {
@@ -319,7 +319,7 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
     };
     turn.end(result.clone());
     if let Some(answer) = answer {
-        let _ = answer.send(Ok(Answer::Finished(result)));
+        let _ = answer.send(Ok(Answer::Finished(Box::new(result))));
     }
 }
 

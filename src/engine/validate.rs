@@ -5,7 +5,7 @@ use super::error::{EngineError, EngineResult};
 use crate::model::{Message, PartContent, Role};
 
 /// What a message may hold.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessageLimits {
     pub parts: usize,
     /// Text across all its parts.

@@ -3,8 +3,8 @@
 use super::errors::rpc_error;
 use super::sse;
 use super::state::AppState;
-use crate::engine::EngineError;
-use crate::model::{Message, PartContent, SendResult, format_time};
+use crate::engine::{EngineError, ValidMessage};
+use crate::model::{SendResult, format_time};
 use crate::protocol::codec::{self, TaskView};
 use crate::protocol::fields::{Obj, field_error};
 use crate::protocol::{Method, RpcError, RpcRequest, WireVersion};
@@ -79,13 +79,17 @@ impl Call<'_> {
         }
     }
 
-    fn decode_send(&self) -> RpcResult<(Message, SendOptions)> {
+    fn decode_send(&self) -> RpcResult<(ValidMessage, SendOptions)> {
         let message_value = self
             .params
             .get("message")
             .ok_or_else(|| field_error("message", "is required"))?;
         let message = codec::decode_message(self.version, message_value, "message")?;
-        self.check_limits(&message)?;
+        let message = self
+            .state
+            .engine
+            .validate(message)
+            .map_err(|e| self.engine_error(e))?;
         let mut options = SendOptions {
             return_immediately: false,
             history_length: None,
@@ -100,63 +104,24 @@ impl Call<'_> {
                 return Err(RpcError::PushNotSupported);
             }
         }
-        Self::record_ids(message.context_id.as_deref(), message.task_id.as_deref());
+        let ids = message.get();
+        Self::record_ids(ids.context_id.as_deref(), ids.task_id.as_deref());
         Ok((message, options))
-    }
-
-    fn check_limits(&self, message: &Message) -> RpcResult<()> {
-        let limits = &self.state.config.limits;
-        if message.parts.len() > limits.parts_per_message {
-            return Err(RpcError::InvalidParams(format!(
-                "message.parts: {} parts, more than the limit of {}",
-                message.parts.len(),
-                limits.parts_per_message
-            )));
-        }
-        let text_bytes: usize = message
-            .parts
-            .iter()
-            .map(|p| match &p.content {
-                PartContent::Text { text } => text.len(),
-                _ => 0,
-            })
-            .sum();
-        if text_bytes > limits.text_bytes {
-            return Err(RpcError::InvalidParams(format!(
-                "message.parts: {text_bytes} bytes of text, more than the limit of {}",
-                limits.text_bytes
-            )));
-        }
-        for (name, id) in [
-            ("messageId", Some(&message.message_id)),
-            ("taskId", message.task_id.as_ref()),
-        ] {
-            if id.is_some_and(|id| id.is_empty() || id.len() > limits.context_id_bytes) {
-                return Err(RpcError::InvalidParams(format!(
-                    "message.{name}: must be 1 to {} bytes",
-                    limits.context_id_bytes
-                )));
-            }
-        }
-        Ok(())
     }
 
     async fn send_message(&self) -> RpcResult<Value> {
         let (message, options) = self.decode_send()?;
-        let hub = self
-            .state
-            .engine
-            .send(self.principal, message)
-            .await
-            .map_err(|e| self.engine_error(e))?;
-        Self::record_ids(None, Some(&hub.task_id));
+        let engine = &self.state.engine;
         let result = if options.return_immediately {
-            SendResult::Task(hub.snapshot())
+            let hub = engine.send(self.principal, message).await;
+            SendResult::Task(hub.map_err(|e| self.engine_error(e))?.snapshot())
         } else {
-            hub.wait_final()
-                .await
-                .ok_or_else(|| RpcError::Internal("the turn ended without a result".into()))?
+            let result = engine.send_blocking(self.principal, message).await;
+            result.map_err(|e| self.engine_error(e))?
         };
+        if let SendResult::Task(task) = &result {
+            Self::record_ids(None, Some(&task.id));
+        }
         let view = TaskView {
             history_length: options.history_length,
             artifacts: true,
@@ -275,21 +240,23 @@ impl Call<'_> {
         let page_size = self.page_size(DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)?;
         let history_length = self.history_length()?;
         let include_artifacts = params.opt_bool("includeArtifacts")?.unwrap_or(false);
-        let query = TaskQuery {
-            conversation: None,
-            state,
-            status_after,
-            page_size,
-            page_token: params.opt_str("pageToken")?.map(str::to_owned),
-        };
         let view = TaskView {
             history_length,
             artifacts: include_artifacts,
         };
+        let query = TaskQuery {
+            context_id: context_id.map(str::to_owned),
+            state,
+            status_after,
+            page_size,
+            page_token: params.opt_str("pageToken")?.map(str::to_owned),
+            view,
+            max_bytes: usize::MAX,
+        };
         let page = self
             .state
             .engine
-            .list_tasks(self.principal, context_id, query, view)
+            .list_tasks(self.principal, query)
             .await
             .map_err(|e| self.engine_error(e))?;
         let tasks: Vec<Value> = page

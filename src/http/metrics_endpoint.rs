@@ -54,16 +54,11 @@ pub async fn metrics(req: HttpRequest, state: web::Data<AppState>) -> HttpRespon
                 }));
         }
     }
-    let store = state.engine.store().clone();
-    let gathered = actix_rt::task::spawn_blocking(move || {
-        record_process();
-        if let Ok(size) = store.size_on_disk() {
-            metrics::gauge!("colloquy_store_size_bytes").set(size as f64);
-        }
-    })
-    .await;
-    if let Err(e) = gathered {
+    if let Err(e) = actix_rt::task::spawn_blocking(record_process).await {
         tracing::warn!(error = %e, "gathering process metrics failed");
+    }
+    if let Ok(size) = state.engine.store().size_on_disk().await {
+        metrics::gauge!("colloquy_store_size_bytes").set(size as f64);
     }
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")

@@ -13,7 +13,6 @@ mod wal;
 mod writer;
 
 pub use kv::{KvBackend, KvOp};
-pub use ops::INTERRUPTED_TASK_TEXT;
 pub use sled_backend::SledBackend;
 pub use wal::DEFAULT_CHECKPOINT_EVERY;
 

@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 
 /// What a task cut off by a crash says when it is marked failed.
-pub const INTERRUPTED_TASK_TEXT: &str = "the server stopped before the agent finished";
+pub(super) const INTERRUPTED_TASK_TEXT: &str = "the server stopped before the agent finished";
 
 /// The conversations whose turns run in this process, with each turn's token.
 #[derive(Default)]
