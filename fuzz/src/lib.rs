@@ -92,7 +92,7 @@ fn check_stream_item(version: WireVersion, item: &StreamItem) {
     );
 }
 
-/// What a model looks like after a trip through `target` (see tests/props_codec.rs): v1.0 drops
+/// What a model looks like after a trip through `target` (see tests/it/props_codec.rs): v1.0 drops
 /// empty names (proto JSON defaults) and derives `final` from the state; v0.3 wraps non-object
 /// data and has no names on text and data parts.
 fn normal_part(target: WireVersion, part: &Part) -> Part {

@@ -1,6 +1,6 @@
 //! The conversation engine in-process: actors, real sled store in a temp folder.
 
-mod common;
+use crate::common;
 
 use colloquy::agent::{EchoAgent, SharedAgent};
 use colloquy::engine::{ANONYMOUS, Engine, EngineConfig, EngineError};

@@ -2,7 +2,7 @@
 //! refused at once, the process exits 0 soon after the grace whatever clients do, and what was
 //! acknowledged is there after a restart. Also the serving process's open-files limit.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

@@ -2,7 +2,7 @@
 //! instead of piling up, nothing of theirs is stored, and the server takes turns again once the
 //! load drops.
 
-mod common;
+use crate::common;
 
 use colloquy::agent::EchoAgent;
 use common::*;

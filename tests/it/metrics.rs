@@ -1,9 +1,10 @@
 //! After a known workload, /metrics shows exactly those counts, and parses as Prometheus text;
 //! before any, every documented series is there at zero.
-//! (Its own test binary: the metrics recorder is process-wide. Only the workload test makes
-//! JSON-RPC calls in this process, since it counts them exactly.)
+//! The metrics recorder is process-wide and every in-process server of this test binary counts
+//! into it: the workload test, which counts exactly, runs alone in a child process of the binary
+//! (`common::rerun_alone`); the others either spawn `colloquy serve` or make no JSON-RPC calls.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::json;
@@ -27,6 +28,9 @@ fn value_of(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str
 
 #[actix_rt::test]
 async fn metrics_count_exactly_the_workload() {
+    if rerun_alone("metrics::metrics_count_exactly_the_workload") {
+        return;
+    }
     let server = start_scripted(|_| {}).await;
     // 1 slow turn, 3 busy rejections meanwhile, 4 more completed turns, 1 failed turn.
     let slow = server
@@ -146,7 +150,7 @@ async fn scrape(client: &reqwest::Client, url: &str) -> prometheus_parse::Scrape
 
 /// The series the README's "Operating it" section documents under `GET /metrics`.
 fn documented_series() -> Vec<String> {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     let bullet: String = readme
         .lines()
         .skip_while(|l| !l.starts_with("- `GET /metrics`"))
@@ -260,7 +264,8 @@ async fn a_fresh_server_shows_every_documented_series_at_zero() {
 
 #[actix_rt::test]
 async fn each_server_in_a_process_registers_its_own_backend() {
-    // The workload test's server (backend "scripted") may have started first in this process.
+    // Other tests' servers (other backends: scripted, asker, ...) have likely started first in
+    // this process. None of them makes the echo backend fail.
     let server = start_echo().await;
     let scrape = scrape(&server.client, &format!("{}metrics", server.url)).await;
     let echo_errors = scrape.samples.iter().find(|s| {

@@ -7,8 +7,7 @@
 //! Two kinds of crash: SIGKILL, which leaves the page cache (and so every write) intact, and a
 //! power cut, simulated by [`crashfs`], which also forgets whatever was never synced.
 
-mod common;
-#[path = "crash/crashfs.rs"]
+use crate::common;
 mod crashfs;
 
 use common::free_port;

@@ -1,7 +1,7 @@
 //! Bad input gets the right JSON-RPC error naming the problem, the server keeps serving, and no
 //! stored conversation changes. Each limit, hit, gives a clear error.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

@@ -1,6 +1,6 @@
 //! The exec backend end to end: a real server on port 0, real sled, test programs in tests/fixtures.
 
-mod common;
+use crate::common;
 
 use colloquy::config::Config;
 use common::*;

@@ -1,7 +1,7 @@
 //! Streaming without truncation: every stream, late or early, reconstructs the exact reply;
 //! slow subscribers are cut off loudly; the task outlives its streams.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

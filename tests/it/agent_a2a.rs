@@ -1,6 +1,6 @@
 //! The `a2a` backend: colloquy A delegating to colloquy B (echo), both real servers on loopback.
 
-mod common;
+use crate::common;
 
 use colloquy::agent::{A2aAgent, EchoAgent};
 use common::{V1, V03, artifact_text, task_of};

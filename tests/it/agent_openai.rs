@@ -1,7 +1,7 @@
 //! The openai backend end to end: a real server on port 0, real sled, and a loopback
 //! chat-completions server written here that records what it was sent and fails on demand.
 
-mod common;
+use crate::common;
 
 use colloquy::config::Config;
 use common::*;

@@ -1,5 +1,4 @@
 //! Shared test harness: a real server on port 0 with a real sled store in a temp folder.
-#![allow(dead_code)]
 
 use colloquy::agent::{EchoAgent, SharedAgent};
 use colloquy::config::Config;
@@ -57,6 +56,32 @@ pub async fn start_in(
 
 pub async fn start_echo() -> TestServer {
     start_with(Arc::new(EchoAgent::default()), |_| {}).await
+}
+
+/// Set in a child process of this binary that runs one test alone (see [`rerun_alone`]).
+const ALONE_ENV: &str = "COLLOQUY_IT_ALONE";
+
+/// For a test that reads process-wide state: the metrics recorder, which every in-process server
+/// of this binary counts into. In the binary's own run, runs `test` (its path, `module::name`)
+/// again alone in a child process of this binary, asserts it ran and passed, and returns true so
+/// the caller returns. In that child it returns false: the test runs there.
+pub fn rerun_alone(test: &str) -> bool {
+    if std::env::var_os(ALONE_ENV).is_some() {
+        return false;
+    }
+    let binary = std::env::current_exe().expect("the test binary's path");
+    let output = std::process::Command::new(binary)
+        .args([test, "--exact", "--test-threads=1"])
+        .env(ALONE_ENV, "1")
+        .output()
+        .expect("the test binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains(" 1 passed;"),
+        "{test}, run alone in a child process:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    true
 }
 
 static IDS: AtomicU64 = AtomicU64::new(1);
@@ -454,7 +479,7 @@ pub fn v03_schema_errors(definition: &str, value: &Value) -> Vec<String> {
     let schema = SCHEMA.get_or_init(|| {
         // The official schema, vendored (see tests/fixtures/spec/README.md): compiled in, so
         // no test reads anything outside the repository.
-        let text = include_str!("../fixtures/spec/a2a-v0.3.0.schema.json");
+        let text = include_str!("../../fixtures/spec/a2a-v0.3.0.schema.json");
         serde_json::from_str(text).expect("schema JSON")
     });
     let root = json!({

@@ -1,6 +1,6 @@
 //! The store commands on a stopped server's folder, and the health endpoints.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! own venv, against the real server: a three-turn conversation reusing the returned contextId,
 //! a task lookup, a listing (1.x), blocking and streaming.
 
-mod common;
+use crate::common;
 
 use common::*;
 

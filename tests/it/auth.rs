@@ -1,6 +1,6 @@
 //! Bearer tokens, principals and isolation.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

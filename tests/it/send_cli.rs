@@ -1,6 +1,6 @@
 //! `colloquy send` end to end: the built binary as a subprocess against real servers on loopback.
 
-mod common;
+use crate::common;
 
 use colloquy::agent::EchoAgent;
 use serde_json::Value;

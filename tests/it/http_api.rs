@@ -1,7 +1,7 @@
 //! The A2A service over HTTP: every method in both versions, every task path, multi-turn,
 //! busy contexts, restart. v0.3 responses are checked against the official schema.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{Value, json};

@@ -1,0 +1,24 @@
+//! The integration tests: one binary (one link of the library and its dependencies, not one
+//! per file), a module per suite. Run one suite with `cargo test --test it crash::`.
+
+mod common;
+
+mod agent_a2a;
+mod agent_exec;
+mod agent_openai;
+mod auth;
+mod cli_store;
+mod crash;
+mod engine;
+mod http_api;
+mod interop;
+mod malformed;
+mod metrics;
+mod overload;
+mod props_codec;
+mod props_history;
+mod props_namespace;
+mod send_cli;
+mod shutdown;
+mod store;
+mod streaming;
