@@ -3,10 +3,10 @@
 use crate::common;
 
 use colloquy::agent::{EchoAgent, SharedAgent};
-use colloquy::engine::{ANONYMOUS, Engine, EngineConfig, EngineError};
+use colloquy::engine::{ANONYMOUS, Engine, EngineConfig, EngineError, ValidMessage};
 use colloquy::history::{CLOSE_MARKER, OPEN_MARKER};
 use colloquy::model::{Message, Part, Role, SendResult, Task, TaskState};
-use colloquy::store::Store;
+use colloquy::store::{ConversationStore, EmbeddedStore, KvBackend, SledBackend};
 use common::ScriptedAgent;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,16 +26,24 @@ fn user(text: &str, context_id: Option<&str>) -> Message {
 }
 
 fn engine_in(dir: &std::path::Path, agent: SharedAgent, config: EngineConfig) -> Engine {
-    let store = Store::open_sled(dir, 16 * 1024 * 1024).expect("store opens");
-    Engine::start(store, agent, config)
+    let store = EmbeddedStore::open_sled(dir, 16 * 1024 * 1024).expect("store opens");
+    Engine::start(Arc::new(store), agent, config)
 }
 
 async fn turn(engine: &Engine, text: &str, context_id: Option<&str>) -> Result<Task, EngineError> {
-    let hub = engine.send(ANONYMOUS, user(text, context_id)).await?;
+    let hub = engine.send(ANONYMOUS, valid(&engine, user(text, context_id))?).await?;
     match hub.wait_final().await {
         Some(SendResult::Task(task)) => Ok(task),
         other => panic!("expected a task, got {other:?}"),
     }
+}
+
+fn valid(engine: &Engine, message: Message) -> Result<ValidMessage, EngineError> {
+    engine.validate(message)
+}
+
+fn valid_user(engine: &Engine, text: &str, context_id: Option<&str>) -> ValidMessage {
+    valid(engine, user(text, context_id)).expect("a valid message")
 }
 
 fn reply_text(task: &Task) -> String {
@@ -87,7 +95,7 @@ async fn a_busy_context_runs_one_turn_and_stores_no_rejected_message() {
         let engine = engine.clone();
         async move {
             engine
-                .send(ANONYMOUS, user("slow 500", Some("one-context")))
+                .send(ANONYMOUS, valid_user(&engine, "slow 500", Some("one-context")))
                 .await
         }
     });
@@ -305,7 +313,7 @@ async fn input_required_does_not_hold_the_context_and_continues_by_task_id() {
     turn(&engine, "unrelated", Some("waiting")).await.unwrap();
     let mut answer = user("Paris", Some("waiting"));
     answer.task_id = Some(asked.id.clone());
-    let hub = engine.send(ANONYMOUS, answer).await.unwrap();
+    let hub = engine.send(ANONYMOUS, valid(&engine, answer).unwrap()).await.unwrap();
     let Some(SendResult::Task(done)) = hub.wait_final().await else {
         panic!("task")
     };
@@ -315,18 +323,18 @@ async fn input_required_does_not_hold_the_context_and_continues_by_task_id() {
     let mut again = user("more", Some("waiting"));
     again.task_id = Some(asked.id.clone());
     assert!(matches!(
-        engine.send(ANONYMOUS, again.clone()).await,
+        engine.send(ANONYMOUS, valid(&engine, again.clone()).unwrap()).await,
         Err(EngineError::TaskTerminal { .. })
     ));
     again.task_id = Some("no-such-task".into());
     assert!(matches!(
-        engine.send(ANONYMOUS, again.clone()).await,
+        engine.send(ANONYMOUS, valid(&engine, again.clone()).unwrap()).await,
         Err(EngineError::TaskNotFound(_))
     ));
     again.task_id = Some(asked.id.clone());
     again.context_id = Some("elsewhere".into());
     assert!(matches!(
-        engine.send(ANONYMOUS, again).await,
+        engine.send(ANONYMOUS, valid(&engine, again).unwrap()).await,
         Err(EngineError::InvalidParams(_))
     ));
     engine.shutdown(Duration::from_secs(1)).await;
@@ -353,66 +361,92 @@ async fn new_context_ids_are_unguessable() {
 #[actix_rt::test]
 async fn the_running_task_index_holds_exactly_the_turns_running() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path(), Arc::new(ScriptedAgent), EngineConfig::default());
-    let running = || engine.store().running_tasks().expect("index reads");
+    let store = EmbeddedStore::open_sled(dir.path(), 16 * 1024 * 1024).expect("store opens");
+    let engine = Engine::start(
+        Arc::new(store.clone()),
+        Arc::new(ScriptedAgent),
+        EngineConfig::default(),
+    );
+    let running = || {
+        let store = store.clone();
+        async move { store.running_tasks().await.expect("index reads") }
+    };
 
     let hub = engine
-        .send(ANONYMOUS, user("slow 300", Some("finishes")))
+        .send(ANONYMOUS, valid_user(&engine, "slow 300", Some("finishes")))
         .await
         .unwrap();
     assert_eq!(
-        running(),
+        running().await,
         vec![hub.task_id.clone()],
         "written with the start"
     );
     hub.wait_final().await;
-    assert!(running().is_empty(), "removed with the end");
+    assert!(running().await.is_empty(), "removed with the end");
 
     let hub = engine
-        .send(ANONYMOUS, user("slow 60000", Some("canceled")))
+        .send(ANONYMOUS, valid_user(&engine, "slow 60000", Some("canceled")))
         .await
         .unwrap();
-    assert_eq!(running(), vec![hub.task_id.clone()]);
+    assert_eq!(running().await, vec![hub.task_id.clone()]);
     let canceled = engine.cancel(ANONYMOUS, &hub.task_id).await.unwrap();
     assert_eq!(canceled.status.state, TaskState::Canceled);
-    assert!(running().is_empty(), "removed with the cancel");
+    assert!(running().await.is_empty(), "removed with the cancel");
 
     let asked = turn(&engine, "ask: which city?", Some("waits"))
         .await
         .unwrap();
     assert_eq!(asked.status.state, TaskState::InputRequired);
     assert!(
-        running().is_empty(),
+        running().await.is_empty(),
         "a task waiting for input is not running"
     );
     let failed = turn(&engine, "fail", Some("fails")).await.unwrap();
     assert_eq!(failed.status.state, TaskState::Failed);
-    assert!(running().is_empty(), "removed when the turn fails");
+    assert!(running().await.is_empty(), "removed when the turn fails");
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
 #[actix_rt::test]
 async fn a_restart_fails_the_turns_a_crash_cut_off() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path(), Arc::new(ScriptedAgent), EngineConfig::default());
+    let backend: Arc<dyn KvBackend> =
+        Arc::new(SledBackend::open(dir.path(), 16 * 1024 * 1024).expect("sled opens"));
+    let store = EmbeddedStore::over(backend.clone()).expect("store opens");
+    let engine = Engine::start(
+        Arc::new(store.clone()),
+        Arc::new(ScriptedAgent),
+        EngineConfig::default(),
+    );
     let finished = turn(&engine, "hello", Some("done")).await.unwrap();
     let hub = engine
-        .send(ANONYMOUS, user("slow 60000", Some("cut-off")))
+        .send(ANONYMOUS, valid_user(&engine, "slow 60000", Some("cut-off")))
         .await
         .unwrap();
     let cut_off = hub.task_id.clone();
-    // A crash: the store keeps the task as working; no shutdown ends it.
-    engine.store().durable().await.unwrap();
-    let store = engine.store().clone();
+    // A crash: the store keeps the task as working; no shutdown ends it, and a new process
+    // opens the same records.
+    engine.store().flush().await.unwrap();
     drop(engine);
     drop(hub);
-    assert_eq!(store.running_tasks().unwrap(), vec![cut_off.clone()]);
+    let store = EmbeddedStore::over(backend).expect("store reopens");
+    assert_eq!(store.running_tasks().await.unwrap(), vec![cut_off.clone()]);
     assert_eq!(
-        store.task(&cut_off).unwrap().unwrap().task.status.state,
+        store
+            .task(ANONYMOUS, &cut_off)
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+            .state,
         TaskState::Working
     );
 
-    let restarted = Engine::start(store, Arc::new(ScriptedAgent), EngineConfig::default());
+    let restarted = Engine::start(
+        Arc::new(store.clone()),
+        Arc::new(ScriptedAgent),
+        EngineConfig::default(),
+    );
     assert_eq!(restarted.fail_interrupted_turns().await.unwrap(), 1);
     let task = restarted.get_task(ANONYMOUS, &cut_off).await.unwrap();
     assert_eq!(task.status.state, TaskState::Failed);
@@ -421,7 +455,7 @@ async fn a_restart_fails_the_turns_a_crash_cut_off() {
         said.as_deref(),
         Some("the server stopped before the agent finished")
     );
-    assert!(restarted.store().running_tasks().unwrap().is_empty());
+    assert!(store.running_tasks().await.unwrap().is_empty());
     let untouched = restarted.get_task(ANONYMOUS, &finished.id).await.unwrap();
     assert_eq!(
         untouched.status, finished.status,

@@ -6,7 +6,8 @@
 //! - Ids round-trip through a real sled store: after writing a conversation for each id,
 //!   `list_conversations` returns exactly the original ids, and each key loads its own id.
 
-use colloquy::store::{ConversationKey, ConversationMeta, Store, WriteBatch};
+use crate::store_conformance::store_turn;
+use colloquy::store::{ConversationKey, ConversationMeta, ConversationStore, EmbeddedStore};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
@@ -66,15 +67,33 @@ fn sanitiser_variants(id: &str) -> Vec<String> {
     ]
 }
 
-fn store() -> &'static Store {
-    static STORE: OnceLock<(tempfile::TempDir, Store)> = OnceLock::new();
+fn store() -> &'static EmbeddedStore {
+    static STORE: OnceLock<(tempfile::TempDir, EmbeddedStore)> = OnceLock::new();
     &STORE
         .get_or_init(|| {
             let dir = tempfile::tempdir().expect("temp dir");
-            let store = Store::open_sled(dir.path(), 16 << 20).expect("store opens");
+            let store = EmbeddedStore::open_sled(dir.path(), 16 << 20).expect("store opens");
             (dir, store)
         })
         .1
+}
+
+/// Runs a store future to its end (the properties are synchronous).
+fn wait<T>(work: impl std::future::Future<Output = T>) -> T {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime")
+        })
+        .block_on(work)
+}
+
+fn conversation(store: &EmbeddedStore, principal: &str, id: &str) -> Option<ConversationMeta> {
+    wait(store.conversation(ConversationKey::new(principal, id))).expect("read")
 }
 
 /// A principal no other case uses, so each case lists only its own conversations.
@@ -83,18 +102,16 @@ fn fresh_principal(base: &str) -> String {
     format!("{base}#{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-fn write_conversations(store: &Store, principal: &str, ids: &[String]) {
-    let mut batch = WriteBatch::new();
-    for id in ids {
-        batch.put_conversation(&ConversationMeta::new(principal, id), None);
-    }
-    store.apply(batch).expect("batch applies");
+/// One turn in each conversation, all at once (each id once).
+fn write_conversations(store: &EmbeddedStore, principal: &str, ids: &[String]) {
+    let turns = ids
+        .iter()
+        .map(|id| store_turn(store, principal, id, "x", None));
+    wait(futures_util::future::join_all(turns));
 }
 
-fn listed_ids(store: &Store, principal: &str) -> Vec<String> {
-    let page = store
-        .list_conversations(principal, 100_000, None)
-        .expect("listing");
+fn listed_ids(store: &EmbeddedStore, principal: &str) -> Vec<String> {
+    let page = wait(store.list_conversations(principal, 100_000, None)).expect("listing");
     assert!(page.next_page_token.is_empty(), "one page holds them all");
     assert_eq!(page.total_size, page.items.len());
     page.items.into_iter().map(|m| m.context_id).collect()
@@ -163,14 +180,14 @@ proptest! {
         write_conversations(store, &principal, &all);
         prop_assert_eq!(sorted(listed_ids(store, &principal)), sorted(all.clone()));
         for id in &all {
-            let meta = store.conversation(&ConversationKey::new(&principal, id)).expect("read");
+            let meta = conversation(store, &principal, id);
             prop_assert_eq!(meta.map(|m| m.context_id), Some(id.clone()));
         }
         // Another principal using the same ids sees none of them until it writes its own.
         let other = fresh_principal(&base);
         prop_assert!(listed_ids(store, &other).is_empty());
         for id in &all {
-            prop_assert!(store.conversation(&ConversationKey::new(&other, id)).expect("read").is_none());
+            prop_assert!(conversation(store, &other, id).is_none());
         }
     }
 }
@@ -204,14 +221,11 @@ fn named_ids_and_generated_ids_survive_a_reopen() {
 
     let dir = tempfile::tempdir().expect("temp dir");
     {
-        let store = Store::open_sled(dir.path(), 16 << 20).expect("store opens");
+        let store = EmbeddedStore::open_sled(dir.path(), 16 << 20).expect("store opens");
         write_conversations(&store, "p", &ids);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("runtime");
-        runtime.block_on(store.durable()).expect("flush");
+        wait(store.flush()).expect("flush");
     }
-    let store = Store::open_sled(dir.path(), 16 << 20).expect("store reopens");
+    let store = EmbeddedStore::open_sled(dir.path(), 16 << 20).expect("store reopens");
     assert_eq!(sorted(listed_ids(&store, "p")), sorted(ids.clone()));
     assert!(listed_ids(&store, "q").is_empty());
 }

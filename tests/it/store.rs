@@ -1,40 +1,23 @@
-//! The store on its own: namespace versions, ordering, pagination, durability.
+//! The embedded store on its own: namespace versions, ordering, pagination, durability. What
+//! every store must do is in `store_conformance`; this is what is particular to sled's layout.
 
-use colloquy::model::{Message, Part, Role};
+use crate::store_conformance::store_turn;
 use colloquy::store::{
-    ConversationKey, ConversationMeta, KvBackend, KvOp, NAMESPACE_VERSION, SledBackend, Store,
-    WriteBatch,
+    ConversationKey, ConversationStore, EmbeddedStore, KvBackend, KvOp, NAMESPACE_VERSION,
+    SledBackend,
 };
 use std::sync::Arc;
-
-fn message(text: &str) -> Message {
-    Message {
-        message_id: text.to_owned(),
-        role: Role::User,
-        parts: vec![Part::text(text)],
-        context_id: None,
-        task_id: None,
-        reference_task_ids: Vec::new(),
-        metadata: None,
-        extensions: Vec::new(),
-        timestamp: None,
-    }
-}
 
 #[tokio::test]
 async fn keys_of_another_namespace_version_are_never_loaded_or_listed() {
     let dir = tempfile::tempdir().unwrap();
     let backend = Arc::new(SledBackend::open(dir.path(), 1 << 20).unwrap());
-    let store = Store::new(backend.clone()).unwrap();
-    let meta = ConversationMeta::new("p", "current");
-    let mut batch = WriteBatch::new();
-    batch.put_conversation(&meta, None);
-    batch.append_message(&meta.key(), 0, &message("hello"));
-    store.apply(batch).unwrap();
-    store.durable().await.unwrap();
+    let store = EmbeddedStore::over(backend.clone()).unwrap();
+    let begun = store_turn(&store, "p", "current", "hello", None).await;
+    store.flush().await.unwrap();
 
     // Copy every record of that conversation under a key of another namespace version.
-    let current = *meta.key().as_bytes();
+    let current = *begun.lease.key.as_bytes();
     let mut forged = current;
     forged[0] = NAMESPACE_VERSION + 1;
     let mut copies = Vec::new();
@@ -60,47 +43,51 @@ async fn keys_of_another_namespace_version_are_never_loaded_or_listed() {
         ConversationKey::from_bytes(&forged).is_none(),
         "not a key of this version"
     );
-    let listed = store.list_conversations("p", 10, None).unwrap();
+    let listed = store.list_conversations("p", 10, None).await.unwrap();
     assert_eq!(
         listed.items.len(),
         1,
         "only the current version's conversation is listed"
     );
     assert_eq!(listed.total_size, 1);
-    assert_eq!(store.recent_messages(&meta.key(), 1, 10).unwrap().len(), 1);
+    assert_eq!(
+        store
+            .recent_messages(begun.lease.key, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 #[tokio::test]
 async fn recent_messages_are_the_last_n_in_order_and_pages_cover_everything_once() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sled(dir.path(), 1 << 20).unwrap();
-    let meta = ConversationMeta::new("p", "long");
-    let mut batch = WriteBatch::new();
-    for seq in 0..1000u64 {
-        batch.append_message(&meta.key(), seq, &message(&format!("m{seq}")));
+    let store = EmbeddedStore::open_sled(dir.path(), 1 << 20).unwrap();
+    for turn in 0..500u64 {
+        let (text, reply) = (format!("m{}", 2 * turn), format!("m{}", 2 * turn + 1));
+        store_turn(&store, "p", "long", &text, Some(&reply)).await;
     }
-    store.apply(batch).unwrap();
     let last: Vec<String> = store
-        .recent_messages(&meta.key(), 1000, 3)
+        .recent_messages(ConversationKey::new("p", "long"), 3)
+        .await
         .unwrap()
         .into_iter()
-        .map(|(_, m)| m.text())
+        .map(|m| m.text())
         .collect();
     assert_eq!(last, ["m997", "m998", "m999"]);
 
     for i in 0..25 {
-        let mut meta = ConversationMeta::new("pager", &format!("c{i:02}"));
-        meta.updated_at =
-            chrono::DateTime::from_timestamp_millis(1_700_000_000_000 + i * 1000).unwrap();
-        let mut batch = WriteBatch::new();
-        batch.put_conversation(&meta, None);
-        store.apply(batch).unwrap();
+        store_turn(&store, "pager", &format!("c{i:02}"), "x", None).await;
+        // Listings order by update time in milliseconds.
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
     }
     let mut token: Option<String> = None;
     let mut seen = Vec::new();
     loop {
         let page = store
-            .list_conversations("pager", 10, token.as_deref())
+            .list_conversations("pager", 10, token.clone())
+            .await
             .unwrap();
         assert_eq!(page.total_size, 25);
         seen.extend(page.items.into_iter().map(|m| m.context_id));
@@ -113,36 +100,32 @@ async fn recent_messages_are_the_last_n_in_order_and_pages_cover_everything_once
     assert_eq!(seen, expected, "newest first, each once");
     assert!(
         store
-            .list_conversations("pager", 10, Some("not-hex"))
+            .list_conversations("pager", 10, Some("not-hex".into()))
+            .await
             .is_err()
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_reopening() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let store = Store::open_sled(dir.path(), 1 << 20).unwrap();
+        let store = EmbeddedStore::open_sled(dir.path(), 1 << 20).unwrap();
         let writers = (0..64).map(|i| {
             let store = store.clone();
             tokio::spawn(async move {
-                let meta = ConversationMeta::new("p", &format!("w{i}"));
-                let mut batch = WriteBatch::new();
-                batch.put_conversation(&meta, None);
-                batch.append_message(&meta.key(), 0, &message(&format!("from {i}")));
-                store.apply(batch).unwrap();
-                store.durable().await.unwrap();
+                store_turn(&store, "p", &format!("w{i}"), &format!("from {i}"), None).await;
             })
         });
         for writer in futures_util::future::join_all(writers).await {
             writer.unwrap();
         }
     }
-    let store = Store::open_sled(dir.path(), 1 << 20).unwrap();
+    let store = EmbeddedStore::open_sled(dir.path(), 1 << 20).unwrap();
     for i in 0..64 {
         let key = ConversationKey::new("p", &format!("w{i}"));
-        let messages = store.recent_messages(&key, 1, 5).unwrap();
+        let messages = store.recent_messages(key, 5).await.unwrap();
         assert_eq!(messages.len(), 1);
-        assert_eq!(messages[0].1.text(), format!("from {i}"));
+        assert_eq!(messages[0].text(), format!("from {i}"));
     }
 }

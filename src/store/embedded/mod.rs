@@ -88,6 +88,11 @@ impl EmbeddedStore {
         })
     }
 
+    /// The ids of the tasks stored as running: one scan of the running-task index.
+    pub fn running_tasks(&self) -> BoxFuture<'static, StoreResult<Vec<String>>> {
+        self.read(|records| records.running_tasks())
+    }
+
     /// Runs a store operation on the store thread; resolves once its writes are on disk.
     fn write<T: Send + 'static>(
         &self,
@@ -161,7 +166,7 @@ impl ConversationStore for EmbeddedStore {
         let this = self.clone();
         Box::pin(async move {
             // A clean stop leaves the index empty: then start-up writes (and flushes) nothing.
-            let running = this.read(|records| records.running_tasks()).await?;
+            let running = this.running_tasks().await?;
             if running.is_empty() {
                 return Ok(0);
             }

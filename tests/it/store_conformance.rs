@@ -1,0 +1,437 @@
+//! The store conformance suite: what every implementation of `ConversationStore` must do,
+//! written once against the trait. Each implementation runs every case through `conformance!`
+//! with a constructor of a fresh, empty store; the next backend adds one invocation.
+
+use colloquy::model::{Message, Part, Role, TaskState, TaskStatus};
+use colloquy::store::{
+    BeginTurn, ConversationKey, ConversationStore, EmbeddedStore, FinishTurn, MessagesFrom,
+    SharedStore, StoreError, TaskQuery, TurnBegun,
+};
+use std::sync::Arc;
+
+/// A fresh store and what keeps it alive (its temp folder, say).
+pub struct Fixture {
+    pub store: SharedStore,
+    _keep: Box<dyn std::any::Any + Send>,
+}
+
+pub fn embedded() -> Fixture {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open_sled(dir.path(), 4 << 20).expect("store opens");
+    Fixture {
+        store: Arc::new(store),
+        _keep: Box::new(dir),
+    }
+}
+
+pub fn user(text: &str, context_id: &str) -> Message {
+    Message {
+        message_id: uuid::Uuid::new_v4().to_string(),
+        role: Role::User,
+        parts: vec![Part::text(text)],
+        context_id: Some(context_id.to_owned()),
+        task_id: None,
+        reference_task_ids: Vec::new(),
+        metadata: None,
+        extensions: Vec::new(),
+        timestamp: Some(colloquy::model::now()),
+    }
+}
+
+pub fn begin_request(principal: &str, context_id: &str, text: &str) -> BeginTurn {
+    let task_id = uuid::Uuid::new_v4().to_string();
+    let mut message = user(text, context_id);
+    message.task_id = Some(task_id.clone());
+    BeginTurn {
+        principal: principal.to_owned(),
+        context_id: context_id.to_owned(),
+        message,
+        task_id,
+        continuing: false,
+        history_limit: 200,
+    }
+}
+
+pub fn finish_request(begun: &TurnBegun, reply: Option<&str>, state: TaskState) -> FinishTurn {
+    FinishTurn {
+        lease: begun.lease.clone(),
+        reply: reply.map(|text| {
+            Message::agent_text(text, &begun.task.context_id, Some(&begun.task.id))
+        }),
+        status: TaskStatus::new(state, None),
+        artifacts: Vec::new(),
+        agent_state: None,
+    }
+}
+
+/// One whole turn: the user's `text`, answered with `reply` (if any), completed.
+pub async fn store_turn(
+    store: &dyn ConversationStore,
+    principal: &str,
+    context_id: &str,
+    text: &str,
+    reply: Option<&str>,
+) -> TurnBegun {
+    let begun = store
+        .begin_turn(begin_request(principal, context_id, text))
+        .await
+        .expect("turn begins");
+    store
+        .finish_turn(finish_request(&begun, reply, TaskState::Completed))
+        .await
+        .expect("turn finishes");
+    begun
+}
+
+async fn texts(store: &SharedStore, principal: &str, context_id: &str) -> Vec<String> {
+    let key = ConversationKey::new(principal, context_id);
+    store
+        .conversation_page(key, MessagesFrom::Latest(usize::MAX), usize::MAX)
+        .await
+        .expect("page reads")
+        .map(|page| page.messages.iter().map(Message::text).collect())
+        .unwrap_or_default()
+}
+
+pub async fn begin_and_finish_store_exactly_their_records(f: Fixture) {
+    let store = &f.store;
+    let begun = store
+        .begin_turn(begin_request("p", "c", "hello"))
+        .await
+        .unwrap();
+    assert_eq!(begun.turn, 1);
+    assert!(begun.recent.is_empty(), "a new conversation has no history");
+    assert_eq!(begun.task.status.state, TaskState::Working);
+    let stored = store.task("p", &begun.task.id).await.unwrap().unwrap();
+    assert_eq!(stored.status.state, TaskState::Working);
+    assert_eq!(stored.history.len(), 1);
+    assert_eq!(stored.history[0], begun.task.history[0], "stored as given");
+    let meta = store.conversation(begun.lease.key).await.unwrap().unwrap();
+    assert_eq!(meta.running_task.as_deref(), Some(begun.task.id.as_str()));
+
+    store
+        .finish_turn(finish_request(&begun, Some("hi"), TaskState::Completed))
+        .await
+        .unwrap();
+    let done = store.task("p", &begun.task.id).await.unwrap().unwrap();
+    assert_eq!(done.status.state, TaskState::Completed);
+    let history: Vec<String> = done.history.iter().map(Message::text).collect();
+    assert_eq!(history, ["hello", "hi"]);
+    assert_eq!(texts(store, "p", "c").await, ["hello", "hi"]);
+    let meta = store.conversation(begun.lease.key).await.unwrap().unwrap();
+    assert_eq!((meta.turns, meta.running_task), (1, None));
+
+    let second = store
+        .begin_turn(begin_request("p", "c", "again"))
+        .await
+        .unwrap();
+    assert_eq!(second.turn, 2);
+    let recent: Vec<String> = second.recent.iter().map(Message::text).collect();
+    assert_eq!(recent, ["hello", "hi"], "the history before this message");
+    assert!(second.lease.token > begun.lease.token, "each take moves the token");
+}
+
+pub async fn a_held_conversation_refuses_a_second_turn_and_stores_nothing(f: Fixture) {
+    let store = &f.store;
+    let first = store
+        .begin_turn(begin_request("p", "busy", "one"))
+        .await
+        .unwrap();
+    let refused = store
+        .begin_turn(begin_request("p", "busy", "two"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused,
+        StoreError::Busy {
+            context_id: "busy".into(),
+            task_id: first.task.id.clone(),
+        }
+    );
+    assert_eq!(texts(store, "p", "busy").await, ["one"], "the refused message is not stored");
+    let delete = store.delete_conversation(first.lease.key).await.unwrap_err();
+    assert!(matches!(delete, StoreError::Busy { .. }), "{delete:?}");
+    store
+        .finish_turn(finish_request(&first, None, TaskState::Completed))
+        .await
+        .unwrap();
+    store
+        .begin_turn(begin_request("p", "busy", "three"))
+        .await
+        .expect("free again once finished");
+}
+
+pub async fn a_stale_token_is_refused(f: Fixture) {
+    let store = &f.store;
+    let first = store
+        .begin_turn(begin_request("p", "fenced", "one"))
+        .await
+        .unwrap();
+    let mut forged = first.lease.clone();
+    forged.token += 1;
+    let forged_finish = FinishTurn {
+        lease: forged,
+        ..finish_request(&first, Some("forged"), TaskState::Completed)
+    };
+    assert!(matches!(
+        store.finish_turn(forged_finish).await,
+        Err(StoreError::StaleToken { .. })
+    ));
+    store
+        .finish_turn(finish_request(&first, None, TaskState::Completed))
+        .await
+        .unwrap();
+    let second = store
+        .begin_turn(begin_request("p", "fenced", "two"))
+        .await
+        .unwrap();
+    // The first turn's lease is spent: none of its writes land any more.
+    let late = store
+        .finish_turn(finish_request(&first, Some("late"), TaskState::Failed))
+        .await;
+    assert!(matches!(late, Err(StoreError::StaleToken { .. })), "{late:?}");
+    let late_status = store
+        .record_status(&first.lease, TaskStatus::new(TaskState::Working, None))
+        .await;
+    assert!(matches!(late_status, Err(StoreError::StaleToken { .. })));
+    store
+        .record_status(&second.lease, TaskStatus::new(TaskState::Working, None))
+        .await
+        .expect("the holder records");
+    assert_eq!(texts(store, "p", "fenced").await, ["one", "two"]);
+    let first_task = store.task("p", &first.task.id).await.unwrap().unwrap();
+    assert_eq!(first_task.status.state, TaskState::Completed, "untouched");
+}
+
+pub async fn history_windows_and_message_pages(f: Fixture) {
+    let store = &f.store;
+    for i in 0..10 {
+        let (text, reply) = (format!("m{}", 2 * i), format!("m{}", 2 * i + 1));
+        store_turn(&**store, "p", "long", &text, Some(&reply)).await;
+    }
+    let mut request = begin_request("p", "long", "m20");
+    request.history_limit = 3;
+    let begun = store.begin_turn(request).await.unwrap();
+    let recent: Vec<String> = begun.recent.iter().map(Message::text).collect();
+    assert_eq!(recent, ["m17", "m18", "m19"], "the last n, oldest first");
+    store
+        .finish_turn(finish_request(&begun, None, TaskState::Completed))
+        .await
+        .unwrap();
+
+    let key = ConversationKey::new("p", "long");
+    let latest = store
+        .conversation_page(key, MessagesFrom::Latest(2), usize::MAX)
+        .await
+        .unwrap()
+        .unwrap();
+    let latest: Vec<String> = latest.messages.iter().map(Message::text).collect();
+    assert_eq!(latest, ["m19", "m20"]);
+    // Tiny pages: every message once, in order.
+    let mut seen = Vec::new();
+    let mut from = MessagesFrom::Latest(usize::MAX);
+    loop {
+        let page = store.conversation_page(key, from, 1).await.unwrap().unwrap();
+        assert_eq!(page.messages.len(), 1, "one message per tiny page");
+        seen.extend(page.messages.iter().map(Message::text));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        from = MessagesFrom::PageToken(page.next_page_token);
+    }
+    let expected: Vec<String> = (0..21).map(|i| format!("m{i}")).collect();
+    assert_eq!(seen, expected);
+    let bad = store
+        .conversation_page(key, MessagesFrom::PageToken("zz".into()), 1)
+        .await;
+    assert!(matches!(bad, Err(StoreError::BadPageToken)));
+}
+
+pub async fn listings_page_newest_first_each_once(f: Fixture) {
+    let store = &f.store;
+    let mut task_ids = Vec::new();
+    for i in 0..7 {
+        let begun = store_turn(&**store, "lister", &format!("c{i}"), "x", None).await;
+        task_ids.push(begun.task.id);
+        // Listings order by time in milliseconds.
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    }
+    let mut seen = Vec::new();
+    let mut token = None;
+    loop {
+        let page = store
+            .list_conversations("lister", 3, token)
+            .await
+            .unwrap();
+        assert_eq!(page.total_size, 7);
+        seen.extend(page.items.into_iter().map(|m| m.context_id));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = Some(page.next_page_token);
+    }
+    let expected: Vec<String> = (0..7).rev().map(|i| format!("c{i}")).collect();
+    assert_eq!(seen, expected, "conversations newest first, each once");
+
+    let mut seen = Vec::new();
+    let mut token = None;
+    loop {
+        let query = TaskQuery {
+            page_size: 2,
+            page_token: token,
+            ..TaskQuery::default()
+        };
+        let page = store.list_tasks("lister", query).await.unwrap();
+        assert_eq!(page.total_size, 7);
+        seen.extend(page.items.into_iter().map(|t| t.id));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = Some(page.next_page_token);
+    }
+    task_ids.reverse();
+    assert_eq!(seen, task_ids, "tasks newest first, each once");
+    let one = TaskQuery {
+        context_id: Some("c3".into()),
+        ..TaskQuery::default()
+    };
+    let page = store.list_tasks("lister", one).await.unwrap();
+    assert_eq!(page.items.len(), 1);
+    assert_eq!(page.items[0].context_id, "c3");
+    let bad = store
+        .list_conversations("lister", 3, Some("not-hex".into()))
+        .await;
+    assert!(matches!(bad, Err(StoreError::BadPageToken)));
+}
+
+pub async fn principals_and_look_alike_ids_stay_apart(f: Fixture) {
+    let store = &f.store;
+    let ids = ["a", "A", "a ", "a/", "tenant/a", "tenanta", "a\u{0}"];
+    for principal in ["p", "q"] {
+        for id in ids {
+            store_turn(&**store, principal, id, &format!("{principal}:{id:?}"), None).await;
+        }
+    }
+    for principal in ["p", "q"] {
+        for id in ids {
+            assert_eq!(
+                texts(store, principal, id).await,
+                [format!("{principal}:{id:?}")],
+                "only its own message"
+            );
+        }
+        let page = store.list_conversations(principal, 100, None).await.unwrap();
+        assert_eq!(page.total_size, ids.len());
+    }
+    let p_task = store_turn(&**store, "p", "mine", "secret", None).await;
+    assert_eq!(store.task("q", &p_task.task.id).await.unwrap(), None);
+    assert!(matches!(
+        store.cancel_waiting("q", &p_task.task.id).await,
+        Err(StoreError::TaskNotFound(_))
+    ));
+    let q_tasks = store.list_tasks("q", TaskQuery::default()).await.unwrap();
+    assert!(q_tasks.items.iter().all(|t| t.id != p_task.task.id));
+}
+
+pub async fn waiting_tasks_continue_and_cancel(f: Fixture) {
+    let store = &f.store;
+    let asked = store
+        .begin_turn(begin_request("p", "waits", "book a table"))
+        .await
+        .unwrap();
+    store
+        .finish_turn(finish_request(&asked, Some("which city?"), TaskState::InputRequired))
+        .await
+        .unwrap();
+    let mut answer = begin_request("p", "waits", "Paris");
+    answer.task_id = asked.task.id.clone();
+    answer.message.task_id = Some(asked.task.id.clone());
+    answer.continuing = true;
+    let continued = store.begin_turn(answer.clone()).await.unwrap();
+    let history: Vec<String> = continued.task.history.iter().map(Message::text).collect();
+    assert_eq!(history, ["book a table", "which city?", "Paris"]);
+    let running = store.cancel_waiting("p", &asked.task.id).await.unwrap_err();
+    assert!(matches!(running, StoreError::Busy { .. }), "{running:?}");
+    store
+        .finish_turn(finish_request(&continued, Some("again?"), TaskState::InputRequired))
+        .await
+        .unwrap();
+    let canceled = store.cancel_waiting("p", &asked.task.id).await.unwrap();
+    assert_eq!(canceled.status.state, TaskState::Canceled);
+    assert!(matches!(
+        store.cancel_waiting("p", &asked.task.id).await,
+        Err(StoreError::TaskNotCancelable { .. })
+    ));
+    assert!(matches!(
+        store.begin_turn(answer.clone()).await,
+        Err(StoreError::TaskTerminal { .. })
+    ));
+    answer.context_id = "elsewhere".into();
+    assert!(matches!(
+        store.begin_turn(answer).await,
+        Err(StoreError::TaskNotFound(_))
+    ));
+}
+
+pub async fn delete_removes_everything_of_one_conversation(f: Fixture) {
+    let store = &f.store;
+    let gone = store_turn(&**store, "p", "gone", "bye", Some("ok")).await;
+    let kept = store_turn(&**store, "p", "kept", "stay", None).await;
+    assert!(store.delete_conversation(gone.lease.key).await.unwrap());
+    assert!(!store.delete_conversation(gone.lease.key).await.unwrap(), "already gone");
+    assert_eq!(store.conversation(gone.lease.key).await.unwrap(), None);
+    assert_eq!(store.task("p", &gone.task.id).await.unwrap(), None);
+    assert!(texts(store, "p", "gone").await.is_empty());
+    let listed = store.list_conversations("p", 10, None).await.unwrap();
+    let ids: Vec<String> = listed.items.into_iter().map(|m| m.context_id).collect();
+    assert_eq!(ids, ["kept"]);
+    let tasks = store.list_tasks("p", TaskQuery::default()).await.unwrap();
+    let ids: Vec<String> = tasks.items.into_iter().map(|t| t.id).collect();
+    assert_eq!(ids, [kept.task.id]);
+    // The id can be used afresh.
+    let again = store_turn(&**store, "p", "gone", "hello again", None).await;
+    assert_eq!(again.turn, 1);
+}
+
+pub async fn concurrent_turns_of_many_conversations_all_land(f: Fixture) {
+    let store = &f.store;
+    let turns = (0..64).map(|i| {
+        let store = store.clone();
+        async move { store_turn(&*store, "p", &format!("w{i}"), &format!("from {i}"), None).await }
+    });
+    futures_util::future::join_all(turns).await;
+    for i in 0..64 {
+        assert_eq!(texts(store, "p", &format!("w{i}")).await, [format!("from {i}")]);
+    }
+}
+
+/// Runs every case against one implementation: `$make` builds a fresh [`Fixture`].
+macro_rules! conformance {
+    ($module:ident, $make:expr) => {
+        mod $module {
+            use super::*;
+
+            conformance!(@cases $make;
+                begin_and_finish_store_exactly_their_records,
+                a_held_conversation_refuses_a_second_turn_and_stores_nothing,
+                a_stale_token_is_refused,
+                history_windows_and_message_pages,
+                listings_page_newest_first_each_once,
+                principals_and_look_alike_ids_stay_apart,
+                waiting_tasks_continue_and_cancel,
+                delete_removes_everything_of_one_conversation,
+                concurrent_turns_of_many_conversations_all_land,
+            );
+        }
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                super::$case($make).await;
+            }
+        )*
+    };
+}
+
+conformance!(embedded_store, embedded());
