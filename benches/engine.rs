@@ -14,7 +14,7 @@ use colloquy::agent::{EchoAgent, SharedAgent};
 use colloquy::engine::{ANONYMOUS, Engine, EngineConfig};
 use colloquy::history::{HistoryEntry, HistoryLimits, render_prompt};
 use colloquy::model::{Message, Part, Role};
-use colloquy::store::{ConversationKey, Store, WriteBatch};
+use colloquy::store::{ConversationKey, ConversationMeta, EmbeddedStore, Import};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use metrics::{Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
 use std::hint::black_box;
@@ -84,11 +84,17 @@ fn message(role: Role, text: String, context_id: &str) -> Message {
 }
 
 /// A conversation of `count` alternating user/agent messages, written in batches of 1,000.
-fn build_conversation(store: &Store, context_id: &str, count: u64) -> ConversationKey {
-    let key = ConversationKey::new(ANONYMOUS, context_id);
+fn build_conversation(
+    runtime: &tokio::runtime::Runtime,
+    store: &EmbeddedStore,
+    context_id: &str,
+    count: u64,
+) -> ConversationKey {
+    let mut meta = ConversationMeta::new(ANONYMOUS, context_id);
     let mut seq = 0;
     while seq < count {
-        let mut batch = WriteBatch::new();
+        let first_seq = seq;
+        let mut messages = Vec::new();
         for _ in 0..1000.min(count - seq) {
             let role = if seq % 2 == 0 {
                 Role::User
@@ -98,12 +104,20 @@ fn build_conversation(store: &Store, context_id: &str, count: u64) -> Conversati
             let text = format!(
                 "message {seq} of {context_id}: what time is the meeting tomorrow, and which room?"
             );
-            batch.append_message(&key, seq, &message(role, text, context_id));
+            messages.push(message(role, text, context_id));
             seq += 1;
         }
-        store.apply(batch).expect("batch applies");
+        meta.next_seq = seq;
+        let import = Import {
+            meta: meta.clone(),
+            first_seq,
+            messages,
+        };
+        runtime
+            .block_on(store.import(vec![import]))
+            .expect("import");
     }
-    key
+    meta.key()
 }
 
 fn tokio_runtime() -> tokio::runtime::Runtime {
@@ -118,14 +132,19 @@ fn tokio_runtime() -> tokio::runtime::Runtime {
 
 fn history(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = Store::open_sled(dir.path(), CACHE_BYTES).expect("store opens");
+    let store = EmbeddedStore::open_sled(dir.path(), CACHE_BYTES).expect("store opens");
+    let runtime = tokio_runtime();
     let sizes = [10u64, 1_000, 100_000];
     let started = Instant::now();
     let keys: Vec<(u64, ConversationKey)> = sizes
         .iter()
-        .map(|&n| (n, build_conversation(&store, &format!("ctx-{n}"), n)))
+        .map(|&n| {
+            (
+                n,
+                build_conversation(&runtime, &store, &format!("ctx-{n}"), n),
+            )
+        })
         .collect();
-    tokio_runtime().block_on(store.durable()).expect("flushed");
     eprintln!(
         "history: stored {} messages in {:.1?}",
         sizes.iter().sum::<u64>(),
@@ -140,11 +159,10 @@ fn history(c: &mut Criterion) {
     for (n, key) in &keys {
         group.bench_with_input(BenchmarkId::new("render_last_20", n), key, |b, key| {
             b.iter(|| {
-                let recent = store
-                    .recent_messages(key, *n, limits.limit)
+                let recent = runtime
+                    .block_on(store.recent_messages(*key, limits.limit))
                     .expect("recent messages");
-                let entries: Vec<HistoryEntry> =
-                    recent.iter().map(|(_, m)| HistoryEntry::from(m)).collect();
+                let entries: Vec<HistoryEntry> = recent.iter().map(HistoryEntry::from).collect();
                 assert_eq!(entries.len(), limits.limit.min(*n as usize));
                 black_box(render_prompt(&entries, "Which room?", limits))
             })
@@ -158,7 +176,7 @@ fn history(c: &mut Criterion) {
 fn durable_append(c: &mut Criterion) {
     install_counters();
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = Store::open_sled(dir.path(), CACHE_BYTES).expect("store opens");
+    let store = EmbeddedStore::open_sled(dir.path(), CACHE_BYTES).expect("store opens");
     let runtime = tokio_runtime();
     let mut group = c.benchmark_group("durable_append");
     group
@@ -185,18 +203,17 @@ fn durable_append(c: &mut Criterion) {
                                 let next_seq = next_seq.clone();
                                 tokio::spawn(async move {
                                     let context_id = format!("writer-{writers}-{w}");
-                                    let key = ConversationKey::new(ANONYMOUS, &context_id);
+                                    let mut meta = ConversationMeta::new(ANONYMOUS, &context_id);
                                     for _ in 0..per_writer {
                                         let seq = next_seq.fetch_add(1, Ordering::Relaxed);
                                         let text = format!("a durable append, number {seq}");
-                                        let mut batch = WriteBatch::new();
-                                        batch.append_message(
-                                            &key,
-                                            seq,
-                                            &message(Role::User, text, &context_id),
-                                        );
-                                        store.apply(batch).expect("apply");
-                                        store.durable().await.expect("durable");
+                                        meta.next_seq = seq + 1;
+                                        let import = Import {
+                                            meta: meta.clone(),
+                                            first_seq: seq,
+                                            messages: vec![message(Role::User, text, &context_id)],
+                                        };
+                                        store.import(vec![import]).await.expect("durable");
                                     }
                                 })
                             })
@@ -226,12 +243,12 @@ fn durable_append(c: &mut Criterion) {
 
 fn turn(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = Store::open_sled(dir.path(), CACHE_BYTES).expect("store opens");
+    let store = EmbeddedStore::open_sled(dir.path(), CACHE_BYTES).expect("store opens");
     let system = actix_rt::System::new();
     let agent: SharedAgent = Arc::new(EchoAgent::default());
     let engine = system.block_on(async {
         Engine::start(
-            store,
+            Arc::new(store),
             agent,
             EngineConfig {
                 arbiters: 2,
@@ -244,10 +261,10 @@ fn turn(c: &mut Criterion) {
         let engine = engine.clone();
         async move {
             let text = format!("turn {n}: which room is the meeting in?");
-            let hub = engine
-                .send(ANONYMOUS, message(Role::User, text, context_id))
-                .await
-                .expect("turn starts");
+            let valid = engine
+                .validate(message(Role::User, text, context_id))
+                .expect("a valid message");
+            let hub = engine.send(ANONYMOUS, valid).await.expect("turn starts");
             let result = hub.wait_final().await;
             assert!(
                 matches!(result, Some(colloquy::model::SendResult::Task(ref t)) if t.status.state == colloquy::model::TaskState::Completed),

@@ -1,4 +1,4 @@
-//! Fills a data folder through the library's `Store` API, fast, for the start-up and history
+//! Fills a data folder through the embedded store's bulk load (`EmbeddedStore::import`), fast, for the start-up and history
 //! measurements (no server, no HTTP).
 //!
 //! ```text
@@ -7,11 +7,11 @@
 //! Writes `--conversations` conversations of the anonymous principal, with contextIds
 //! `<prefix>-<n>`, each holding `--messages` messages (user and agent, alternating), as the engine
 //! stores them after that many completed turns. Tasks are not written (only history is needed).
-//! `--batch OPS` sets the writes per atomic batch (default 20,000; the engine writes about 8).
+//! `--batch OPS` sets the messages per atomic write (default 20,000).
 
 use colloquy::engine::ANONYMOUS;
 use colloquy::model::{Message, Part, Role};
-use colloquy::store::{ConversationMeta, Store, WriteBatch};
+use colloquy::store::{ConversationMeta, EmbeddedStore, Import};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -42,38 +42,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let data = data.ok_or("--data DIR is required")?;
-    let store = Store::open_sled(&data, 64 * 1024 * 1024)?;
+    let store = EmbeddedStore::open_sled(&data, 64 * 1024 * 1024)?;
     let started = Instant::now();
-    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
-    let mut batch = WriteBatch::new();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let mut batch = Vec::new();
     let mut in_batch = 0u64;
     for n in 0..conversations {
         let context_id = format!("{prefix}-{n}");
         let mut meta = ConversationMeta::new(ANONYMOUS, &context_id);
-        let key = meta.key();
-        for seq in 0..messages {
-            let turn = seq / 2 + 1;
-            let (role, text) = if seq % 2 == 0 {
-                (Role::User, format!("{context_id} message {turn}"))
-            } else {
-                (
-                    Role::Agent,
-                    format!("echo: {context_id} message {turn} (turn {turn})"),
-                )
-            };
-            batch.append_message(&key, seq, &message(role, &context_id, text));
-            in_batch += 1;
-            if in_batch >= batch_ops {
-                store.apply(std::mem::take(&mut batch))?;
-                in_batch = 0;
-            }
-        }
+        let history = (0..messages)
+            .map(|seq| {
+                let turn = seq / 2 + 1;
+                if seq % 2 == 0 {
+                    message(
+                        Role::User,
+                        &context_id,
+                        format!("{context_id} message {turn}"),
+                    )
+                } else {
+                    let text = format!("echo: {context_id} message {turn} (turn {turn})");
+                    message(Role::Agent, &context_id, text)
+                }
+            })
+            .collect();
         meta.next_seq = messages;
         meta.turns = messages.div_ceil(2);
-        batch.put_conversation(&meta, None);
-        in_batch += 2;
+        batch.push(Import {
+            meta,
+            first_seq: 0,
+            messages: history,
+        });
+        in_batch += messages + 1;
         if in_batch >= batch_ops {
-            store.apply(std::mem::take(&mut batch))?;
+            runtime.block_on(store.import(std::mem::take(&mut batch)))?;
             in_batch = 0;
         }
         if n > 0 && n % 200_000 == 0 {
@@ -83,8 +87,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
-    store.apply(batch)?;
-    runtime.block_on(store.durable())?;
+    runtime.block_on(store.import(batch))?;
     let rss = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -96,7 +99,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!(
         "filled {conversations} conversations x {messages} messages in {:.1} s; {} bytes on disk; RSS {rss}",
         started.elapsed().as_secs_f64(),
-        store.size_on_disk()?
+        runtime.block_on(colloquy::store::ConversationStore::size_on_disk(&store))?
     );
     Ok(())
 }

@@ -5,10 +5,10 @@
 
 use crate::agent::{A2aAgent, EchoAgent, ExecAgent, OpenAiAgent, SharedAgent};
 use crate::config::{Config, StoreConfig};
+use crate::engine::MessageLimits;
 use crate::engine::{Engine, EngineConfig};
 use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
-use crate::engine::MessageLimits;
 use crate::store::{EmbeddedStore, SharedStore, SledOptions, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,7 +103,11 @@ async fn open_store_async(config: &Config) -> Result<SharedStore, StartError> {
 }
 
 /// Starts the engine over `store` and fails the turns a crash cut off.
-async fn start_engine(store: SharedStore, agent: SharedAgent, config: &Config) -> Result<Engine, String> {
+async fn start_engine(
+    store: SharedStore,
+    agent: SharedAgent,
+    config: &Config,
+) -> Result<Engine, String> {
     let engine = Engine::start(store, agent, engine_config(config));
     let interrupted = engine
         .fail_interrupted_turns()

@@ -3,7 +3,9 @@
 use super::StoreArgs;
 use crate::config::Config;
 use crate::model::{Role, format_time};
-use crate::store::{ConversationKey, ConversationMeta, ConversationStore, EmbeddedStore, StoreResult};
+use crate::store::{
+    ConversationKey, ConversationMeta, ConversationStore, EmbeddedStore, StoreResult,
+};
 use clap::Args;
 use std::process::ExitCode;
 

@@ -21,8 +21,7 @@ use crate::agent::SharedAgent;
 use crate::history::HistoryLimits;
 use crate::model::{SendResult, Task};
 use crate::store::{
-    ConversationKey, ConversationMeta, ConversationPage, MessagesFrom, Page, SharedStore,
-    TaskQuery,
+    ConversationKey, ConversationMeta, ConversationPage, MessagesFrom, Page, SharedStore, TaskQuery,
 };
 use context::{CancelOutcome, CancelTask, DeleteConversation, Shutdown, StartTurn, When};
 use directory::Directory;
@@ -169,7 +168,6 @@ pub fn new_context_id() -> String {
 pub struct Engine {
     directory: Arc<Directory>,
 }
-
 
 impl Engine {
     pub fn start(store: SharedStore, agent: SharedAgent, config: EngineConfig) -> Engine {
@@ -338,7 +336,11 @@ impl Engine {
 
     /// One page of the principal's tasks (or a conversation's), newest status first, within
     /// the response budget: a page stops early when the next task would exceed it.
-    pub async fn list_tasks(&self, principal: &str, mut query: TaskQuery) -> EngineResult<Page<Task>> {
+    pub async fn list_tasks(
+        &self,
+        principal: &str,
+        mut query: TaskQuery,
+    ) -> EngineResult<Page<Task>> {
         query.max_bytes = self.config().response_bytes;
         Ok(self.store().list_tasks(principal, query).await?)
     }

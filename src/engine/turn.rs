@@ -326,9 +326,10 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
 /// What the agent gets: the caller's message, the recent history and the guarded prompt.
 fn agent_request(begun: &TurnBegun, limits: crate::history::HistoryLimits) -> AgentRequest {
     let render_started = Instant::now();
-    let message = begun.task.history.last().cloned().unwrap_or_else(|| {
-        Message::agent_text("", &begun.task.context_id, Some(&begun.task.id))
-    });
+    let message =
+        begun.task.history.last().cloned().unwrap_or_else(|| {
+            Message::agent_text("", &begun.task.context_id, Some(&begun.task.id))
+        });
     let history: Vec<HistoryEntry> = begun.recent.iter().map(HistoryEntry::from).collect();
     let prompt = render_prompt(&history, &message.text(), limits);
     metrics::histogram!("colloquy_history_render_seconds").record(render_started.elapsed());

@@ -13,7 +13,7 @@ mod embedded;
 mod key;
 
 pub use embedded::{
-    DEFAULT_CHECKPOINT_EVERY, EmbeddedStore, KvBackend, KvOp, SledBackend, SledOptions,
+    DEFAULT_CHECKPOINT_EVERY, EmbeddedStore, Import, KvBackend, KvOp, SledBackend, SledOptions,
 };
 pub use key::{ConversationKey, KEY_LEN, NAMESPACE_VERSION, PrincipalKey};
 
@@ -69,8 +69,11 @@ pub trait ConversationStore: Send + Sync + 'static {
     fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>>;
 
     /// Cancels a task that waits for input (not running): it becomes canceled. Returns it.
-    fn cancel_waiting(&self, principal: &str, task_id: &str)
-    -> BoxFuture<'static, StoreResult<Task>>;
+    fn cancel_waiting(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, StoreResult<Task>>;
 
     /// Fails every task whose turn was running when its owner stopped without ending it (a
     /// crash). Returns how many. On an embedded store call once at start, before serving.
@@ -90,7 +93,8 @@ pub trait ConversationStore: Send + Sync + 'static {
     ) -> BoxFuture<'static, StoreResult<Option<ConversationPage>>>;
 
     /// The principal's task with its whole history; another principal's task is not found.
-    fn task(&self, principal: &str, task_id: &str) -> BoxFuture<'static, StoreResult<Option<Task>>>;
+    fn task(&self, principal: &str, task_id: &str)
+    -> BoxFuture<'static, StoreResult<Option<Task>>>;
 
     /// The principal's tasks (or one conversation's), newest status first, within the query's
     /// byte budget.

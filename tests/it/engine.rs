@@ -31,7 +31,9 @@ fn engine_in(dir: &std::path::Path, agent: SharedAgent, config: EngineConfig) ->
 }
 
 async fn turn(engine: &Engine, text: &str, context_id: Option<&str>) -> Result<Task, EngineError> {
-    let hub = engine.send(ANONYMOUS, valid(&engine, user(text, context_id))?).await?;
+    let hub = engine
+        .send(ANONYMOUS, valid(engine, user(text, context_id))?)
+        .await?;
     match hub.wait_final().await {
         Some(SendResult::Task(task)) => Ok(task),
         other => panic!("expected a task, got {other:?}"),
@@ -95,7 +97,10 @@ async fn a_busy_context_runs_one_turn_and_stores_no_rejected_message() {
         let engine = engine.clone();
         async move {
             engine
-                .send(ANONYMOUS, valid_user(&engine, "slow 500", Some("one-context")))
+                .send(
+                    ANONYMOUS,
+                    valid_user(&engine, "slow 500", Some("one-context")),
+                )
                 .await
         }
     });
@@ -313,7 +318,10 @@ async fn input_required_does_not_hold_the_context_and_continues_by_task_id() {
     turn(&engine, "unrelated", Some("waiting")).await.unwrap();
     let mut answer = user("Paris", Some("waiting"));
     answer.task_id = Some(asked.id.clone());
-    let hub = engine.send(ANONYMOUS, valid(&engine, answer).unwrap()).await.unwrap();
+    let hub = engine
+        .send(ANONYMOUS, valid(&engine, answer).unwrap())
+        .await
+        .unwrap();
     let Some(SendResult::Task(done)) = hub.wait_final().await else {
         panic!("task")
     };
@@ -323,12 +331,16 @@ async fn input_required_does_not_hold_the_context_and_continues_by_task_id() {
     let mut again = user("more", Some("waiting"));
     again.task_id = Some(asked.id.clone());
     assert!(matches!(
-        engine.send(ANONYMOUS, valid(&engine, again.clone()).unwrap()).await,
+        engine
+            .send(ANONYMOUS, valid(&engine, again.clone()).unwrap())
+            .await,
         Err(EngineError::TaskTerminal { .. })
     ));
     again.task_id = Some("no-such-task".into());
     assert!(matches!(
-        engine.send(ANONYMOUS, valid(&engine, again.clone()).unwrap()).await,
+        engine
+            .send(ANONYMOUS, valid(&engine, again.clone()).unwrap())
+            .await,
         Err(EngineError::TaskNotFound(_))
     ));
     again.task_id = Some(asked.id.clone());
@@ -385,7 +397,10 @@ async fn the_running_task_index_holds_exactly_the_turns_running() {
     assert!(running().await.is_empty(), "removed with the end");
 
     let hub = engine
-        .send(ANONYMOUS, valid_user(&engine, "slow 60000", Some("canceled")))
+        .send(
+            ANONYMOUS,
+            valid_user(&engine, "slow 60000", Some("canceled")),
+        )
         .await
         .unwrap();
     assert_eq!(running().await, vec![hub.task_id.clone()]);
@@ -420,7 +435,10 @@ async fn a_restart_fails_the_turns_a_crash_cut_off() {
     );
     let finished = turn(&engine, "hello", Some("done")).await.unwrap();
     let hub = engine
-        .send(ANONYMOUS, valid_user(&engine, "slow 60000", Some("cut-off")))
+        .send(
+            ANONYMOUS,
+            valid_user(&engine, "slow 60000", Some("cut-off")),
+        )
         .await
         .unwrap();
     let cut_off = hub.task_id.clone();

@@ -55,9 +55,8 @@ pub fn begin_request(principal: &str, context_id: &str, text: &str) -> BeginTurn
 pub fn finish_request(begun: &TurnBegun, reply: Option<&str>, state: TaskState) -> FinishTurn {
     FinishTurn {
         lease: begun.lease.clone(),
-        reply: reply.map(|text| {
-            Message::agent_text(text, &begun.task.context_id, Some(&begun.task.id))
-        }),
+        reply: reply
+            .map(|text| Message::agent_text(text, &begun.task.context_id, Some(&begun.task.id))),
         status: TaskStatus::new(state, None),
         artifacts: Vec::new(),
         agent_state: None,
@@ -128,7 +127,10 @@ pub async fn begin_and_finish_store_exactly_their_records(f: Fixture) {
     assert_eq!(second.turn, 2);
     let recent: Vec<String> = second.recent.iter().map(Message::text).collect();
     assert_eq!(recent, ["hello", "hi"], "the history before this message");
-    assert!(second.lease.token > begun.lease.token, "each take moves the token");
+    assert!(
+        second.lease.token > begun.lease.token,
+        "each take moves the token"
+    );
 }
 
 pub async fn a_held_conversation_refuses_a_second_turn_and_stores_nothing(f: Fixture) {
@@ -148,8 +150,15 @@ pub async fn a_held_conversation_refuses_a_second_turn_and_stores_nothing(f: Fix
             task_id: first.task.id.clone(),
         }
     );
-    assert_eq!(texts(store, "p", "busy").await, ["one"], "the refused message is not stored");
-    let delete = store.delete_conversation(first.lease.key).await.unwrap_err();
+    assert_eq!(
+        texts(store, "p", "busy").await,
+        ["one"],
+        "the refused message is not stored"
+    );
+    let delete = store
+        .delete_conversation(first.lease.key)
+        .await
+        .unwrap_err();
     assert!(matches!(delete, StoreError::Busy { .. }), "{delete:?}");
     store
         .finish_turn(finish_request(&first, None, TaskState::Completed))
@@ -189,7 +198,10 @@ pub async fn a_stale_token_is_refused(f: Fixture) {
     let late = store
         .finish_turn(finish_request(&first, Some("late"), TaskState::Failed))
         .await;
-    assert!(matches!(late, Err(StoreError::StaleToken { .. })), "{late:?}");
+    assert!(
+        matches!(late, Err(StoreError::StaleToken { .. })),
+        "{late:?}"
+    );
     let late_status = store
         .record_status(&first.lease, TaskStatus::new(TaskState::Working, None))
         .await;
@@ -231,7 +243,11 @@ pub async fn history_windows_and_message_pages(f: Fixture) {
     let mut seen = Vec::new();
     let mut from = MessagesFrom::Latest(usize::MAX);
     loop {
-        let page = store.conversation_page(key, from, 1).await.unwrap().unwrap();
+        let page = store
+            .conversation_page(key, from, 1)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(page.messages.len(), 1, "one message per tiny page");
         seen.extend(page.messages.iter().map(Message::text));
         if page.next_page_token.is_empty() {
@@ -259,10 +275,7 @@ pub async fn listings_page_newest_first_each_once(f: Fixture) {
     let mut seen = Vec::new();
     let mut token = None;
     loop {
-        let page = store
-            .list_conversations("lister", 3, token)
-            .await
-            .unwrap();
+        let page = store.list_conversations("lister", 3, token).await.unwrap();
         assert_eq!(page.total_size, 7);
         seen.extend(page.items.into_iter().map(|m| m.context_id));
         if page.next_page_token.is_empty() {
@@ -309,7 +322,14 @@ pub async fn principals_and_look_alike_ids_stay_apart(f: Fixture) {
     let ids = ["a", "A", "a ", "a/", "tenant/a", "tenanta", "a\u{0}"];
     for principal in ["p", "q"] {
         for id in ids {
-            store_turn(&**store, principal, id, &format!("{principal}:{id:?}"), None).await;
+            store_turn(
+                &**store,
+                principal,
+                id,
+                &format!("{principal}:{id:?}"),
+                None,
+            )
+            .await;
         }
     }
     for principal in ["p", "q"] {
@@ -320,7 +340,10 @@ pub async fn principals_and_look_alike_ids_stay_apart(f: Fixture) {
                 "only its own message"
             );
         }
-        let page = store.list_conversations(principal, 100, None).await.unwrap();
+        let page = store
+            .list_conversations(principal, 100, None)
+            .await
+            .unwrap();
         assert_eq!(page.total_size, ids.len());
     }
     let p_task = store_turn(&**store, "p", "mine", "secret", None).await;
@@ -340,7 +363,11 @@ pub async fn waiting_tasks_continue_and_cancel(f: Fixture) {
         .await
         .unwrap();
     store
-        .finish_turn(finish_request(&asked, Some("which city?"), TaskState::InputRequired))
+        .finish_turn(finish_request(
+            &asked,
+            Some("which city?"),
+            TaskState::InputRequired,
+        ))
         .await
         .unwrap();
     let mut answer = begin_request("p", "waits", "Paris");
@@ -353,7 +380,11 @@ pub async fn waiting_tasks_continue_and_cancel(f: Fixture) {
     let running = store.cancel_waiting("p", &asked.task.id).await.unwrap_err();
     assert!(matches!(running, StoreError::Busy { .. }), "{running:?}");
     store
-        .finish_turn(finish_request(&continued, Some("again?"), TaskState::InputRequired))
+        .finish_turn(finish_request(
+            &continued,
+            Some("again?"),
+            TaskState::InputRequired,
+        ))
         .await
         .unwrap();
     let canceled = store.cancel_waiting("p", &asked.task.id).await.unwrap();
@@ -378,7 +409,10 @@ pub async fn delete_removes_everything_of_one_conversation(f: Fixture) {
     let gone = store_turn(&**store, "p", "gone", "bye", Some("ok")).await;
     let kept = store_turn(&**store, "p", "kept", "stay", None).await;
     assert!(store.delete_conversation(gone.lease.key).await.unwrap());
-    assert!(!store.delete_conversation(gone.lease.key).await.unwrap(), "already gone");
+    assert!(
+        !store.delete_conversation(gone.lease.key).await.unwrap(),
+        "already gone"
+    );
     assert_eq!(store.conversation(gone.lease.key).await.unwrap(), None);
     assert_eq!(store.task("p", &gone.task.id).await.unwrap(), None);
     assert!(texts(store, "p", "gone").await.is_empty());
@@ -401,7 +435,10 @@ pub async fn concurrent_turns_of_many_conversations_all_land(f: Fixture) {
     });
     futures_util::future::join_all(turns).await;
     for i in 0..64 {
-        assert_eq!(texts(store, "p", &format!("w{i}")).await, [format!("from {i}")]);
+        assert_eq!(
+            texts(store, "p", &format!("w{i}")).await,
+            [format!("from {i}")]
+        );
     }
 }
 

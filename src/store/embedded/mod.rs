@@ -17,8 +17,8 @@ pub use sled_backend::SledBackend;
 pub use wal::DEFAULT_CHECKPOINT_EVERY;
 
 use super::{
-    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationStore,
-    FinishTurn, Lease, MessagesFrom, Page, StoreError, StoreResult, TaskQuery, TurnBegun,
+    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationStore, FinishTurn,
+    Lease, MessagesFrom, Page, StoreError, StoreResult, TaskQuery, TurnBegun,
 };
 use crate::model::{Message, Task, TaskStatus};
 use futures_util::future::BoxFuture;
@@ -36,6 +36,15 @@ pub struct SledOptions {
     pub cache_bytes: u64,
     /// How often the write-ahead log's memtable moves into sled (and its log is deleted).
     pub checkpoint_every: std::time::Duration,
+}
+
+/// A conversation to bulk-load ([`EmbeddedStore::import`]): its metadata as it should be stored
+/// and messages to write from sequence number `first_seq` on.
+#[derive(Debug, Clone)]
+pub struct Import {
+    pub meta: ConversationMeta,
+    pub first_seq: u64,
+    pub messages: Vec<Message>,
 }
 
 #[derive(Clone)]
@@ -86,6 +95,12 @@ impl EmbeddedStore {
             let recent = records.recent_messages(&key, meta.next_seq, limit)?;
             Ok(recent.into_iter().map(|(_, m)| m).collect())
         })
+    }
+
+    /// Bulk load: stores conversations and messages as given (no tasks), in one atomic, durable
+    /// write. For imports and benchmarks, never while a server uses the conversations.
+    pub fn import(&self, items: Vec<Import>) -> BoxFuture<'static, StoreResult<()>> {
+        self.write(move |records, _| ops::import(records, items))
     }
 
     /// The ids of the tasks stored as running: one scan of the running-task index.
@@ -190,7 +205,11 @@ impl ConversationStore for EmbeddedStore {
         self.read(move |records| ops::conversation_page(records, &key, from, max_bytes))
     }
 
-    fn task(&self, principal: &str, task_id: &str) -> BoxFuture<'static, StoreResult<Option<Task>>> {
+    fn task(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, StoreResult<Option<Task>>> {
         let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
         self.read(move |records| ops::task(records, &principal, &task_id))
     }

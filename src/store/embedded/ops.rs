@@ -6,6 +6,7 @@
 //! crash (sled allows one process per folder), so its task is failed when the conversation is
 //! next taken.
 
+use super::Import;
 use super::records::{ListedTask, Records, TaskFilter, TaskRecord, WriteBatch, message_page_token};
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
@@ -267,7 +268,11 @@ pub fn delete_conversation(
     let Some(meta) = records.conversation(key)? else {
         return Ok(false);
     };
-    if let Some(task_id) = meta.running_task.clone().filter(|_| live.holder(key).is_some()) {
+    if let Some(task_id) = meta
+        .running_task
+        .clone()
+        .filter(|_| live.holder(key).is_some())
+    {
         return Err(StoreError::Busy {
             context_id: meta.context_id,
             task_id,
@@ -275,6 +280,20 @@ pub fn delete_conversation(
     }
     records.delete_conversation(&meta)?;
     Ok(true)
+}
+
+/// Stores conversations with their messages as given, no tasks (a bulk load).
+pub fn import(records: &Records, items: Vec<Import>) -> StoreResult<()> {
+    let mut batch = WriteBatch::new();
+    for item in items {
+        let key = item.meta.key();
+        let previous = records.conversation(&key)?;
+        for (offset, message) in item.messages.iter().enumerate() {
+            batch.append_message(&key, item.first_seq + offset as u64, message);
+        }
+        batch.put_conversation(&item.meta, previous.as_ref());
+    }
+    records.apply(batch)
 }
 
 /// The stored task if it belongs to `principal`; another principal's task is simply not found.

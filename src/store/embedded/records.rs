@@ -13,7 +13,9 @@
 
 use super::kv::{KvBackend, KvOp};
 use crate::model::{Message, Task, TaskState};
-use crate::store::{ConversationKey, ConversationMeta, Page, PrincipalKey, StoreError, StoreResult};
+use crate::store::{
+    ConversationKey, ConversationMeta, Page, PrincipalKey, StoreError, StoreResult,
+};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::ops::Bound;

@@ -7,8 +7,8 @@
 //! follows sled's flush with an `fsync` of every file in the folder and of the folders.
 
 use super::kv::{KvBackend, KvOp, KvPair};
-use crate::store::{StoreError, StoreResult};
 use crate::durable;
+use crate::store::{StoreError, StoreResult};
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
