@@ -11,7 +11,8 @@
 
 use colloquy::engine::ANONYMOUS;
 use colloquy::model::{Message, Part, Role};
-use colloquy::store::{ConversationMeta, EmbeddedStore, Import};
+use colloquy::store::ConversationMeta;
+use colloquy::store::embedded::{EmbeddedStore, Import};
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -9,7 +9,8 @@ use crate::engine::MessageLimits;
 use crate::engine::{Engine, EngineConfig};
 use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
-use crate::store::{EmbeddedStore, SharedStore, SledOptions, StoreError};
+use crate::store::embedded::{EmbeddedStore, SledOptions};
+use crate::store::{SharedStore, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! Environment keys are the TOML keys upper-cased, nested with `__`: `COLLOQUY_HISTORY__LIMIT=10`.
 
 use crate::history::{HistoryLimits, MAX_LIMIT};
-use crate::store::DEFAULT_CHECKPOINT_EVERY;
+use crate::store::embedded::DEFAULT_CHECKPOINT_EVERY;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};

@@ -3,9 +3,8 @@
 use super::StoreArgs;
 use crate::config::Config;
 use crate::model::{Role, format_time};
-use crate::store::{
-    ConversationKey, ConversationMeta, ConversationStore, EmbeddedStore, StoreResult,
-};
+use crate::store::embedded::EmbeddedStore;
+use crate::store::{ConversationKey, ConversationMeta, ConversationStore, StoreResult};
 use clap::Args;
 use std::process::ExitCode;
 

@@ -7,8 +7,8 @@
 
 use super::drive::StopReason;
 use super::error::{EngineError, EngineResult};
+use super::shared::{Permit, Shared};
 use super::turn::{self, Answer, AnswerWhen, Slot, Stopping, Turn, TurnRequest};
-use super::{Permit, Shared};
 use crate::model::{Message, Task};
 use crate::store::ConversationKey;
 use actix::prelude::*;

@@ -5,9 +5,9 @@
 //! stopping comes back undelivered (`MailboxError::Closed`) and is sent again to a fresh actor:
 //! it was never handled, so nothing ran twice and nothing is lost.
 
-use super::Shared;
 use super::context::{ContextActor, StopIfIdle};
 use super::error::{EngineError, EngineResult};
+use super::shared::Shared;
 use crate::store::ConversationKey;
 use actix::prelude::*;
 use std::collections::HashMap;

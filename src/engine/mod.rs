@@ -9,154 +9,29 @@ mod directory;
 mod drive;
 mod error;
 pub mod hub;
+mod shared;
 mod turn;
 mod validate;
 
 pub use drive::StopReason;
 pub use error::{EngineError, EngineResult};
 pub use hub::{StreamItem, Subscription, TaskHub};
+pub use shared::{DEFAULT_RESPONSE_BYTES, EngineConfig, Shared, TaskRegistry};
 pub use validate::{MessageLimits, ValidMessage};
 
 use crate::agent::SharedAgent;
-use crate::history::HistoryLimits;
 use crate::model::{SendResult, Task};
 use crate::store::{
     ConversationKey, ConversationMeta, ConversationPage, MessagesFrom, Page, SharedStore, TaskQuery,
 };
 use context::{CancelOutcome, CancelTask, DeleteConversation, Shutdown, StartTurn, When};
 use directory::Directory;
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use turn::Answer;
 
 pub use crate::model::ANONYMOUS;
-
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    pub history: HistoryLimits,
-    /// A conversation's actor stops after this long without a message (its state is on disk).
-    pub idle_timeout: Duration,
-    /// A turn whose agent has not finished by then fails.
-    pub agent_timeout: Duration,
-    /// Events a stream may fall behind before it is closed with an error.
-    pub subscriber_buffer: usize,
-    /// Arbiter threads that host the conversation actors.
-    pub arbiters: usize,
-    /// Turns running at once across all conversations; beyond, sends are refused as overloaded.
-    pub max_running_turns: usize,
-    /// What a caller's message may hold.
-    pub message: MessageLimits,
-    /// Live conversation actors; past it idle ones are stopped first, and past 110% new
-    /// conversations are refused as overloaded.
-    pub max_resident: usize,
-    /// What one listing page may hold, in bytes (estimated from stored sizes): a page stops
-    /// early once it is reached, though a single larger record is still returned alone.
-    pub response_bytes: usize,
-}
-
-/// The default of [`EngineConfig::response_bytes`].
-pub const DEFAULT_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            history: HistoryLimits::default(),
-            idle_timeout: Duration::from_secs(300),
-            agent_timeout: Duration::from_secs(600),
-            subscriber_buffer: 1024,
-            arbiters: std::thread::available_parallelism().map_or(2, |n| n.get()),
-            max_running_turns: 10_000,
-            message: MessageLimits::default(),
-            max_resident: 1_000_000,
-            response_bytes: DEFAULT_RESPONSE_BYTES,
-        }
-    }
-}
-
-/// The hubs of running turns, by task id.
-#[derive(Default)]
-pub struct TaskRegistry {
-    shards: [Mutex<HashMap<String, Arc<TaskHub>>>; 16],
-}
-
-impl TaskRegistry {
-    fn shard(&self, task_id: &str) -> std::sync::MutexGuard<'_, HashMap<String, Arc<TaskHub>>> {
-        let index = task_id
-            .bytes()
-            .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
-        self.shards[index % self.shards.len()]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn insert(&self, hub: Arc<TaskHub>) {
-        self.shard(&hub.task_id).insert(hub.task_id.clone(), hub);
-    }
-
-    fn remove(&self, hub: &TaskHub) {
-        self.shard(&hub.task_id).remove(&hub.task_id);
-    }
-
-    /// The hub of a running task, if it belongs to `principal`.
-    fn get(&self, principal: &str, task_id: &str) -> Option<Arc<TaskHub>> {
-        self.shard(task_id)
-            .get(task_id)
-            .filter(|hub| hub.principal == principal)
-            .cloned()
-    }
-}
-
-/// What every actor and turn shares.
-pub struct Shared {
-    pub store: SharedStore,
-    pub agent: SharedAgent,
-    pub config: EngineConfig,
-    pub live: TaskRegistry,
-    running: AtomicUsize,
-    shutting_down: AtomicBool,
-}
-
-impl Shared {
-    pub fn running_turns(&self) -> usize {
-        self.running.load(Ordering::Acquire)
-    }
-}
-
-/// One turn counted in the engine's running total while held.
-pub(crate) struct Permit(Arc<Shared>);
-
-impl Permit {
-    /// Counts a turn in, unless the server is full or shutting down.
-    fn take(shared: &Arc<Shared>) -> EngineResult<Permit> {
-        if shared.shutting_down.load(Ordering::Acquire) {
-            return Err(EngineError::ShuttingDown);
-        }
-        let running = shared.running.fetch_add(1, Ordering::AcqRel) + 1;
-        if running > shared.config.max_running_turns {
-            shared.running.fetch_sub(1, Ordering::AcqRel);
-            metrics::counter!("colloquy_overload_rejections_total").increment(1);
-            return Err(EngineError::Overloaded {
-                running: running - 1,
-                retry_after_ms: 100,
-            });
-        }
-        metrics::gauge!("colloquy_contexts_busy").set(running as f64);
-        Ok(Permit(shared.clone()))
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        let running = self
-            .0
-            .running
-            .fetch_sub(1, Ordering::AcqRel)
-            .saturating_sub(1);
-        metrics::gauge!("colloquy_contexts_busy").set(running as f64);
-    }
-}
 
 /// A fresh, unguessable contextId: `ctx-` and 128 random bits in hex.
 pub fn new_context_id() -> String {

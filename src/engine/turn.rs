@@ -8,7 +8,7 @@
 use super::drive::{Drive, StopReason, TurnOutcome, drive};
 use super::error::{EngineError, EngineResult};
 use super::hub::{Subscription, TaskHub};
-use super::{Permit, Shared};
+use super::shared::{Permit, Shared};
 use crate::agent::AgentRequest;
 use crate::history::{HistoryEntry, render_prompt};
 use crate::model::{Artifact, Message, Role, SendResult, Task, TaskState, TaskStatus, now};

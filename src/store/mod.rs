@@ -6,15 +6,12 @@
 //! the store operation itself, atomically with the write, so the contract holds when several
 //! processes share one database. Every write resolves only once it is durable.
 //!
-//! Implementations: [`EmbeddedStore`] (sled behind colloquy's write-ahead log, the default). The
+//! Implementations: [`embedded::EmbeddedStore`] (sled behind colloquy's write-ahead log, the default). The
 //! conformance suite in `tests/it/store_conformance.rs` runs against each.
 
-mod embedded;
+pub mod embedded;
 mod key;
 
-pub use embedded::{
-    DEFAULT_CHECKPOINT_EVERY, EmbeddedStore, Import, KvBackend, KvOp, SledBackend, SledOptions,
-};
 pub use key::{ConversationKey, KEY_LEN, NAMESPACE_VERSION, PrincipalKey};
 
 use crate::model::{Artifact, Message, Task, TaskState, TaskStatus, TaskView};

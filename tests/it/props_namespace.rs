@@ -7,7 +7,8 @@
 //!   `list_conversations` returns exactly the original ids, and each key loads its own id.
 
 use crate::store_conformance::store_turn;
-use colloquy::store::{ConversationKey, ConversationMeta, ConversationStore, EmbeddedStore};
+use colloquy::store::embedded::EmbeddedStore;
+use colloquy::store::{ConversationKey, ConversationMeta, ConversationStore};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;

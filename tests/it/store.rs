@@ -2,10 +2,8 @@
 //! every store must do is in `store_conformance`; this is what is particular to sled's layout.
 
 use crate::store_conformance::store_turn;
-use colloquy::store::{
-    ConversationKey, ConversationStore, EmbeddedStore, KvBackend, KvOp, NAMESPACE_VERSION,
-    SledBackend,
-};
+use colloquy::store::embedded::{EmbeddedStore, KvBackend, KvOp, SledBackend};
+use colloquy::store::{ConversationKey, ConversationStore, NAMESPACE_VERSION};
 use std::sync::Arc;
 
 #[tokio::test]

@@ -3,9 +3,10 @@
 //! with a constructor of a fresh, empty store; the next backend adds one invocation.
 
 use colloquy::model::{Message, Part, Role, TaskState, TaskStatus};
+use colloquy::store::embedded::EmbeddedStore;
 use colloquy::store::{
-    BeginTurn, ConversationKey, ConversationStore, EmbeddedStore, FinishTurn, MessagesFrom,
-    SharedStore, StoreError, TaskQuery, TurnBegun,
+    BeginTurn, ConversationKey, ConversationStore, FinishTurn, MessagesFrom, SharedStore,
+    StoreError, TaskQuery, TurnBegun,
 };
 use std::sync::Arc;
 

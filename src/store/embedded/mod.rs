@@ -13,6 +13,7 @@ mod wal;
 mod writer;
 
 pub use kv::{KvBackend, KvOp};
+pub use ops::Import;
 pub use sled_backend::SledBackend;
 pub use wal::DEFAULT_CHECKPOINT_EVERY;
 
@@ -36,15 +37,6 @@ pub struct SledOptions {
     pub cache_bytes: u64,
     /// How often the write-ahead log's memtable moves into sled (and its log is deleted).
     pub checkpoint_every: std::time::Duration,
-}
-
-/// A conversation to bulk-load ([`EmbeddedStore::import`]): its metadata as it should be stored
-/// and messages to write from sequence number `first_seq` on.
-#[derive(Debug, Clone)]
-pub struct Import {
-    pub meta: ConversationMeta,
-    pub first_seq: u64,
-    pub messages: Vec<Message>,
 }
 
 #[derive(Clone)]

@@ -6,7 +6,6 @@
 //! crash (sled allows one process per folder), so its task is failed when the conversation is
 //! next taken.
 
-use super::Import;
 use super::records::{ListedTask, Records, TaskFilter, TaskRecord, WriteBatch, message_page_token};
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
@@ -280,6 +279,15 @@ pub fn delete_conversation(
     }
     records.delete_conversation(&meta)?;
     Ok(true)
+}
+
+/// A conversation to bulk-load (`EmbeddedStore::import`): its metadata as it should be stored
+/// and messages to write from sequence number `first_seq` on.
+#[derive(Debug, Clone)]
+pub struct Import {
+    pub meta: ConversationMeta,
+    pub first_seq: u64,
+    pub messages: Vec<Message>,
 }
 
 /// Stores conversations with their messages as given, no tasks (a bulk load).
