@@ -242,10 +242,11 @@ impl Drop for Turn {
             agent_state: None,
         };
         let write = self.shared.store.finish_turn(end);
+        let (context_id, task_id) = (task.context_id.clone(), task.id.clone());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 if let Err(e) = write.await {
-                    tracing::error!(error = %e, "could not store the failure of a dropped turn");
+                    tracing::error!(error = %e, %context_id, %task_id, "could not store the failure of a dropped turn");
                 }
             });
         }
@@ -296,6 +297,7 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
         }
         AnswerWhen::Finished => Some(answer),
     };
+    let (context_id, task_id) = (begun.task.context_id.clone(), begun.task.id.clone());
     let request = agent_request(&begun, limits);
     let outcome = drive(
         &shared.agent,
@@ -313,7 +315,7 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
     let result = match shared.store.finish_turn(end).await {
         Ok(()) => result,
         Err(e) => {
-            tracing::error!(error = %e, "could not store the end of a turn");
+            tracing::error!(error = %e, %context_id, %task_id, "could not store the end of a turn");
             unstored(&hub, &e.to_string())
         }
     };
