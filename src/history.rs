@@ -88,6 +88,10 @@ pub fn render_prompt(history: &[HistoryEntry], current: &str, limits: HistoryLim
 }
 
 fn truncate(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    // No more bytes than the limit: no more characters either, without decoding them.
+    if text.len() <= max_chars {
+        return text.into();
+    }
     match text.char_indices().nth(max_chars) {
         Some((cut, _)) => {
             let mut cut_text = text[..cut].to_owned();
@@ -115,12 +119,25 @@ fn is_line_break(c: char) -> bool {
     )
 }
 
+/// Whether a byte may begin a line break ([`is_line_break`]): the ASCII ones, and the lead bytes
+/// of U+0085 (0xC2) and U+2028/U+2029 (0xE2). A text without any is one line.
+fn may_break_line(byte: u8) -> bool {
+    matches!(
+        byte,
+        b'\n' | b'\r' | 0x0B | 0x0C | 0x1C..=0x1E | 0xC2 | 0xE2
+    )
+}
+
 /// Appends a message's text so that it stays inside its own turn.
 fn push_quoted(out: &mut String, text: &str) {
     let text = text
         .strip_suffix("\r\n")
         .or(text.strip_suffix('\n'))
         .unwrap_or(text);
+    if !text.bytes().any(may_break_line) {
+        push_neutralised(out, text);
+        return;
+    }
     let mut lines = text.split("\r\n").flat_map(|l| l.split(is_line_break));
     if let Some(first) = lines.next() {
         push_neutralised(out, first);

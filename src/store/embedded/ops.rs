@@ -6,7 +6,9 @@
 //! crash (sled allows one process per folder), so its task is failed when the conversation is
 //! next taken.
 
-use super::records::{ListedTask, Records, TaskFilter, TaskRecord, WriteBatch, message_page_token};
+use super::records::{
+    Keys, ListedTask, Records, TaskFilter, TaskRecord, WriteBatch, message_page_token,
+};
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
     BeginTurn, ConversationKey, ConversationMeta, ConversationPage, FinishTurn, Lease,
@@ -31,7 +33,8 @@ impl LiveTurns {
 /// Stores the caller's message and the task as working, in one batch, if no live turn holds
 /// the conversation.
 pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResult<TurnBegun> {
-    let key = ConversationKey::new(&turn.principal, &turn.context_id);
+    let keys = Keys::new(&turn.principal, &turn.context_id);
+    let key = keys.conversation;
     let stored = records.conversation(&key)?;
     let mut meta = stored
         .clone()
@@ -71,8 +74,8 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     record.history_seqs.push(seq);
     record.task.status = TaskStatus::new(TaskState::Working, None);
     record.task.artifacts.clear();
-    batch.put_task(&record, previous.as_ref());
-    batch.put_conversation(&meta, stored.as_ref());
+    batch.put_task(&keys, &record, previous.as_ref());
+    batch.put_conversation(&keys, &meta, stored.as_ref());
 
     let mut task = record.task.clone();
     let earlier = &record.history_seqs[..record.history_seqs.len() - 1];
@@ -113,7 +116,7 @@ fn held(
     records: &Records,
     live: &LiveTurns,
     lease: &Lease,
-) -> StoreResult<(ConversationMeta, TaskRecord)> {
+) -> StoreResult<(Keys, ConversationMeta, TaskRecord)> {
     let stale = || StoreError::StaleToken {
         task_id: lease.task_id.clone(),
     };
@@ -125,7 +128,7 @@ fn held(
         return Err(stale());
     }
     let record = records.task(&lease.task_id)?.ok_or_else(stale)?;
-    Ok((meta, record))
+    Ok((Keys::of(lease.key, &meta.principal), meta, record))
 }
 
 pub fn record_status(
@@ -134,18 +137,18 @@ pub fn record_status(
     lease: &Lease,
     status: TaskStatus,
 ) -> StoreResult<()> {
-    let (_, previous) = held(records, live, lease)?;
+    let (keys, _, previous) = held(records, live, lease)?;
     let mut record = previous.clone();
     record.task.status = status;
     let mut batch = WriteBatch::new();
-    batch.put_task(&record, Some(&previous));
+    batch.put_task(&keys, &record, Some(&previous));
     records.apply(batch)
 }
 
 /// Appends the reply, stores the final state and releases the conversation.
 pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResult<()> {
     let lease = &end.lease;
-    let (previous_meta, previous) = held(records, live, lease)?;
+    let (keys, previous_meta, previous) = held(records, live, lease)?;
     let mut meta = previous_meta.clone();
     let mut record = previous.clone();
     let mut batch = WriteBatch::new();
@@ -156,13 +159,13 @@ pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResu
     }
     record.task.status = end.status;
     record.task.artifacts = end.artifacts;
-    batch.put_task(&record, Some(&previous));
+    batch.put_task(&keys, &record, Some(&previous));
     meta.running_task = None;
     meta.updated_at = crate::model::now();
     if end.agent_state.is_some() {
         meta.agent_state = end.agent_state;
     }
-    batch.put_conversation(&meta, Some(&previous_meta));
+    batch.put_conversation(&keys, &meta, Some(&previous_meta));
     records.apply(batch)?;
     live.0.lock().remove(&lease.key);
     Ok(())
@@ -183,7 +186,8 @@ pub fn cancel_waiting(
             state,
         });
     }
-    let key = previous.conversation();
+    let keys = Keys::new(principal, &previous.task.context_id);
+    let key = keys.conversation;
     let running_here = records
         .conversation(&key)?
         .is_some_and(|meta| meta.running_task.as_deref() == Some(task_id));
@@ -203,7 +207,7 @@ pub fn cancel_waiting(
         )),
     );
     let mut batch = WriteBatch::new();
-    batch.put_task(&record, Some(&previous));
+    batch.put_task(&keys, &record, Some(&previous));
     records.apply(batch)?;
     let mut task = record.task;
     task.history = records.messages(&key, &record.history_seqs)?;
@@ -232,7 +236,8 @@ fn fail_interrupted_task(
             Some(task_id),
         )),
     );
-    batch.put_task(&record, Some(&previous));
+    let keys = Keys::new(&record.principal, &record.task.context_id);
+    batch.put_task(&keys, &record, Some(&previous));
     Ok(true)
 }
 
@@ -294,12 +299,13 @@ pub struct Import {
 pub fn import(records: &Records, items: Vec<Import>) -> StoreResult<()> {
     let mut batch = WriteBatch::new();
     for item in items {
-        let key = item.meta.key();
+        let keys = Keys::new(&item.meta.principal, &item.meta.context_id);
+        let key = keys.conversation;
         let previous = records.conversation(&key)?;
         for (offset, message) in item.messages.iter().enumerate() {
             batch.append_message(&key, item.first_seq + offset as u64, message);
         }
-        batch.put_conversation(&item.meta, previous.as_ref());
+        batch.put_conversation(&keys, &item.meta, previous.as_ref());
     }
     records.apply(batch)
 }

@@ -105,28 +105,50 @@ fn is_running(record: &TaskRecord) -> bool {
     !record.task.status.state.ends_turn()
 }
 
-fn task_index_keys(record: &TaskRecord) -> [Vec<u8>; 2] {
+/// A conversation's key and its principal's: SHA-256 hashes, so computed once per operation
+/// (they were a seventh of a turn's instructions when each index key hashed its own).
+#[derive(Clone, Copy)]
+pub struct Keys {
+    pub conversation: ConversationKey,
+    pub principal: PrincipalKey,
+}
+
+impl Keys {
+    pub fn new(principal: &str, context_id: &str) -> Self {
+        Keys {
+            conversation: ConversationKey::new(principal, context_id),
+            principal: PrincipalKey::new(principal),
+        }
+    }
+
+    /// For a conversation whose key is already known.
+    pub fn of(conversation: ConversationKey, principal: &str) -> Self {
+        Keys {
+            conversation,
+            principal: PrincipalKey::new(principal),
+        }
+    }
+}
+
+fn task_index_keys(keys: &Keys, record: &TaskRecord) -> [Vec<u8>; 2] {
     let ts = inverted_millis(&record.task.status.timestamp);
     let id = record.task.id.as_bytes();
     [
         prefixed(
             TASKS_BY_CONVERSATION,
-            &[record.conversation().as_bytes(), &ts, id],
+            &[keys.conversation.as_bytes(), &ts, id],
         ),
-        prefixed(
-            TASKS_BY_PRINCIPAL,
-            &[PrincipalKey::new(&record.principal).as_bytes(), &ts, id],
-        ),
+        prefixed(TASKS_BY_PRINCIPAL, &[keys.principal.as_bytes(), &ts, id]),
     ]
 }
 
-fn conversation_index_key(meta: &ConversationMeta) -> Vec<u8> {
+fn conversation_index_key(keys: &Keys, meta: &ConversationMeta) -> Vec<u8> {
     prefixed(
         CONVERSATIONS_BY_PRINCIPAL,
         &[
-            PrincipalKey::new(&meta.principal).as_bytes(),
+            keys.principal.as_bytes(),
             &inverted_millis(&meta.updated_at),
-            meta.key().as_bytes(),
+            keys.conversation.as_bytes(),
         ],
     )
 }
@@ -152,17 +174,20 @@ impl WriteBatch {
     /// Writes the conversation's metadata; `previous` is what is stored now, to move its index entry.
     pub fn put_conversation(
         &mut self,
+        keys: &Keys,
         meta: &ConversationMeta,
         previous: Option<&ConversationMeta>,
     ) {
         if let Some(previous) = previous {
             self.ops
-                .push(KvOp::Delete(conversation_index_key(previous)));
+                .push(KvOp::Delete(conversation_index_key(keys, previous)));
         }
         self.ops
-            .push(KvOp::Put(conversation_index_key(meta), Vec::new()));
-        self.ops
-            .push(KvOp::Put(conversation_key(&meta.key()), encode(meta)));
+            .push(KvOp::Put(conversation_index_key(keys, meta), Vec::new()));
+        self.ops.push(KvOp::Put(
+            conversation_key(&keys.conversation),
+            encode(meta),
+        ));
     }
 
     pub fn append_message(&mut self, key: &ConversationKey, seq: u64, message: &Message) {
@@ -176,14 +201,14 @@ impl WriteBatch {
     }
 
     /// Writes the task; `previous` is what is stored now, to move its index entries.
-    pub fn put_task(&mut self, record: &TaskRecord, previous: Option<&TaskRecord>) {
+    pub fn put_task(&mut self, keys: &Keys, record: &TaskRecord, previous: Option<&TaskRecord>) {
         if let Some(previous) = previous {
-            for key in task_index_keys(previous) {
+            for key in task_index_keys(keys, previous) {
                 self.ops.push(KvOp::Delete(key));
             }
         }
         let state = vec![record.task.status.state.code()];
-        for key in task_index_keys(record) {
+        for key in task_index_keys(keys, record) {
             self.ops.push(KvOp::Put(key, state.clone()));
         }
         let was_running = previous.is_some_and(is_running);
@@ -489,10 +514,11 @@ impl Records {
 
     /// Removes a conversation: its metadata, messages, tasks and index entries.
     pub fn delete_conversation(&self, meta: &ConversationMeta) -> StoreResult<()> {
-        let key = meta.key();
+        let keys = Keys::new(&meta.principal, &meta.context_id);
+        let key = keys.conversation;
         let mut ops = vec![
             KvOp::Delete(conversation_key(&key)),
-            KvOp::Delete(conversation_index_key(meta)),
+            KvOp::Delete(conversation_index_key(&keys, meta)),
         ];
         let messages = self.backend.scan(
             Bound::Included(message_key(&key, 0)),
@@ -514,7 +540,11 @@ impl Records {
             }
             let task_id = String::from_utf8_lossy(&index_key[tasks_prefix.len() + 8..]);
             if let Some(record) = self.task(&task_id)? {
-                ops.extend(task_index_keys(&record).into_iter().map(KvOp::Delete));
+                ops.extend(
+                    task_index_keys(&keys, &record)
+                        .into_iter()
+                        .map(KvOp::Delete),
+                );
                 ops.push(KvOp::Delete(running_task_key(&task_id)));
                 ops.push(KvOp::Delete(task_key(&task_id)));
             }

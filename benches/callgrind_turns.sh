@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Instructions per turn, counted by callgrind (noise-free: the same binary and load give the
+# same count whatever else the machine does).
+#
+#   benches/callgrind_turns.sh [BINARY]        # default target/release/colloquy
+#   C=64 TURNS=5 TOTAL=256 benches/callgrind_turns.sh
+#
+# Runs `colloquy serve` under callgrind on a fresh data folder, warms up with one turn per
+# conversation, zeroes the counters, runs TOTAL conversations x TURNS turns with the load
+# generator (outside callgrind), stops the server and prints instructions per turn, in all and
+# for the heaviest functions (inclusive).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-target/release/colloquy}
+C=${C:-64}; TURNS=${TURNS:-5}; TOTAL=${TOTAL:-256}; PORT=${PORT:-18131}
+LOADGEN=${LOADGEN:-$BIN}
+WORK=$(mktemp -d); echo "work: $WORK" >&2
+trap 'kill $PID 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
+valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" --instr-atstart=no \
+  "$BIN" serve --listen 127.0.0.1:$PORT --data "$WORK/d" 2>"$WORK/vg.log" &
+PID=$!
+for _ in $(seq 1 600); do
+  curl -sf -o /dev/null "http://127.0.0.1:$PORT/readyz" && break
+  sleep 0.1
+done
+"$LOADGEN" loadgen --url "http://127.0.0.1:$PORT/" --conversations "$C" --turns 1 --total "$C" \
+  --timeout-secs 120 --json >/dev/null
+callgrind_control --instr=on "$PID" >/dev/null 2>&1
+R=$("$LOADGEN" loadgen --url "http://127.0.0.1:$PORT/" --conversations "$C" --turns "$TURNS" \
+  --total "$TOTAL" --timeout-secs 300 --json | tail -1)
+callgrind_control --instr=off "$PID" >/dev/null 2>&1
+kill -TERM "$PID"
+wait "$PID" || true
+OK=$(echo "$R" | jq .turns_ok)
+# (awk stops reading early: the annotator's broken pipe is not a failure.)
+TOTAL_IR=$(callgrind_annotate "$WORK/cg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}' || true)
+echo "turns: $OK  instructions: $TOTAL_IR  per turn: $((TOTAL_IR / OK))"
+callgrind_annotate --inclusive=yes "$WORK/cg.out" 2>/dev/null \
+  | awk -v ok="$OK" '/^ *[0-9,]+ .*\(/ { n = $1; gsub(",", "", n); $1 = ""; printf "%10d /turn %s\n", n / ok, substr($0, 1, 150) }' \
+  | head -"${TOP:-40}" || true
