@@ -21,6 +21,7 @@ use futures_util::{FutureExt, StreamExt};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 /// The system note placed before the earlier turns.
 pub const HISTORY_NOTE: &str = "The messages before the last user message are earlier turns of \
@@ -151,11 +152,18 @@ impl Agent for OpenAiAgent {
         sink: AgentSink,
     ) -> BoxFuture<'static, Result<(), AgentError>> {
         let settings = self.settings.clone();
+        // Its retry lines name the turn: the engine's own per-turn spans are debug-level.
+        let span = tracing::info_span!(
+            "openai",
+            context_id = %request.context_id,
+            task_id = %request.task_id
+        );
         async move {
             run(&settings, &request, &sink)
                 .await
                 .map_err(AgentError::from)
         }
+        .instrument(span)
         .boxed()
     }
 }

@@ -142,7 +142,9 @@ impl ContextActor {
         message.task_id = Some(task_id.clone());
         message.timestamp = Some(crate::model::now());
         let (answer, answered) = oneshot::channel();
-        let span = tracing::info_span!("turn", context_id = %self.context_id, task_id = %task_id);
+        // Debug-level: a span per turn and per request cost 6% of a turn's instructions at the
+        // default level (fields formatted on creation). Log lines of a turn name it themselves.
+        let span = tracing::debug_span!("turn", context_id = %self.context_id, task_id = %task_id);
         let request = TurnRequest {
             principal: self.principal.clone(),
             context_id: self.context_id.clone(),

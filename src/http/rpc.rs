@@ -179,7 +179,8 @@ pub async fn handle(
             return error_response(StatusCode::OK, &request.id, &error, version);
         }
     };
-    let span = tracing::info_span!(
+    // Debug-level, as the turn span is (see `engine::context`).
+    let span = tracing::debug_span!(
         "rpc",
         method = method.label(),
         version = version.label(),
