@@ -578,3 +578,54 @@ fn seq_of(key: &[u8]) -> StoreResult<u64> {
         .map(u64::from_be_bytes)
         .ok_or_else(|| StoreError::Corrupt("message key too short".into()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Part, Role};
+
+    fn message() -> Message {
+        let mut message = Message::agent_text("héllo \"world\"\n", "ctx", Some("task"));
+        message.role = Role::User;
+        let mut data = Part::text("");
+        data.content = crate::model::PartContent::Data {
+            data: serde_json::json!({"a": [1, 2.5, null], "b": {"c": true}}),
+        };
+        data.media_type = Some("application/json".into());
+        message.parts.push(data);
+        message.metadata = serde_json::json!({"k": "v"}).as_object().cloned();
+        message
+    }
+
+    #[test]
+    fn records_round_trip_in_the_binary_encoding() {
+        let message = message();
+        let bytes = encode(&message);
+        assert_eq!(bytes[..2], BINARY_RECORD);
+        assert!(bytes.len() < serde_json::to_vec(&message).unwrap().len());
+        assert_eq!(decode::<Message>(&bytes).unwrap(), message);
+        let meta = ConversationMeta::new("p", "c");
+        assert_eq!(decode::<ConversationMeta>(&encode(&meta)).unwrap(), meta);
+    }
+
+    #[test]
+    fn json_records_of_earlier_versions_stay_readable() {
+        let message = message();
+        let json = serde_json::to_vec(&message).unwrap();
+        assert_eq!(decode::<Message>(&json).unwrap(), message);
+    }
+
+    #[test]
+    fn an_unknown_encoding_is_reported_not_guessed() {
+        let mut bytes = encode(&message());
+        bytes[1] = 2;
+        assert!(matches!(
+            decode::<Message>(&bytes),
+            Err(StoreError::Corrupt(_))
+        ));
+        assert!(matches!(
+            decode::<Message>(&[]),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+}
