@@ -109,7 +109,15 @@ async fn start_engine(
     agent: SharedAgent,
     config: &Config,
 ) -> Result<Engine, String> {
-    let engine = Engine::start(store, agent, engine_config(config));
+    let engine_config = engine_config(config);
+    if engine_config.max_resident < config.contexts.max_resident {
+        tracing::info!(
+            max_resident = engine_config.max_resident,
+            "resident conversations bounded by memory (contexts.max_resident_bytes, or a quarter \
+             of the container's memory limit)"
+        );
+    }
+    let engine = Engine::start(store, agent, engine_config);
     let interrupted = engine
         .fail_interrupted_turns()
         .await
@@ -151,9 +159,26 @@ pub fn engine_config(config: &Config) -> EngineConfig {
             text_bytes: config.limits.text_bytes,
             id_bytes: config.limits.context_id_bytes,
         },
-        max_resident: config.contexts.max_resident.max(1),
+        max_resident: resident_limit(&config.contexts, crate::container::memory_limit()),
         response_bytes: config.limits.response_bytes,
     }
+}
+
+/// What one resident conversation (its actor, mailbox and directory entry) costs in memory,
+/// rounded up from the 3.3 KB measured with 100,000 idle conversations (docs/performance.md).
+pub const RESIDENT_CONVERSATION_BYTES: u64 = 4096;
+
+/// How many conversations may be resident: `contexts.max_resident`, lowered to what
+/// `contexts.max_resident_bytes` holds, or by default a quarter of the container's memory.
+pub fn resident_limit(contexts: &crate::config::ContextsConfig, container: Option<u64>) -> usize {
+    let budget = match contexts.max_resident_bytes {
+        0 => container.map(|limit| limit / 4),
+        bytes => Some(bytes),
+    };
+    let by_memory = budget.map_or(usize::MAX, |bytes| {
+        usize::try_from(bytes / RESIDENT_CONVERSATION_BYTES).unwrap_or(usize::MAX)
+    });
+    contexts.max_resident.min(by_memory).max(1)
 }
 
 /// The backend `agent.kind` names.
@@ -197,6 +222,32 @@ fn build_a2a_agent(config: &Config) -> Result<SharedAgent, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resident_conversations_fit_the_memory_given_them() {
+        let mut contexts = crate::config::ContextsConfig::default();
+        assert_eq!(
+            resident_limit(&contexts, None),
+            1_000_000,
+            "no container: the count"
+        );
+        // A 512 MiB container: a quarter of it, at 4 KiB each.
+        assert_eq!(resident_limit(&contexts, Some(512 << 20)), 32_768);
+        contexts.max_resident_bytes = 40 * RESIDENT_CONVERSATION_BYTES;
+        assert_eq!(
+            resident_limit(&contexts, Some(512 << 20)),
+            40,
+            "configured wins"
+        );
+        contexts.max_resident = 10;
+        assert_eq!(
+            resident_limit(&contexts, None),
+            10,
+            "the lower bound applies"
+        );
+        contexts.max_resident_bytes = 1;
+        assert_eq!(resident_limit(&contexts, None), 1, "never zero");
+    }
 
     /// Config keeps its own defaults (it does not depend on the engine); they must stay the
     /// engine's.

@@ -188,6 +188,9 @@ pub struct ContextsConfig {
     pub arbiters: usize,
     /// Live conversation actors; past it idle ones are stopped first, past 110% new ones are refused.
     pub max_resident: usize,
+    /// Memory for resident conversations, in bytes (about 4 KiB each); 0 = a quarter of the
+    /// container's memory limit when there is one (cgroup), else no bound but `max_resident`.
+    pub max_resident_bytes: u64,
 }
 
 impl Default for ContextsConfig {
@@ -196,6 +199,7 @@ impl Default for ContextsConfig {
             idle_timeout_secs: 300,
             arbiters: 0,
             max_resident: 1_000_000,
+            max_resident_bytes: 0,
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod app;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod container;
 pub mod durable;
 pub mod engine;
 pub mod history;

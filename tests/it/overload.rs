@@ -334,3 +334,31 @@ async fn connections_past_the_bound_wait_for_a_free_one() {
 async fn start_echo_with(tweak: impl FnOnce(&mut colloquy::config::Config)) -> TestServer {
     start_with(Arc::new(EchoAgent::default()), tweak).await
 }
+
+#[actix_rt::test]
+async fn resident_conversations_stay_within_their_memory_budget() {
+    let budget = 10 * colloquy::app::RESIDENT_CONVERSATION_BYTES;
+    let server = start_with(Arc::new(EchoAgent::default()), |c| {
+        c.contexts.max_resident_bytes = budget;
+    })
+    .await;
+    for i in 0..40 {
+        let response = server
+            .send_text(V1, "hello", Some(&format!("m{i}")), None)
+            .await;
+        assert_eq!(
+            task_of(&response)["status"]["state"],
+            "TASK_STATE_COMPLETED",
+            "idle conversations make room: {response}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let resident = server.server.engine.resident_contexts();
+    assert!(resident <= 11, "{resident} resident for a budget of 10");
+    let again = server.send_text(V1, "back", Some("m0"), None).await;
+    assert!(
+        artifact_text(task_of(&again)).contains("turn 2"),
+        "an evicted conversation continues from disk: {again}"
+    );
+    server.stop().await;
+}
