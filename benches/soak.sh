@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A steady load on one server, round after round: do costs stay flat as the data grows?
+#
+#   benches/soak.sh                        # 6 rounds x 30 s, 64 in flight, 5 turns x 200 B
+#   ROUNDS=60 SECS=30 benches/soak.sh      # the 30-minute soak
+#
+# Every round starts new conversations throughout. Per round it prints turns/s, p99, the
+# server's RSS, the data folder's size and the bytes written to the device so far, each per
+# turn. Then it stops the server cleanly, prints where the bytes went by record type
+# (benches/store_bytes.rs), restarts it on the same folder and prints the time until /readyz.
+source "$(dirname "$0")/common.sh"
+ROUNDS=${ROUNDS:-6}; SECS=${SECS:-30}; C=${C:-64}; TURNS=${TURNS:-5}; TEXT=${TEXT:-200}
+PORT=${PORT:-18161}
+[ "${SKIP_BUILD:-}" = 1 ] || { build; cargo bench --no-run --bench store_bytes >&2; }
+STORE_BYTES=$(bench_bin store_bytes)
+WORK=${WORK:-$(mktemp -d)}
+PID=
+cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"; }
+trap cleanup EXIT
+start() {
+  "$COLLOQUY" serve --listen 127.0.0.1:$PORT --data "$WORK/data" 2>>"$WORK/server.log" &
+  PID=$!
+}
+start
+wait_ready $PORT 60
+total=0
+echo "| round | turns | turns/s | p50 ms | p99 ms | RSS MB | on disk MB | disk B/turn | device writes B/turn |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+for round in $(seq 1 "$ROUNDS"); do
+  R=$("$COLLOQUY" loadgen --url "http://127.0.0.1:$PORT/" --conversations "$C" --turns "$TURNS" \
+      --text-bytes "$TEXT" --duration "$SECS" --timeout-secs 60 --json | tail -1)
+  ok=$(echo "$R" | jq .turns_ok)
+  total=$((total + ok))
+  disk=$(du -sb "$WORK/data" | cut -f1)
+  written=$(awk '/^write_bytes/ {print $2}' /proc/$PID/io)
+  echo "$R" | jq -r --argjson round "$round" --argjson total "$total" --argjson rss "$(rss_kb $PID)" \
+    --argjson disk "$disk" --argjson written "$written" \
+    '"| \($round) | \(.turns_ok) | \(.turns_per_s | floor) | \(.latency_ms.p50) | \(.latency_ms.p99) | \($rss / 1024 | floor) | \($disk / 1048576 | floor) | \($disk / $total | floor) | \($written / $total | floor) |"'
+done
+kill -TERM "$PID"; wait "$PID" || true; PID=
+echo
+echo "after $total turns, stopped cleanly:"
+"$STORE_BYTES" "$WORK/data" "$total"
+started=$(now_ms)
+start
+wait_ready $PORT 120
+echo
+echo "restart: ready after $(( $(now_ms) - started )) ms; RSS $(( $(rss_kb $PID) / 1024 )) MB"
