@@ -40,11 +40,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let on_disk = sled.size_on_disk()?;
     let logical: u64 = by_type.values().map(|(_, k, v)| k + v).sum();
-    let per_turn = |bytes: u64| turns.map_or(String::new(), |t| format!("{:.0}", bytes as f64 / t as f64));
+    let per_turn =
+        |bytes: u64| turns.map_or(String::new(), |t| format!("{:.0}", bytes as f64 / t as f64));
     println!("| record type | records | key bytes | value bytes | bytes per turn |");
     println!("|---|---:|---:|---:|---:|");
     for (name, (count, keys, values)) in &by_type {
-        println!("| {name} | {count} | {keys} | {values} | {} |", per_turn(keys + values));
+        println!(
+            "| {name} | {count} | {keys} | {values} | {} |",
+            per_turn(keys + values)
+        );
     }
     println!("| all records | | | {logical} | {} |", per_turn(logical));
     println!("| sled on disk | | | {on_disk} | {} |", per_turn(on_disk));

@@ -74,6 +74,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     record.history_seqs.push(seq);
     record.task.status = TaskStatus::new(TaskState::Working, None);
     record.task.artifacts.clear();
+    record.reply_in = None;
     batch.put_task(&keys, &record, previous.as_ref());
     batch.put_conversation(&keys, &meta, stored.as_ref());
 
@@ -108,6 +109,7 @@ fn new_task_record(turn: &BeginTurn) -> TaskRecord {
         },
         principal: turn.principal.clone(),
         history_seqs: Vec::new(),
+        reply_in: None,
     }
 }
 
@@ -152,13 +154,15 @@ pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResu
     let mut meta = previous_meta.clone();
     let mut record = previous.clone();
     let mut batch = WriteBatch::new();
+    record.task.status = end.status;
+    record.task.artifacts = end.artifacts;
+    record.reply_in = None;
     if let Some(reply) = &end.reply {
         batch.append_message(&lease.key, meta.next_seq, reply);
         record.history_seqs.push(meta.next_seq);
+        record.elide_reply(reply, meta.next_seq);
         meta.next_seq += 1;
     }
-    record.task.status = end.status;
-    record.task.artifacts = end.artifacts;
     batch.put_task(&keys, &record, Some(&previous));
     meta.running_task = None;
     meta.updated_at = crate::model::now();

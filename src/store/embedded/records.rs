@@ -27,11 +27,73 @@ pub struct TaskRecord {
     pub task: Task,
     pub principal: String,
     pub history_seqs: Vec<u64>,
+    /// Set when an artifact's text is the reply message's, stored once, in the message.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "r")]
+    pub reply_in: Option<ReplyRef>,
+}
+
+/// Which artifact's text is the reply message at `seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ReplyRef {
+    #[serde(rename = "a")]
+    pub artifact: usize,
+    #[serde(rename = "s")]
+    pub seq: u64,
+}
+
+/// The text of a message or artifact that is exactly one text part.
+fn sole_text(parts: &[crate::model::Part]) -> Option<&str> {
+    match parts {
+        [part] => part.as_text(),
+        _ => None,
+    }
 }
 
 impl TaskRecord {
     pub fn conversation(&self) -> ConversationKey {
         ConversationKey::new(&self.principal, &self.task.context_id)
+    }
+
+    /// Leaves out of the record an artifact text that is the reply's (stored at `seq`): the
+    /// streamed reply artifact and the reply message hold the same text.
+    pub fn elide_reply(&mut self, reply: &Message, seq: u64) {
+        let Some(text) = sole_text(&reply.parts) else {
+            return;
+        };
+        let artifact = self
+            .task
+            .artifacts
+            .iter()
+            .position(|a| sole_text(&a.parts) == Some(text));
+        if let Some(artifact) = artifact {
+            if let Some(crate::model::PartContent::Text { text }) = self.task.artifacts[artifact]
+                .parts
+                .first_mut()
+                .map(|p| &mut p.content)
+            {
+                text.clear();
+            }
+            self.reply_in = Some(ReplyRef { artifact, seq });
+        }
+    }
+
+    /// Puts an elided reply text back.
+    fn restore_reply(&mut self, reply_text: String) {
+        let Some(reply) = self.reply_in.take() else {
+            return;
+        };
+        let part = self
+            .task
+            .artifacts
+            .get_mut(reply.artifact)
+            .and_then(|a| a.parts.first_mut());
+        if let Some(crate::model::Part {
+            content: crate::model::PartContent::Text { text },
+            ..
+        }) = part
+        {
+            *text = reply_text;
+        }
     }
 }
 
@@ -360,12 +422,24 @@ impl Records {
         Ok(self.task_sized(task_id)?.map(|(record, _)| record))
     }
 
-    /// The task and its stored size in bytes (its artifacts included).
+    /// The task, whole (an elided reply text put back), and its size in bytes (its artifacts
+    /// included).
     pub fn task_sized(&self, task_id: &str) -> StoreResult<Option<(TaskRecord, usize)>> {
-        self.backend
-            .get(&task_key(task_id))?
-            .map(|bytes| Ok((decode(&bytes)?, bytes.len())))
-            .transpose()
+        let Some(bytes) = self.backend.get(&task_key(task_id))? else {
+            return Ok(None);
+        };
+        let mut record: TaskRecord = decode(&bytes)?;
+        let mut size = bytes.len();
+        if let Some(reply) = record.reply_in {
+            let key = message_key(&record.conversation(), reply.seq);
+            let text = match self.backend.get(&key)? {
+                Some(message) => decode::<Message>(&message)?.text(),
+                None => String::new(),
+            };
+            size += text.len();
+            record.restore_reply(text);
+        }
+        Ok(Some((record, size)))
     }
 
     /// The ids of the tasks stored as running: one scan of the running-task index, however many
@@ -582,7 +656,7 @@ fn seq_of(key: &[u8]) -> StoreResult<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Part, Role};
+    use crate::model::{Part, Role, Task};
 
     fn message() -> Message {
         let mut message = Message::agent_text("héllo \"world\"\n", "ctx", Some("task"));
@@ -613,6 +687,51 @@ mod tests {
         let message = message();
         let json = serde_json::to_vec(&message).unwrap();
         assert_eq!(decode::<Message>(&json).unwrap(), message);
+    }
+
+    #[test]
+    fn a_reply_text_is_stored_once_and_put_back_exactly() {
+        let text = "the answer, at the length of a real one. ".repeat(5);
+        let reply = Message::agent_text(text.clone(), "ctx", Some("task"));
+        let mut artifact_part = Part::text(text.clone());
+        artifact_part.metadata = serde_json::json!({"m": 1}).as_object().cloned();
+        let task = Task {
+            id: "task".into(),
+            context_id: "ctx".into(),
+            status: crate::model::TaskStatus::new(crate::model::TaskState::Completed, None),
+            artifacts: vec![crate::model::Artifact {
+                artifact_id: "a".into(),
+                name: Some("reply".into()),
+                description: None,
+                parts: vec![artifact_part],
+                metadata: None,
+            }],
+            history: Vec::new(),
+            metadata: None,
+        };
+        let whole = TaskRecord {
+            task,
+            principal: "p".into(),
+            history_seqs: vec![0, 1],
+            reply_in: None,
+        };
+        let mut stored = whole.clone();
+        stored.elide_reply(&reply, 1);
+        assert_eq!(
+            stored.reply_in,
+            Some(ReplyRef {
+                artifact: 0,
+                seq: 1
+            })
+        );
+        assert!(encode(&stored).len() + text.len() - 16 <= encode(&whole).len());
+        let mut read: TaskRecord = decode(&encode(&stored)).unwrap();
+        read.restore_reply(reply.text());
+        assert_eq!(read, whole);
+        // An artifact that is not the reply stays as it is.
+        let mut other = whole.clone();
+        other.elide_reply(&Message::agent_text("something else", "ctx", None), 1);
+        assert_eq!(other, whole);
     }
 
     #[test]
