@@ -9,8 +9,9 @@ use crate::engine::MessageLimits;
 use crate::engine::{Engine, EngineConfig};
 use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
+use crate::push::{PushConfigs, TargetPolicy};
 use crate::store::embedded::{EmbeddedStore, SledOptions};
-use crate::store::{SharedStore, StoreError};
+use crate::store::{SharedPushStore, SharedStore, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +34,8 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let metrics = crate::telemetry::recorder();
     crate::telemetry::register_series(agent.kind());
     let auth = load_auth(&config)?;
-    let store = open_store_async(&config).await?;
+    let (store, push_store) = open_store_async(&config).await?;
+    let push = push_configs(push_store, &config);
     let engine = start_engine(store, agent, &config)
         .await
         .map_err(|error| StartError::Store {
@@ -51,6 +53,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         auth,
         metrics,
         metrics_token,
+        push,
     };
     Ok(crate::http::serve(state)?)
 }
@@ -88,8 +91,25 @@ pub fn open_store(
     EmbeddedStore::open(data, &sled_options(config))
 }
 
-/// [`open_store`] on the configured data folder, off the async threads.
-async fn open_store_async(config: &Config) -> Result<SharedStore, StartError> {
+/// The push-notification config side over the store, with the configured policy and limits.
+fn push_configs(store: SharedPushStore, config: &Config) -> PushConfigs {
+    PushConfigs::new(
+        store,
+        Arc::new(target_policy(config)),
+        config.push.max_configs_per_task,
+    )
+}
+
+fn target_policy(config: &Config) -> TargetPolicy {
+    TargetPolicy {
+        allow_private_networks: config.push.allow_private_networks,
+        allowed_hosts: config.push.allowed_hosts.clone(),
+    }
+}
+
+/// [`open_store`] on the configured data folder, off the async threads: the store, and its
+/// push-notification side.
+async fn open_store_async(config: &Config) -> Result<(SharedStore, SharedPushStore), StartError> {
     let failed = |error: String| StartError::Store {
         path: config.data.display().to_string(),
         error,
@@ -99,7 +119,10 @@ async fn open_store_async(config: &Config) -> Result<SharedStore, StartError> {
     actix_rt::task::spawn_blocking(move || open_store(&data, &store_config))
         .await
         .map_err(|e| failed(e.to_string()))?
-        .map(|store| Arc::new(store) as SharedStore)
+        .map(|store| {
+            let store = Arc::new(store);
+            (store.clone() as SharedStore, store as SharedPushStore)
+        })
         .map_err(|e| failed(e.to_string()))
 }
 

@@ -40,7 +40,7 @@ pub fn card(state: &AppState, url: &str) -> Value {
     card.insert("version".into(), json!(config.version));
     card.insert(
         "capabilities".into(),
-        json!({"streaming": true, "pushNotifications": false}),
+        json!({"streaming": true, "pushNotifications": true}),
     );
     card.insert("defaultInputModes".into(), json!(["text/plain"]));
     card.insert("defaultOutputModes".into(), json!(["text/plain"]));

@@ -11,6 +11,7 @@ mod connections;
 mod errors;
 mod methods;
 mod metrics_endpoint;
+mod push;
 pub mod rpc;
 mod sse;
 mod state;

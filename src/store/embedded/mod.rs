@@ -7,6 +7,7 @@
 
 mod kv;
 mod ops;
+mod push;
 mod records;
 mod sled_backend;
 mod wal;

@@ -75,6 +75,19 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     record.task.status = TaskStatus::new(TaskState::Working, None);
     record.task.artifacts.clear();
     batch.put_task(&keys, &record, previous.as_ref());
+    super::push::put_with_start(
+        &turn.principal,
+        &turn.push_configs,
+        &turn.task_id,
+        &mut batch,
+    );
+    super::push::enqueue_with(
+        records,
+        &mut batch,
+        &record,
+        &turn.principal,
+        &turn.push_configs,
+    )?;
     batch.put_conversation(&keys, &meta, stored.as_ref());
 
     let mut task = record.task.clone();
@@ -142,6 +155,7 @@ pub fn record_status(
     record.task.status = status;
     let mut batch = WriteBatch::new();
     batch.put_task(&keys, &record, Some(&previous));
+    super::push::enqueue(records, &mut batch, &record)?;
     records.apply(batch)
 }
 
@@ -160,6 +174,7 @@ pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResu
     record.task.status = end.status;
     record.task.artifacts = end.artifacts;
     batch.put_task(&keys, &record, Some(&previous));
+    super::push::enqueue(records, &mut batch, &record)?;
     meta.running_task = None;
     meta.updated_at = crate::model::now();
     if end.agent_state.is_some() {
@@ -208,6 +223,7 @@ pub fn cancel_waiting(
     );
     let mut batch = WriteBatch::new();
     batch.put_task(&keys, &record, Some(&previous));
+    super::push::enqueue(records, &mut batch, &record)?;
     records.apply(batch)?;
     let mut task = record.task;
     task.history = records.messages(&key, &record.history_seqs)?;
@@ -238,6 +254,7 @@ fn fail_interrupted_task(
     );
     let keys = Keys::new(&record.principal, &record.task.context_id);
     batch.put_task(&keys, &record, Some(&previous));
+    super::push::enqueue(records, batch, &record)?;
     Ok(true)
 }
 

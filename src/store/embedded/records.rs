@@ -153,12 +153,12 @@ fn conversation_index_key(keys: &Keys, meta: &ConversationMeta) -> Vec<u8> {
     )
 }
 
-fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+pub(super) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // Serialising our own plain data types to JSON cannot fail (no maps with non-string keys).
     serde_json::to_vec(value).unwrap_or_default()
 }
 
-fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> StoreResult<T> {
+pub(super) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> StoreResult<T> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
@@ -193,6 +193,15 @@ impl WriteBatch {
     pub fn append_message(&mut self, key: &ConversationKey, seq: u64, message: &Message) {
         self.ops
             .push(KvOp::Put(message_key(key, seq), encode(message)));
+    }
+
+    /// A write of a record kept beside these (the push side's, `push.rs`).
+    pub(super) fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.ops.push(KvOp::Put(key, value));
+    }
+
+    pub(super) fn delete_raw(&mut self, key: Vec<u8>) {
+        self.ops.push(KvOp::Delete(key));
     }
 
     /// Drops a running-task index entry whose task is gone or no longer running.

@@ -1,0 +1,1 @@
+//! The delivery worker (filled in by the next step).
