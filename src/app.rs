@@ -9,6 +9,7 @@ use crate::engine::MessageLimits;
 use crate::engine::{Engine, EngineConfig};
 use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
+use crate::push::deliver::DeliveryOptions;
 use crate::push::{PushConfigs, TargetPolicy};
 use crate::store::embedded::{EmbeddedStore, SledOptions};
 use crate::store::{SharedPushStore, SharedStore, StoreError};
@@ -35,7 +36,14 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     crate::telemetry::register_series(agent.kind());
     let auth = load_auth(&config)?;
     let (store, push_store) = open_store_async(&config).await?;
-    let push = push_configs(push_store, &config);
+    let push = push_configs(push_store.clone(), &config);
+    crate::push::deliver::start(
+        push_store,
+        Arc::new(target_policy(&config)),
+        None,
+        delivery_options(&config),
+    )
+    .map_err(StartError::Config)?;
     let engine = start_engine(store, agent, &config)
         .await
         .map_err(|error| StartError::Store {
@@ -98,6 +106,17 @@ fn push_configs(store: SharedPushStore, config: &Config) -> PushConfigs {
         Arc::new(target_policy(config)),
         config.push.max_configs_per_task,
     )
+}
+
+fn delivery_options(config: &Config) -> DeliveryOptions {
+    let push = &config.push;
+    DeliveryOptions {
+        give_up_after: Duration::from_secs(push.give_up_after_secs),
+        attempt_timeout: Duration::from_millis(push.attempt_timeout_ms),
+        retry_base: Duration::from_millis(push.retry_base_ms),
+        retry_max: Duration::from_millis(push.retry_max_ms),
+        concurrency: push.concurrency,
+    }
 }
 
 fn target_policy(config: &Config) -> TargetPolicy {

@@ -388,4 +388,8 @@ pub trait PushStore: Send + Sync + 'static {
 
     /// Removes a notification that will not be delivered.
     fn give_up_notification(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>>;
+
+    /// Notified once a write that may have added notifications is durable, so a worker need not
+    /// poll for them.
+    fn outbox_waker(&self) -> Arc<tokio::sync::Notify>;
 }

@@ -406,3 +406,386 @@ async fn a_send_registers_the_config_it_carries_for_its_task() {
 
     server.stop().await;
 }
+
+/// A webhook receiver on loopback: records every request, and answers the first
+/// `fail_next` of them with `fail_status` (and `Retry-After`, if set).
+struct Receiver {
+    url: String,
+    got: Arc<std::sync::Mutex<Vec<Received>>>,
+    fail_next: Arc<std::sync::atomic::AtomicUsize>,
+    handle: actix_web::dev::ServerHandle,
+}
+
+#[derive(Debug, Clone)]
+struct Received {
+    headers: std::collections::HashMap<String, String>,
+    body: Value,
+    /// What the receiver answered.
+    status: u16,
+}
+
+impl Received {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(&name.to_ascii_lowercase())
+            .map(String::as_str)
+    }
+
+    fn id(&self) -> &str {
+        self.header("x-colloquy-notification-id")
+            .expect("a notification id")
+    }
+
+    /// The task's state, whichever version the payload speaks.
+    fn state(&self) -> String {
+        let task = self.body.get("task").unwrap_or(&self.body);
+        task["status"]["state"].as_str().unwrap_or("?").to_owned()
+    }
+}
+
+impl Receiver {
+    async fn start(fail_status: u16, retry_after: Option<&'static str>) -> Receiver {
+        use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+        let got: Arc<std::sync::Mutex<Vec<Received>>> = Arc::default();
+        let fail_next: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let (got_in, fail_in) = (got.clone(), fail_next.clone());
+        let server = HttpServer::new(move || {
+            let (got, fail_next) = (got_in.clone(), fail_in.clone());
+            App::new().route(
+                "/hook",
+                web::post().to(move |req: HttpRequest, body: web::Bytes| {
+                    let (got, fail_next) = (got.clone(), fail_next.clone());
+                    async move {
+                        use std::sync::atomic::Ordering;
+                        let failing = fail_next
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                            .is_ok();
+                        let status = if failing { fail_status } else { 200 };
+                        let headers = req
+                            .headers()
+                            .iter()
+                            .map(|(k, v)| {
+                                (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned())
+                            })
+                            .collect();
+                        got.lock().unwrap().push(Received {
+                            headers,
+                            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+                            status,
+                        });
+                        let mut response = HttpResponse::build(
+                            actix_web::http::StatusCode::from_u16(status).unwrap(),
+                        );
+                        if let (true, Some(after)) = (failing, retry_after) {
+                            response.insert_header(("Retry-After", after));
+                        }
+                        response.finish()
+                    }
+                }),
+            )
+        })
+        .workers(1)
+        .disable_signals()
+        .bind("127.0.0.1:0")
+        .unwrap();
+        let addr = server.addrs()[0];
+        let server = server.run();
+        let handle = server.handle();
+        actix_rt::spawn(server);
+        Receiver {
+            url: format!("http://{addr}/hook"),
+            got,
+            fail_next,
+            handle,
+        }
+    }
+
+    fn fail_next(&self, n: usize) {
+        self.fail_next.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn all(&self) -> Vec<Received> {
+        self.got.lock().unwrap().clone()
+    }
+
+    /// The delivered (answered 2xx) notifications once there are `n`, waiting up to a minute.
+    async fn delivered(&self, n: usize) -> Vec<Received> {
+        for _ in 0..600 {
+            let delivered: Vec<Received> =
+                self.all().into_iter().filter(|r| r.status == 200).collect();
+            if delivered.len() >= n {
+                return delivered;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("fewer than {n} notifications delivered: {:?}", self.all());
+    }
+
+    async fn stop(self) {
+        self.handle.stop(false).await;
+    }
+}
+
+fn allow_loopback_with_fast_retries(c: &mut colloquy::config::Config) {
+    c.push.allow_private_networks = true;
+    c.push.retry_base_ms = 50;
+    c.push.retry_max_ms = 200;
+}
+
+fn send_with_hook(version: &str, text: &str, task_id: Option<&str>, hook: &str) -> Value {
+    let configuration = if version == V1 {
+        json!({"taskPushNotificationConfig": {
+            "url": hook,
+            "token": "receiver-token",
+            "authentication": {"scheme": "Bearer", "credentials": "hook-secret"},
+        }})
+    } else {
+        json!({"pushNotificationConfig": {"url": hook, "token": "receiver-token"}})
+    };
+    json!({
+        "message": user_message(version, text, None, task_id),
+        "configuration": configuration,
+    })
+}
+
+#[actix_rt::test]
+async fn every_state_change_of_a_multi_turn_task_is_delivered_in_order_with_the_token() {
+    let receiver = Receiver::start(503, None).await;
+    let server = start_scripted(allow_loopback_with_fast_retries).await;
+    let asked = server
+        .rpc(
+            V1,
+            "SendMessage",
+            send_with_hook(V1, "ask: which room?", None, &receiver.url),
+        )
+        .await;
+    let task_id = task_of(&asked)["id"].as_str().expect("a task").to_owned();
+    assert_eq!(
+        task_of(&asked)["status"]["state"],
+        json!("TASK_STATE_INPUT_REQUIRED")
+    );
+    let answered = server
+        .send_text(V1, "room four", None, Some(&task_id))
+        .await;
+    assert_eq!(
+        task_of(&answered)["status"]["state"],
+        json!("TASK_STATE_COMPLETED")
+    );
+
+    let delivered = receiver.delivered(4).await;
+    let states: Vec<String> = delivered.iter().map(Received::state).collect();
+    assert_eq!(
+        states,
+        [
+            "TASK_STATE_WORKING",
+            "TASK_STATE_INPUT_REQUIRED",
+            "TASK_STATE_WORKING",
+            "TASK_STATE_COMPLETED"
+        ]
+    );
+    let ids: std::collections::HashSet<&str> = delivered.iter().map(Received::id).collect();
+    assert_eq!(ids.len(), 4, "each notification has its own id");
+    for notification in &delivered {
+        assert_eq!(
+            notification.header("x-a2a-notification-token"),
+            Some("receiver-token")
+        );
+        assert_eq!(
+            notification.header("authorization"),
+            Some("Bearer hook-secret")
+        );
+        assert_eq!(
+            notification.header("content-type"),
+            Some("application/json")
+        );
+        assert_eq!(notification.body["task"]["id"], json!(task_id));
+    }
+    // The last one carries the task's reply.
+    assert!(
+        delivered[3].body["task"]["artifacts"].is_array(),
+        "{:?}",
+        delivered[3].body
+    );
+
+    // v0.3 configs get the v0.3 Task.
+    let sent = server
+        .rpc(
+            V03,
+            "message/send",
+            send_with_hook(V03, "hello", None, &receiver.url),
+        )
+        .await;
+    let task_id = task_of(&sent)["id"].as_str().unwrap().to_owned();
+    let delivered = receiver.delivered(6).await;
+    assert_eq!(delivered[4].body["kind"], json!("task"));
+    assert_eq!(delivered[4].body["id"], json!(task_id));
+    assert_eq!(delivered[4].state(), "working");
+    assert_eq!(delivered[5].state(), "completed");
+    assert_v03_valid("Task", &delivered[5].body);
+    server.stop().await;
+    receiver.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_receiver_that_fails_for_a_while_gets_everything_in_order_with_stable_ids() {
+    let receiver = Receiver::start(503, None).await;
+    receiver.fail_next(4);
+    let server = start_echo_with(allow_loopback_with_fast_retries).await;
+    let sent = server
+        .rpc(
+            V1,
+            "SendMessage",
+            send_with_hook(V1, "hello", None, &receiver.url),
+        )
+        .await;
+    assert_eq!(
+        task_of(&sent)["status"]["state"],
+        json!("TASK_STATE_COMPLETED"),
+        "a turn never waits for its webhook"
+    );
+    let delivered = receiver.delivered(2).await;
+    let states: Vec<String> = delivered.iter().map(Received::state).collect();
+    assert_eq!(states, ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]);
+    let all = receiver.all();
+    assert_eq!(all.len(), 6, "four failures, then two deliveries: {all:?}");
+    for failed in &all[..4] {
+        assert_eq!(failed.status, 503);
+        assert_eq!(
+            failed.id(),
+            delivered[0].id(),
+            "a retry is the same notification"
+        );
+    }
+    server.stop().await;
+    receiver.stop().await;
+}
+
+#[actix_rt::test]
+async fn retry_after_is_honoured() {
+    let receiver = Receiver::start(429, Some("1")).await;
+    receiver.fail_next(1);
+    let server = start_echo_with(allow_loopback_with_fast_retries).await;
+    server
+        .rpc(
+            V1,
+            "SendMessage",
+            send_with_hook(V1, "hello", None, &receiver.url),
+        )
+        .await;
+    let started = std::time::Instant::now();
+    receiver.delivered(1).await;
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(900),
+        "retried after {:?}, before the receiver's Retry-After of 1 s",
+        started.elapsed()
+    );
+    server.stop().await;
+    receiver.stop().await;
+}
+
+#[actix_rt::test]
+async fn undelivered_notifications_are_delivered_after_a_restart() {
+    let receiver = Receiver::start(503, None).await;
+    receiver.fail_next(usize::MAX);
+    let server = start_echo_with(allow_loopback_with_fast_retries).await;
+    server
+        .rpc(
+            V1,
+            "SendMessage",
+            send_with_hook(V1, "hello", None, &receiver.url),
+        )
+        .await;
+    // Both notifications were tried (and refused) before the stop.
+    for _ in 0..300 {
+        if receiver.all().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let tried_before: Vec<String> = receiver.all().iter().map(|r| r.id().to_owned()).collect();
+    let dir = server.stop().await;
+    receiver.fail_next(0);
+    let server = start_in(
+        dir,
+        Arc::new(colloquy::agent::EchoAgent::default()),
+        allow_loopback_with_fast_retries,
+    )
+    .await;
+    let delivered = receiver.delivered(2).await;
+    let states: Vec<String> = delivered.iter().map(Received::state).collect();
+    assert_eq!(states, ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]);
+    assert!(
+        tried_before.contains(&delivered[0].id().to_owned()),
+        "the same notification, resumed"
+    );
+    server.stop().await;
+    receiver.stop().await;
+}
+
+async fn start_echo_with(tweak: impl FnOnce(&mut colloquy::config::Config)) -> TestServer {
+    start_with(Arc::new(colloquy::agent::EchoAgent::default()), tweak).await
+}
+
+/// A sample's value in the server's `/metrics` text (0 when absent).
+async fn metric(server: &TestServer, name: &str) -> f64 {
+    let text = server
+        .client
+        .get(format!("{}metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+#[actix_rt::test]
+async fn a_notification_never_accepted_is_given_up_with_a_metric() {
+    if rerun_alone("push::a_notification_never_accepted_is_given_up_with_a_metric") {
+        return;
+    }
+    let receiver = Receiver::start(500, None).await;
+    receiver.fail_next(usize::MAX);
+    let server = start_echo_with(|c| {
+        allow_loopback_with_fast_retries(c);
+        c.push.give_up_after_secs = 1;
+    })
+    .await;
+    server
+        .rpc(
+            V1,
+            "SendMessage",
+            send_with_hook(V1, "hello", None, &receiver.url),
+        )
+        .await;
+    let mut given_up = 0.0;
+    for _ in 0..200 {
+        given_up = metric(&server, "colloquy_push_given_up_total").await;
+        if given_up >= 2.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(given_up, 2.0, "both notifications given up");
+    assert!(metric(&server, "colloquy_push_retried_total").await >= 2.0);
+    assert!(metric(&server, "colloquy_push_failed_total").await >= 4.0);
+    assert_eq!(metric(&server, "colloquy_push_sent_total").await, 0.0);
+    let tried = receiver.all().len();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        receiver.all().len(),
+        tried,
+        "nothing is tried once given up"
+    );
+    server.stop().await;
+    receiver.stop().await;
+}

@@ -45,6 +45,8 @@ pub struct EmbeddedStore {
     records: Records,
     writer: Arc<GroupCommit>,
     live: Arc<LiveTurns>,
+    /// Told when a status change (and so perhaps a notification) is durable (`push.rs`).
+    outbox: Arc<tokio::sync::Notify>,
 }
 
 impl EmbeddedStore {
@@ -72,6 +74,7 @@ impl EmbeddedStore {
             writer: Arc::new(GroupCommit::start(backend.clone())?),
             records: Records::new(backend),
             live: Arc::new(LiveTurns::default()),
+            outbox: Arc::new(tokio::sync::Notify::new()),
         })
     }
 
@@ -129,6 +132,21 @@ impl EmbeddedStore {
         })
     }
 
+    /// A write that changes a task's status, and so may add notifications to the outbox: wakes
+    /// the delivery worker once it is durable.
+    fn status_write<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Records, &LiveTurns) -> StoreResult<T> + Send + 'static,
+    ) -> BoxFuture<'static, StoreResult<T>> {
+        let written = self.write(op);
+        let outbox = self.outbox.clone();
+        Box::pin(async move {
+            let result = written.await;
+            outbox.notify_one();
+            result
+        })
+    }
+
     /// Runs a read on a blocking thread (it may touch the disk).
     fn read<T: Send + 'static>(
         &self,
@@ -145,7 +163,7 @@ impl EmbeddedStore {
 
 impl ConversationStore for EmbeddedStore {
     fn begin_turn(&self, turn: BeginTurn) -> BoxFuture<'static, StoreResult<TurnBegun>> {
-        self.write(move |records, live| ops::begin(records, live, turn))
+        self.status_write(move |records, live| ops::begin(records, live, turn))
     }
 
     fn record_status(
@@ -154,11 +172,11 @@ impl ConversationStore for EmbeddedStore {
         status: TaskStatus,
     ) -> BoxFuture<'static, StoreResult<()>> {
         let lease = lease.clone();
-        self.write(move |records, live| ops::record_status(records, live, &lease, status))
+        self.status_write(move |records, live| ops::record_status(records, live, &lease, status))
     }
 
     fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>> {
-        self.write(move |records, live| ops::finish(records, live, end))
+        self.status_write(move |records, live| ops::finish(records, live, end))
     }
 
     fn cancel_waiting(
@@ -167,7 +185,9 @@ impl ConversationStore for EmbeddedStore {
         task_id: &str,
     ) -> BoxFuture<'static, StoreResult<Task>> {
         let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
-        self.write(move |records, live| ops::cancel_waiting(records, live, &principal, &task_id))
+        self.status_write(move |records, live| {
+            ops::cancel_waiting(records, live, &principal, &task_id)
+        })
     }
 
     fn fail_interrupted_turns(&self) -> BoxFuture<'static, StoreResult<usize>> {
@@ -178,7 +198,7 @@ impl ConversationStore for EmbeddedStore {
             if running.is_empty() {
                 return Ok(0);
             }
-            this.write(ops::fail_interrupted).await
+            this.status_write(ops::fail_interrupted).await
         })
     }
 

@@ -342,4 +342,8 @@ impl PushStore for EmbeddedStore {
     fn give_up_notification(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>> {
         self.write(move |records, _| remove_notification(records, seq))
     }
+
+    fn outbox_waker(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.outbox.clone()
+    }
 }
