@@ -789,3 +789,36 @@ async fn a_notification_never_accepted_is_given_up_with_a_metric() {
     server.stop().await;
     receiver.stop().await;
 }
+
+#[actix_rt::test]
+async fn delivery_checks_the_address_again_after_resolving_the_name() {
+    if rerun_alone("push::delivery_checks_the_address_again_after_resolving_the_name") {
+        return;
+    }
+    // Registered while loopback was allowed; nothing listens there, so it stays pending.
+    let hook = format!("https://localhost:{}/hook", free_port());
+    let server = start_echo_with(allow_loopback_with_fast_retries).await;
+    server
+        .rpc(V1, "SendMessage", send_with_hook(V1, "hello", None, &hook))
+        .await;
+    assert_eq!(metric(&server, "colloquy_push_given_up_total").await, 0.0);
+    let dir = server.stop().await;
+    // Restarted without the allowance: the name resolves to loopback, so both are given up
+    // without a connection.
+    let server = start_in(dir, Arc::new(colloquy::agent::EchoAgent::default()), |c| {
+        c.push.retry_base_ms = 50;
+        c.push.retry_max_ms = 200;
+    })
+    .await;
+    let mut given_up = 0.0;
+    for _ in 0..200 {
+        given_up = metric(&server, "colloquy_push_given_up_total").await;
+        if given_up >= 2.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(given_up, 2.0);
+    assert_eq!(metric(&server, "colloquy_push_sent_total").await, 0.0);
+    server.stop().await;
+}
