@@ -10,6 +10,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
 use crate::push::deliver::DeliveryOptions;
+use crate::push::sign::{DEFAULT_KEY_FILE, Signer};
 use crate::push::{PushConfigs, TargetPolicy};
 use crate::store::embedded::{EmbeddedStore, SledOptions};
 use crate::store::{SharedPushStore, SharedStore, StoreError};
@@ -37,10 +38,12 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let auth = load_auth(&config)?;
     let (store, push_store) = open_store_async(&config).await?;
     let push = push_configs(push_store.clone(), &config);
+    let signer = load_signer(&config).await?;
+    let push_jwks = signer.jwks();
     crate::push::deliver::start(
         push_store,
         Arc::new(target_policy(&config)),
-        None,
+        Some(signer),
         delivery_options(&config),
     )
     .map_err(StartError::Config)?;
@@ -62,6 +65,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         metrics,
         metrics_token,
         push,
+        push_jwks,
     };
     Ok(crate::http::serve(state)?)
 }
@@ -106,6 +110,20 @@ fn push_configs(store: SharedPushStore, config: &Config) -> PushConfigs {
         Arc::new(target_policy(config)),
         config.push.max_configs_per_task,
     )
+}
+
+/// The push signing key: configured, else generated on first start into the data folder.
+async fn load_signer(config: &Config) -> Result<Arc<Signer>, StartError> {
+    let path = config
+        .push
+        .signing_key_file
+        .clone()
+        .unwrap_or_else(|| config.data.join(DEFAULT_KEY_FILE));
+    actix_rt::task::spawn_blocking(move || Signer::load_or_generate(&path))
+        .await
+        .map_err(|e| StartError::Config(e.to_string()))?
+        .map(Arc::new)
+        .map_err(|e| StartError::Config(e.to_string()))
 }
 
 fn delivery_options(config: &Config) -> DeliveryOptions {

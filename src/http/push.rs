@@ -121,3 +121,10 @@ pub async fn send_config(
     let config = state.push.checked(config).await.map_err(push_error)?;
     Ok(vec![config])
 }
+
+/// `GET /.well-known/jwks.json`: the keys push notifications are signed with.
+pub async fn jwks(state: actix_web::web::Data<AppState>) -> actix_web::HttpResponse {
+    actix_web::HttpResponse::Ok()
+        .content_type("application/jwk-set+json")
+        .json(&state.push_jwks)
+}

@@ -5,6 +5,7 @@
 //! module only reads the outbox, so a turn never waits for a webhook.
 
 pub mod deliver;
+pub mod sign;
 pub mod target;
 
 use crate::model::PushConfig;

@@ -420,6 +420,7 @@ struct Receiver {
 struct Received {
     headers: std::collections::HashMap<String, String>,
     body: Value,
+    raw: Vec<u8>,
     /// What the receiver answered.
     status: u16,
 }
@@ -471,6 +472,7 @@ impl Receiver {
                         got.lock().unwrap().push(Received {
                             headers,
                             body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+                            raw: body.to_vec(),
                             status,
                         });
                         let mut response = HttpResponse::build(
@@ -821,4 +823,127 @@ async fn delivery_checks_the_address_again_after_resolving_the_name() {
     assert_eq!(given_up, 2.0);
     assert_eq!(metric(&server, "colloquy_push_sent_total").await, 0.0);
     server.stop().await;
+}
+
+/// Checks a notification's JWT against the keys the server's card points to: the signature,
+/// the body's digest, the notification id and the time.
+async fn assert_signed(server: &TestServer, notification: &Received) {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use sha2::Digest;
+    let card = server.card(&[]).await;
+    let extension = &card["capabilities"]["extensions"][0]["params"];
+    assert_eq!(extension["header"], json!("X-Colloquy-Signature"));
+    let jwks: Value = server
+        .client
+        .get(
+            extension["jwksUrl"]
+                .as_str()
+                .expect("the card names the JWKS"),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let jwt = notification
+        .header("x-colloquy-signature")
+        .expect("a signature");
+    let parts: Vec<&str> = jwt.split('.').collect();
+    assert_eq!(parts.len(), 3, "{jwt}");
+    let decode = |part: &str| URL_SAFE_NO_PAD.decode(part).expect("base64url");
+    let header: Value = serde_json::from_slice(&decode(parts[0])).unwrap();
+    assert_eq!(header["alg"], json!("ES256"));
+    let key = jwks["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kid"] == header["kid"])
+        .expect("the JWT's kid is in the JWKS");
+    let mut point = vec![4u8];
+    point.extend(decode(key["x"].as_str().unwrap()));
+    point.extend(decode(key["y"].as_str().unwrap()));
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_FIXED, &point)
+        .verify(
+            format!("{}.{}", parts[0], parts[1]).as_bytes(),
+            &decode(parts[2]),
+        )
+        .expect("the signature verifies against the served key");
+    let claims: Value = serde_json::from_slice(&decode(parts[1])).unwrap();
+    assert_eq!(
+        claims["request_body_sha256"],
+        json!(hex::encode(sha2::Sha256::digest(&notification.raw)))
+    );
+    assert_eq!(claims["jti"], json!(notification.id()));
+    let age = chrono::Utc::now().timestamp() - claims["iat"].as_i64().unwrap();
+    assert!((0..120).contains(&age), "iat {age} s ago");
+}
+
+#[actix_rt::test]
+async fn notifications_are_signed_with_the_key_the_card_points_to() {
+    let receiver = Receiver::start(503, None).await;
+    let server = start_echo_with(allow_loopback_with_fast_retries).await;
+    server
+        .rpc(
+            V1,
+            "SendMessage",
+            send_with_hook(V1, "hello", None, &receiver.url),
+        )
+        .await;
+    let delivered = receiver.delivered(2).await;
+    for notification in &delivered {
+        assert_signed(&server, notification).await;
+    }
+    // A body changed on the way no longer matches the signed digest.
+    let jwt = delivered[0].header("x-colloquy-signature").unwrap();
+    let claims = jwt.split('.').nth(1).unwrap();
+    let claims: Value = serde_json::from_slice(
+        &base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, claims).unwrap(),
+    )
+    .unwrap();
+    let mut tampered = delivered[0].raw.clone();
+    tampered.extend_from_slice(b" ");
+    assert_ne!(
+        claims["request_body_sha256"],
+        json!(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+            &tampered
+        )))
+    );
+
+    // The same key after a restart (kept in the data folder).
+    let jwks_before = server.card(&[]).await["capabilities"]["extensions"][0]["params"]["jwksUrl"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap();
+    let keys_before: Value = server
+        .client
+        .get(&jwks_before)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let dir = server.stop().await;
+    assert!(dir.path().join("push-signing-key.p8").exists());
+    let server = start_in(
+        dir,
+        Arc::new(colloquy::agent::EchoAgent::default()),
+        allow_loopback_with_fast_retries,
+    )
+    .await;
+    let jwks_url = format!("{}.well-known/jwks.json", server.url);
+    let keys_after: Value = server
+        .client
+        .get(&jwks_url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(keys_before, keys_after);
+    server.stop().await;
+    receiver.stop().await;
 }
