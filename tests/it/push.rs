@@ -947,3 +947,85 @@ async fn notifications_are_signed_with_the_key_the_card_points_to() {
     server.stop().await;
     receiver.stop().await;
 }
+
+#[actix_rt::test]
+async fn the_documented_receiver_example_verifies_a_real_notification() {
+    let script = include_str!("../interop/verify_notification.py");
+    let doc = include_str!("../../docs/push.md");
+    let example = doc
+        .split("```python\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("docs/push.md has a Python example");
+    assert!(
+        script.contains(example),
+        "tests/interop/verify_notification.py is not the documented example"
+    );
+
+    let receiver = Receiver::start(503, None).await;
+    let server = start_echo_with(allow_loopback_with_fast_retries).await;
+    server
+        .rpc(
+            V1,
+            "SendMessage",
+            send_with_hook(V1, "hello", None, &receiver.url),
+        )
+        .await;
+    let notification = receiver.delivered(1).await.remove(0);
+    let jwks: Value = server
+        .client
+        .get(format!("{}.well-known/jwks.json", server.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let (body, tampered, keys) = (
+        files.path().join("body"),
+        files.path().join("tampered"),
+        files.path().join("jwks.json"),
+    );
+    std::fs::write(&body, &notification.raw).unwrap();
+    std::fs::write(&tampered, [&notification.raw[..], b" "].concat()).unwrap();
+    std::fs::write(&keys, jwks.to_string()).unwrap();
+    let jwt = notification.header("x-colloquy-signature").unwrap();
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let (ok, output) = run_sdk_script(
+        "sdk1",
+        "verify_notification.py",
+        &[jwt, &path(&body), &path(&keys)],
+    )
+    .await;
+    assert!(ok, "{output}");
+    assert_eq!(output.trim(), format!("VERIFIED {}", notification.id()));
+    let (ok, output) = run_sdk_script(
+        "sdk1",
+        "verify_notification.py",
+        &[jwt, &path(&tampered), &path(&keys)],
+    )
+    .await;
+    assert!(!ok && output.starts_with("REFUSED"), "{output}");
+    server.stop().await;
+    receiver.stop().await;
+}
+
+async fn sdk_manages_configs(venv: &str, script: &str) {
+    let server = start_allowing_loopback().await;
+    let url = server.url.trim_end_matches('/').to_owned();
+    let (ok, output) = run_sdk_script(venv, script, &["--url", &url, "--hook", HOOK]).await;
+    println!("{output}");
+    assert!(ok && output.contains("INTEROP OK"), "{script}:\n{output}");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn the_sdk_1x_client_creates_reads_lists_and_deletes_configs() {
+    sdk_manages_configs("sdk1", "push1.py").await;
+}
+
+#[actix_rt::test]
+async fn the_sdk_03_client_sets_reads_lists_and_deletes_configs() {
+    sdk_manages_configs("sdk03", "push03.py").await;
+}
