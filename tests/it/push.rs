@@ -1029,3 +1029,56 @@ async fn the_sdk_1x_client_creates_reads_lists_and_deletes_configs() {
 async fn the_sdk_03_client_sets_reads_lists_and_deletes_configs() {
     sdk_manages_configs("sdk03", "push03.py").await;
 }
+
+#[actix_rt::test]
+async fn notifications_pending_at_a_sigkill_are_delivered_after_the_restart() {
+    let receiver = Receiver::start(503, None).await;
+    receiver.fail_next(usize::MAX);
+    let client = reqwest::Client::new();
+    let data = tempfile::tempdir().unwrap();
+    let log = data.path().join("server.log");
+    let store = data.path().join("store");
+    let env = [
+        ("COLLOQUY_PUSH__ALLOW_PRIVATE_NETWORKS", "true"),
+        ("COLLOQUY_PUSH__RETRY_BASE_MS", "50"),
+        ("COLLOQUY_PUSH__RETRY_MAX_MS", "200"),
+    ];
+    let mut server = crate::crash::start(&store, &log, &env, &client).await;
+    let mut task_ids = Vec::new();
+    for text in ["one", "two", "three"] {
+        let body = json!({"jsonrpc": "2.0", "id": next_id(), "method": "SendMessage",
+            "params": send_with_hook(V1, text, None, &receiver.url)});
+        let sent = post_rpc(&client, &server.url, V1, &body).await;
+        task_ids.push(task_of(&sent)["id"].as_str().expect("a task").to_owned());
+    }
+    // Every notification is in the outbox and being retried when the process dies.
+    for _ in 0..400 {
+        if receiver.all().len() >= 6 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    server.child.kill().expect("SIGKILL");
+    let _ = server.child.wait();
+    let tried_before = receiver.all().len();
+    assert!(
+        tried_before >= 3,
+        "attempts before the kill: {tried_before}"
+    );
+    receiver.fail_next(0);
+    let _server = crate::crash::start(&store, &log, &env, &client).await;
+    let delivered = receiver.delivered(6).await;
+    for task_id in &task_ids {
+        let states: Vec<String> = delivered
+            .iter()
+            .filter(|r| r.body["task"]["id"] == json!(task_id))
+            .map(Received::state)
+            .collect();
+        assert_eq!(
+            states,
+            ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"],
+            "task {task_id}"
+        );
+    }
+    receiver.stop().await;
+}
