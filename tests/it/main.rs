@@ -20,6 +20,7 @@ mod props_codec;
 mod props_history;
 mod props_namespace;
 mod push;
+mod push_store;
 mod send_cli;
 mod shutdown;
 mod store;

@@ -160,6 +160,14 @@ pub(super) fn enqueue_with(
     Ok(())
 }
 
+/// The keys of a task's configs (removed with its conversation).
+pub(super) fn config_keys(records: &Records, task_id: &str) -> StoreResult<Vec<Vec<u8>>> {
+    Ok(configs_of(records, task_id)?
+        .into_iter()
+        .map(|stored| config_key(task_id, &stored.config.id))
+        .collect())
+}
+
 /// The task's configs if it is the principal's; else not found.
 fn owned_configs(
     records: &Records,
@@ -298,7 +306,17 @@ impl PushStore for EmbeddedStore {
         &self,
         limit: usize,
     ) -> BoxFuture<'static, StoreResult<Vec<Notification>>> {
-        self.read(move |records| scan_prefix(records, &[OUTBOX], limit))
+        let read = self.read(move |records| scan_prefix(records, &[OUTBOX], limit));
+        let this = self.clone();
+        Box::pin(async move {
+            let pending = read.await?;
+            // What the read saw was applied, not necessarily durable: answer once a flush has
+            // followed it, so no notification goes out for a change a crash could still undo.
+            if !pending.is_empty() {
+                this.write(|_, _| Ok(())).await?;
+            }
+            Ok(pending)
+        })
     }
 
     fn pending_count(&self) -> BoxFuture<'static, StoreResult<usize>> {

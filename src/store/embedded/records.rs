@@ -10,6 +10,7 @@
 //! - `l` ++ principal key ++ !updated ms ++ conv key  -> empty (conversations, newest first)
 //! - `r` ++ task id                                  -> empty (tasks whose turn is running: read at
 //!   start to fail what a crash cut off, without scanning the tasks)
+//! - `n` (push configs) and `o` (the notification outbox): see `push.rs`
 
 use super::kv::{KvBackend, KvOp};
 use crate::model::{Message, Task, TaskState};
@@ -556,6 +557,8 @@ impl Records {
                 );
                 ops.push(KvOp::Delete(running_task_key(&task_id)));
                 ops.push(KvOp::Delete(task_key(&task_id)));
+                let configs = super::push::config_keys(self, &task_id)?;
+                ops.extend(configs.into_iter().map(KvOp::Delete));
             }
         }
         self.backend.apply(ops)
