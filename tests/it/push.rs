@@ -1082,3 +1082,49 @@ async fn notifications_pending_at_a_sigkill_are_delivered_after_the_restart() {
     }
     receiver.stop().await;
 }
+
+#[actix_rt::test]
+async fn configs_stored_before_a_restart_are_notified_after_it() {
+    let receiver = Receiver::start(503, None).await;
+    let server = start_scripted(allow_loopback_with_fast_retries).await;
+    let asked = server
+        .rpc(
+            V1,
+            "SendMessage",
+            send_with_hook(V1, "ask: which room?", None, &receiver.url),
+        )
+        .await;
+    let task_id = task_of(&asked)["id"].as_str().expect("a task").to_owned();
+    receiver.delivered(2).await;
+    let dir = server.stop().await;
+    let server = start_in(
+        dir,
+        Arc::new(ScriptedAgent),
+        allow_loopback_with_fast_retries,
+    )
+    .await;
+    let answered = server
+        .send_text(V1, "room four", None, Some(&task_id))
+        .await;
+    assert_eq!(
+        task_of(&answered)["status"]["state"],
+        json!("TASK_STATE_COMPLETED")
+    );
+    let states: Vec<String> = receiver
+        .delivered(4)
+        .await
+        .iter()
+        .map(Received::state)
+        .collect();
+    assert_eq!(
+        states,
+        [
+            "TASK_STATE_WORKING",
+            "TASK_STATE_INPUT_REQUIRED",
+            "TASK_STATE_WORKING",
+            "TASK_STATE_COMPLETED"
+        ]
+    );
+    server.stop().await;
+    receiver.stop().await;
+}

@@ -70,9 +70,11 @@ impl EmbeddedStore {
 
     /// The store over any ordered key-value backend, with its own store thread.
     pub fn over(backend: Arc<dyn KvBackend>) -> StoreResult<Self> {
+        let records = Records::new(backend);
+        push::note_stored_configs(&records)?;
         Ok(EmbeddedStore {
-            writer: Arc::new(GroupCommit::start(backend.clone())?),
-            records: Records::new(backend),
+            writer: Arc::new(GroupCommit::start(records.clone())?),
+            records,
             live: Arc::new(LiveTurns::default()),
             outbox: Arc::new(tokio::sync::Notify::new()),
         })

@@ -76,6 +76,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     record.task.artifacts.clear();
     batch.put_task(&keys, &record, previous.as_ref());
     super::push::put_with_start(
+        records,
         &turn.principal,
         &turn.push_configs,
         &turn.task_id,

@@ -86,7 +86,32 @@ fn scan_prefix<T: for<'de> Deserialize<'de>>(
 }
 
 fn configs_of(records: &Records, task_id: &str) -> StoreResult<Vec<StoredConfig>> {
+    if !records.push_configs_stored.load(Ordering::Relaxed) {
+        return Ok(Vec::new());
+    }
     scan_prefix(records, &config_prefix(task_id), usize::MAX)
+}
+
+/// Notes whether any config is stored (at open): a store that never had one skips the lookup
+/// of a task's configs at every status change.
+pub(super) fn note_stored_configs(records: &Records) -> StoreResult<()> {
+    let first = records
+        .backend()
+        .scan(Bound::Included(vec![CONFIG]), Bound::Unbounded, false)
+        .next()
+        .transpose()?;
+    let any = first.is_some_and(|(key, _)| key.first() == Some(&CONFIG));
+    records.push_configs_stored.store(any, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Adds a config write to `batch`; from now on status changes look for configs.
+fn put_stored(records: &Records, batch: &mut WriteBatch, stored: &StoredConfig) {
+    records.push_configs_stored.store(true, Ordering::Relaxed);
+    batch.put_raw(
+        config_key(&stored.config.task_id, &stored.config.id),
+        encode(stored),
+    );
 }
 
 /// Adds to `batch` one notification per config of the task, reporting its state as `record`
@@ -101,6 +126,7 @@ pub(super) fn enqueue(
 
 /// Stores the configs a send registers, in the batch that starts its task.
 pub(super) fn put_with_start(
+    records: &Records,
     principal: &str,
     configs: &[PushConfig],
     task_id: &str,
@@ -114,7 +140,7 @@ pub(super) fn put_with_start(
                 ..config.clone()
             },
         };
-        batch.put_raw(config_key(task_id, &config.id), encode(&stored));
+        put_stored(records, batch, &stored);
     }
 }
 
@@ -205,7 +231,7 @@ fn put_config(
         principal: principal.to_owned(),
         config: config.clone(),
     };
-    batch.put_raw(config_key(&config.task_id, &config.id), encode(&stored));
+    put_stored(records, &mut batch, &stored);
     records.apply(batch)?;
     Ok(config)
 }

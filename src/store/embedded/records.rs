@@ -247,11 +247,17 @@ pub struct TaskFilter {
 #[derive(Clone)]
 pub struct Records {
     backend: Arc<dyn KvBackend>,
+    /// Some push-notification config may be stored: until one is, a status change need not
+    /// look for its task's configs (`push.rs`).
+    pub(super) push_configs_stored: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Records {
     pub fn new(backend: Arc<dyn KvBackend>) -> Self {
-        Records { backend }
+        Records {
+            backend,
+            push_configs_stored: Arc::default(),
+        }
     }
 
     pub fn backend(&self) -> &Arc<dyn KvBackend> {
