@@ -510,11 +510,11 @@ impl Receiver {
         self.got.lock().unwrap().clone()
     }
 
-    /// The delivered (answered 2xx) notifications once there are `n`, waiting up to a minute.
+    /// The delivered (answered 2xx) notifications, each id once (delivery is at least once:
+    /// a receiver drops duplicates), once there are `n`, waiting up to a minute.
     async fn delivered(&self, n: usize) -> Vec<Received> {
         for _ in 0..600 {
-            let delivered: Vec<Received> =
-                self.all().into_iter().filter(|r| r.status == 200).collect();
+            let delivered = distinct(self.all().into_iter().filter(|r| r.status == 200).collect());
             if delivered.len() >= n {
                 return delivered;
             }
@@ -575,6 +575,7 @@ async fn every_state_change_of_a_multi_turn_task_is_delivered_in_order_with_the_
     );
 
     let delivered = receiver.delivered(4).await;
+    assert_eq!(receiver.all().len(), 4, "no duplicates while nothing fails");
     let states: Vec<String> = delivered.iter().map(Received::state).collect();
     assert_eq!(
         states,
@@ -713,6 +714,8 @@ async fn undelivered_notifications_are_delivered_after_a_restart() {
         allow_loopback_with_fast_retries,
     )
     .await;
+    // At least once: an attempt of the stopped server may have landed just as it let go of
+    // the store, and is sent again by the new one (`delivered` drops duplicates by id).
     let delivered = receiver.delivered(2).await;
     let states: Vec<String> = delivered.iter().map(Received::state).collect();
     assert_eq!(states, ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]);
@@ -1127,4 +1130,13 @@ async fn configs_stored_before_a_restart_are_notified_after_it() {
     );
     server.stop().await;
     receiver.stop().await;
+}
+
+/// The notifications in order, each id once (as a receiver dropping duplicates sees them).
+fn distinct(received: Vec<Received>) -> Vec<Received> {
+    let mut seen = std::collections::HashSet::new();
+    received
+        .into_iter()
+        .filter(|r| seen.insert(r.id().to_owned()))
+        .collect()
 }
