@@ -33,6 +33,9 @@ const REFUSED_TARGET: &str = "the webhook's address is not allowed by the push t
 const SCAN_LIMIT: usize = 10_000;
 /// How often the outbox is read when nothing wakes the worker.
 const IDLE_POLL: Duration = Duration::from_secs(1);
+/// The outbox is read at most this often: wake-ups and finished attempts in between are taken
+/// together (a read decodes up to [`SCAN_LIMIT`] notifications).
+const MIN_RESCAN: Duration = Duration::from_millis(10);
 
 #[derive(Debug, Clone)]
 pub struct DeliveryOptions {
@@ -111,6 +114,7 @@ impl Worker {
         let mut attempts: JoinSet<Lane> = JoinSet::new();
         let mut in_flight: HashSet<Lane> = HashSet::new();
         loop {
+            let scanned = tokio::time::Instant::now();
             let Some(store) = self.store.upgrade() else {
                 return;
             };
@@ -134,6 +138,12 @@ impl Worker {
                 }
                 _ = waker.notified() => {}
                 _ = tokio::time::sleep(wait) => {}
+            }
+            tokio::time::sleep_until(scanned + MIN_RESCAN).await;
+            while let Some(done) = attempts.try_join_next() {
+                if let Ok(lane) = done {
+                    in_flight.remove(&lane);
+                }
             }
         }
     }
