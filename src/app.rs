@@ -9,8 +9,11 @@ use crate::engine::MessageLimits;
 use crate::engine::{Engine, EngineConfig};
 use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
+use crate::push::deliver::DeliveryOptions;
+use crate::push::sign::{DEFAULT_KEY_FILE, Signer};
+use crate::push::{PushConfigs, TargetPolicy};
 use crate::store::embedded::{EmbeddedStore, SledOptions};
-use crate::store::{SharedStore, StoreError};
+use crate::store::{SharedPushStore, SharedStore, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +36,17 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let metrics = crate::telemetry::recorder();
     crate::telemetry::register_series(agent.kind());
     let auth = load_auth(&config)?;
-    let store = open_store_async(&config).await?;
+    let (store, push_store) = open_store_async(&config).await?;
+    let push = push_configs(push_store.clone(), &config);
+    let signer = load_signer(&config).await?;
+    let push_jwks = signer.jwks();
+    crate::push::deliver::start(
+        push_store,
+        Arc::new(target_policy(&config)),
+        Some(signer),
+        delivery_options(&config),
+    )
+    .map_err(StartError::Config)?;
     let engine = start_engine(store, agent, &config)
         .await
         .map_err(|error| StartError::Store {
@@ -51,6 +64,8 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         auth,
         metrics,
         metrics_token,
+        push,
+        push_jwks,
     };
     Ok(crate::http::serve(state)?)
 }
@@ -88,8 +103,50 @@ pub fn open_store(
     EmbeddedStore::open(data, &sled_options(config))
 }
 
-/// [`open_store`] on the configured data folder, off the async threads.
-async fn open_store_async(config: &Config) -> Result<SharedStore, StartError> {
+/// The push-notification config side over the store, with the configured policy and limits.
+fn push_configs(store: SharedPushStore, config: &Config) -> PushConfigs {
+    PushConfigs::new(
+        store,
+        Arc::new(target_policy(config)),
+        config.push.max_configs_per_task,
+    )
+}
+
+/// The push signing key: configured, else generated on first start into the data folder.
+async fn load_signer(config: &Config) -> Result<Arc<Signer>, StartError> {
+    let path = config
+        .push
+        .signing_key_file
+        .clone()
+        .unwrap_or_else(|| config.data.join(DEFAULT_KEY_FILE));
+    actix_rt::task::spawn_blocking(move || Signer::load_or_generate(&path))
+        .await
+        .map_err(|e| StartError::Config(e.to_string()))?
+        .map(Arc::new)
+        .map_err(|e| StartError::Config(e.to_string()))
+}
+
+fn delivery_options(config: &Config) -> DeliveryOptions {
+    let push = &config.push;
+    DeliveryOptions {
+        give_up_after: Duration::from_secs(push.give_up_after_secs),
+        attempt_timeout: Duration::from_millis(push.attempt_timeout_ms),
+        retry_base: Duration::from_millis(push.retry_base_ms),
+        retry_max: Duration::from_millis(push.retry_max_ms),
+        concurrency: push.concurrency,
+    }
+}
+
+fn target_policy(config: &Config) -> TargetPolicy {
+    TargetPolicy {
+        allow_private_networks: config.push.allow_private_networks,
+        allowed_hosts: config.push.allowed_hosts.clone(),
+    }
+}
+
+/// [`open_store`] on the configured data folder, off the async threads: the store, and its
+/// push-notification side.
+async fn open_store_async(config: &Config) -> Result<(SharedStore, SharedPushStore), StartError> {
     let failed = |error: String| StartError::Store {
         path: config.data.display().to_string(),
         error,
@@ -99,7 +156,10 @@ async fn open_store_async(config: &Config) -> Result<SharedStore, StartError> {
     actix_rt::task::spawn_blocking(move || open_store(&data, &store_config))
         .await
         .map_err(|e| failed(e.to_string()))?
-        .map(|store| Arc::new(store) as SharedStore)
+        .map(|store| {
+            let store = Arc::new(store);
+            (store.clone() as SharedStore, store as SharedPushStore)
+        })
         .map_err(|e| failed(e.to_string()))
 }
 

@@ -51,6 +51,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub shutdown: ShutdownConfig,
     pub auth: AuthConfig,
+    pub push: PushSettings,
     pub peers: BTreeMap<String, PeerConfig>,
 }
 
@@ -74,6 +75,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             shutdown: ShutdownConfig::default(),
             auth: AuthConfig::default(),
+            push: PushSettings::default(),
             peers: BTreeMap::new(),
         }
     }
@@ -348,6 +350,48 @@ pub struct PeerConfig {
     pub token_env: Option<String>,
 }
 
+/// Push notifications: limits, where webhooks may point, retries and the signing key.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PushSettings {
+    /// Configs one task may have.
+    pub max_configs_per_task: usize,
+    /// Webhooks may point at loopback, private, link-local and other internal addresses (and
+    /// use http).
+    #[serde(deserialize_with = "flexible_bool")]
+    pub allow_private_networks: bool,
+    /// Host names (or address literals) allowed whatever they resolve to, over http too.
+    pub allowed_hosts: Vec<String>,
+    /// A notification not delivered this long after its change is given up.
+    pub give_up_after_secs: u64,
+    /// Time one delivery attempt may take (connect, send, response headers).
+    pub attempt_timeout_ms: u64,
+    /// First retry delay; doubles per attempt (with jitter) up to `retry_max_ms`.
+    pub retry_base_ms: u64,
+    pub retry_max_ms: u64,
+    /// Deliveries in flight at once.
+    pub concurrency: usize,
+    /// PKCS#8 (DER) ECDSA P-256 key notifications are signed with; default: generated on first
+    /// start into `data/push-signing-key.p8`.
+    pub signing_key_file: Option<PathBuf>,
+}
+
+impl Default for PushSettings {
+    fn default() -> Self {
+        PushSettings {
+            max_configs_per_task: 10,
+            allow_private_networks: false,
+            allowed_hosts: Vec::new(),
+            give_up_after_secs: 24 * 60 * 60,
+            attempt_timeout_ms: 10_000,
+            retry_base_ms: 1_000,
+            retry_max_ms: 5 * 60 * 1000,
+            concurrency: 64,
+            signing_key_file: None,
+        }
+    }
+}
+
 /// A boolean that also accepts the environment's usual spellings: `1`/`0`, `yes`/`no`.
 fn flexible_bool<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
     #[derive(Deserialize)]
@@ -454,6 +498,20 @@ impl Config {
         if self.limits.body_timeout_ms == 0 || self.limits.max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "limits.body_timeout_ms and limits.max_connections must be positive".into(),
+            ));
+        }
+        let push = &self.push;
+        if push.max_configs_per_task == 0
+            || push.attempt_timeout_ms == 0
+            || push.retry_base_ms == 0
+            || push.retry_max_ms < push.retry_base_ms
+            || push.concurrency == 0
+        {
+            return Err(ConfigError::Invalid(
+                "push.max_configs_per_task, push.attempt_timeout_ms, push.retry_base_ms and \
+                 push.concurrency must be positive, and push.retry_max_ms at least \
+                 push.retry_base_ms"
+                    .into(),
             ));
         }
         Ok(())

@@ -24,5 +24,6 @@ pub mod history;
 pub mod http;
 pub mod model;
 pub mod protocol;
+pub mod push;
 pub mod store;
 pub mod telemetry;

@@ -282,3 +282,27 @@ impl TaskView {
         artifacts: true,
     };
 }
+
+/// A webhook registered for a task's push notifications (either wire version's config).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushConfig {
+    pub id: String,
+    pub task_id: String,
+    pub url: String,
+    /// Sent back in `X-A2A-Notification-Token`.
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub authentication: Option<PushAuth>,
+    /// The wire version the config was registered with ("1.0" or "0.3"): notifications carry
+    /// the task as that version spells it.
+    pub wire_version: String,
+}
+
+/// How colloquy authenticates to a webhook: `Authorization: <scheme> <credentials>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushAuth {
+    pub schemes: Vec<String>,
+    #[serde(default)]
+    pub credentials: Option<String>,
+}

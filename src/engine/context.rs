@@ -25,6 +25,8 @@ pub struct StartTurn {
     pub message: Message,
     pub task_id: Option<String>,
     pub when: When,
+    /// Push-notification configs stored with the task's start.
+    pub push_configs: Vec<crate::model::PushConfig>,
 }
 
 /// When the sender of a [`StartTurn`] hears back.
@@ -151,6 +153,7 @@ impl ContextActor {
             message,
             task_id,
             continuing,
+            push_configs: start.push_configs,
             stop,
             when: match start.when {
                 When::Started { subscribe } => AnswerWhen::Started { subscribe },

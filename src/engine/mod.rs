@@ -150,7 +150,7 @@ impl Engine {
         message: ValidMessage,
         when: When,
     ) -> EngineResult<Answer> {
-        let mut message = message.into_inner();
+        let (mut message, push_configs) = message.into_parts();
         let context_id = match message.task_id.clone() {
             Some(task_id) => {
                 self.context_of_task(principal, &task_id, message.context_id.as_deref())
@@ -165,6 +165,7 @@ impl Engine {
             message,
             task_id,
             when,
+            push_configs,
         };
         self.directory
             .call(&key, principal, &context_id, start)

@@ -150,6 +150,7 @@ pub(super) struct TurnRequest {
     pub message: Message,
     pub task_id: String,
     pub continuing: bool,
+    pub push_configs: Vec<crate::model::PushConfig>,
     pub stop: oneshot::Receiver<StopReason>,
     pub when: AnswerWhen,
     pub answer: oneshot::Sender<EngineResult<Answer>>,
@@ -262,6 +263,7 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
         message,
         task_id,
         continuing,
+        push_configs,
         stop,
         when,
         answer,
@@ -275,6 +277,7 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
         task_id,
         continuing,
         history_limit: limits.limit,
+        push_configs,
     };
     let begun = match shared.store.begin_turn(begin).await {
         Ok(begun) => begun,

@@ -2,7 +2,7 @@
 //! code trusts its shape, sizes and ids without checking again.
 
 use super::error::{EngineError, EngineResult};
-use crate::model::{Message, PartContent, Role};
+use crate::model::{Message, PartContent, PushConfig, Role};
 
 /// What a message may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +26,7 @@ impl Default for MessageLimits {
 
 /// A caller's message that passed [`ValidMessage::check`].
 #[derive(Debug, Clone)]
-pub struct ValidMessage(Message);
+pub struct ValidMessage(Message, Vec<PushConfig>);
 
 impl ValidMessage {
     /// Checks sizes, ids, role and parts, in that order, naming the first field at fault.
@@ -75,7 +75,7 @@ impl ValidMessage {
         if let Some(context_id) = &message.context_id {
             check_context_id(context_id, limits)?;
         }
-        Ok(ValidMessage(message))
+        Ok(ValidMessage(message, Vec::new()))
     }
 
     pub fn get(&self) -> &Message {
@@ -84,6 +84,16 @@ impl ValidMessage {
 
     pub fn into_inner(self) -> Message {
         self.0
+    }
+
+    /// Push-notification configs the send registers for the task it starts, stored with it.
+    pub fn with_push_configs(mut self, configs: Vec<PushConfig>) -> Self {
+        self.1 = configs;
+        self
+    }
+
+    pub fn into_parts(self) -> (Message, Vec<PushConfig>) {
+        (self.0, self.1)
     }
 }
 

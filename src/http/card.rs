@@ -40,7 +40,11 @@ pub fn card(state: &AppState, url: &str) -> Value {
     card.insert("version".into(), json!(config.version));
     card.insert(
         "capabilities".into(),
-        json!({"streaming": true, "pushNotifications": false}),
+        json!({
+            "streaming": true,
+            "pushNotifications": true,
+            "extensions": [push_signature_extension(url)],
+        }),
     );
     card.insert("defaultInputModes".into(), json!(["text/plain"]));
     card.insert("defaultOutputModes".into(), json!(["text/plain"]));
@@ -69,4 +73,23 @@ pub fn card(state: &AppState, url: &str) -> Value {
 pub async fn agent_card(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let url = base_url(&state, &req);
     HttpResponse::Ok().json(card(&state, &url))
+}
+
+/// Where a receiver finds the keys push notifications are signed with (`docs/push.md`).
+fn push_signature_extension(url: &str) -> Value {
+    let jwks_url = format!(
+        "{}{}",
+        url.trim_end_matches('/'),
+        crate::push::sign::JWKS_PATH
+    );
+    json!({
+        "uri": "urn:colloquy:push-signature:v1",
+        "description": "Push notifications carry an ES256 JWT in the X-Colloquy-Signature header over the body's SHA-256; verify it with the keys at jwksUrl",
+        "required": false,
+        "params": {
+            "jwksUrl": jwks_url,
+            "header": crate::push::sign::SIGNATURE_HEADER,
+            "alg": "ES256",
+        },
+    })
 }

@@ -29,3 +29,17 @@ pub fn rpc_error(error: EngineError, version: WireVersion) -> RpcError {
         e @ (EngineError::Store(_) | EngineError::Internal(_)) => RpcError::Internal(e.to_string()),
     }
 }
+
+/// The JSON-RPC error for a refused push-notification config request.
+pub fn push_error(error: crate::push::ConfigError) -> RpcError {
+    use crate::push::ConfigError;
+    use crate::store::PushError;
+    match error {
+        ConfigError::Store(PushError::TaskNotFound(id)) => RpcError::TaskNotFound(id),
+        e @ ConfigError::Store(
+            PushError::ConfigNotFound { .. } | PushError::TooManyConfigs { .. },
+        ) => RpcError::InvalidParams(e.to_string()),
+        ConfigError::Store(PushError::Store(e)) => RpcError::Internal(e.to_string()),
+        e @ ConfigError::Target(_) => RpcError::InvalidParams(e.to_string()),
+    }
+}

@@ -43,7 +43,11 @@ pub async fn dispatch(
         Method::ListTasks => call.list_tasks().await.map(Reply::Json),
         Method::CancelTask => call.cancel_task().await.map(Reply::Json),
         Method::SubscribeToTask => call.subscribe().await.map(Reply::Stream),
-        Method::PushNotificationConfig => Err(RpcError::PushNotSupported),
+        Method::PushNotificationConfig => {
+            super::push::handle(state, version, principal, &request.method, &params)
+                .await
+                .map(Reply::Json)
+        }
         Method::GetExtendedAgentCard => Err(RpcError::ExtendedCardNotConfigured),
         Method::ListConversations => call.list_conversations().await.map(Reply::Json),
         Method::GetConversation => call.get_conversation().await.map(Reply::Json),
@@ -79,13 +83,13 @@ impl Call<'_> {
         }
     }
 
-    fn decode_send(&self) -> RpcResult<(ValidMessage, SendOptions)> {
+    async fn decode_send(&self) -> RpcResult<(ValidMessage, SendOptions)> {
         let message_value = self
             .params
             .get("message")
             .ok_or_else(|| field_error("message", "is required"))?;
         let message = codec::decode_message(self.version, message_value, "message")?;
-        let message = self
+        let mut message = self
             .state
             .engine
             .validate(message)
@@ -100,9 +104,16 @@ impl Call<'_> {
                 WireVersion::V1 => config.opt_bool("returnImmediately")?.unwrap_or(false),
                 WireVersion::V03 => !config.opt_bool("blocking")?.unwrap_or(true),
             };
-            if config.has("pushNotificationConfig") || config.has("taskPushNotificationConfig") {
-                return Err(RpcError::PushNotSupported);
-            }
+            let continued = message.get().task_id.clone();
+            let push = super::push::send_config(
+                self.state,
+                self.version,
+                self.principal,
+                &config,
+                continued.as_deref(),
+            )
+            .await?;
+            message = message.with_push_configs(push);
         }
         let ids = message.get();
         Self::record_ids(ids.context_id.as_deref(), ids.task_id.as_deref());
@@ -110,7 +121,7 @@ impl Call<'_> {
     }
 
     async fn send_message(&self) -> RpcResult<Value> {
-        let (message, options) = self.decode_send()?;
+        let (message, options) = self.decode_send().await?;
         let engine = &self.state.engine;
         let result = if options.return_immediately {
             let hub = engine.send(self.principal, message).await;
@@ -130,7 +141,7 @@ impl Call<'_> {
     }
 
     async fn send_streaming(&self) -> RpcResult<sse::EventStream> {
-        let (message, _) = self.decode_send()?;
+        let (message, _) = self.decode_send().await?;
         let (hub, subscription) = self
             .state
             .engine

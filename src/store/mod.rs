@@ -144,6 +144,9 @@ pub struct BeginTurn {
     pub continuing: bool,
     /// How many of the conversation's latest messages to return for the agent's history.
     pub history_limit: usize,
+    /// Push-notification configs of the task, stored with the start (their task id is set
+    /// here). A send registers one at most.
+    pub push_configs: Vec<crate::model::PushConfig>,
 }
 
 /// What a started turn knows.
@@ -292,4 +295,101 @@ impl ResponseBudget {
         self.taken += 1;
         true
     }
+}
+
+/// Why a push-notification config operation was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PushError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No such task for this principal (another principal's task is not found either).
+    #[error("task not found: {0}")]
+    TaskNotFound(String),
+    #[error("push notification config {config_id} not found for task {task_id}")]
+    ConfigNotFound { task_id: String, config_id: String },
+    #[error("task {task_id} already has {limit} push notification configs, the limit")]
+    TooManyConfigs { task_id: String, limit: usize },
+}
+
+/// A shared handle to the store's push-notification side.
+pub type SharedPushStore = Arc<dyn PushStore>;
+
+/// A notification waiting in the outbox: written in the same batch as the status change it
+/// reports, removed once delivered or given up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Notification {
+    /// Stable across retries and restarts: receivers drop duplicates by it.
+    pub id: String,
+    /// Outbox order (the order of the status changes).
+    pub seq: u64,
+    pub principal: String,
+    /// The config as it was when the change happened.
+    pub config: crate::model::PushConfig,
+    /// The task's state as of the change (without history).
+    pub task: Task,
+    pub created_at: DateTime<Utc>,
+    /// Attempts made so far.
+    #[serde(default)]
+    pub attempts: u32,
+    /// Not to be tried before.
+    pub not_before: DateTime<Utc>,
+}
+
+/// The push-notification side of a store: configs kept with their task, and the outbox the
+/// task-changing operations fill (in their own batches) and a delivery worker drains.
+pub trait PushStore: Send + Sync + 'static {
+    /// Stores (or replaces, same id) a config of the principal's task, refusing past
+    /// `max_per_task` configs.
+    fn put_push_config(
+        &self,
+        principal: &str,
+        config: crate::model::PushConfig,
+        max_per_task: usize,
+    ) -> BoxFuture<'static, Result<crate::model::PushConfig, PushError>>;
+
+    fn push_config(
+        &self,
+        principal: &str,
+        task_id: &str,
+        config_id: &str,
+    ) -> BoxFuture<'static, Result<crate::model::PushConfig, PushError>>;
+
+    /// The task's configs, oldest id order.
+    fn push_configs(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, Result<Vec<crate::model::PushConfig>, PushError>>;
+
+    fn delete_push_config(
+        &self,
+        principal: &str,
+        task_id: &str,
+        config_id: &str,
+    ) -> BoxFuture<'static, Result<(), PushError>>;
+
+    /// The first `limit` notifications of the outbox, in order (due or not).
+    fn pending_notifications(
+        &self,
+        limit: usize,
+    ) -> BoxFuture<'static, StoreResult<Vec<Notification>>>;
+
+    /// How many notifications the outbox holds.
+    fn pending_count(&self) -> BoxFuture<'static, StoreResult<usize>>;
+
+    /// Removes a delivered notification.
+    fn notification_delivered(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>>;
+
+    /// Stores the notification's new attempt count and next time.
+    fn reschedule_notification(
+        &self,
+        notification: Notification,
+    ) -> BoxFuture<'static, StoreResult<()>>;
+
+    /// Removes a notification that will not be delivered.
+    fn give_up_notification(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>>;
+
+    /// Notified once a write that may have added notifications is durable, so a worker need not
+    /// poll for them.
+    fn outbox_waker(&self) -> Arc<tokio::sync::Notify>;
 }

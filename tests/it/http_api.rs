@@ -472,7 +472,8 @@ async fn unsupported_methods_answer_their_codes_and_the_card_serves_both_version
     let push = server
         .rpc(V1, "CreateTaskPushNotificationConfig", json!({}))
         .await;
-    assert_eq!(push["error"]["code"], json!(-32003));
+    // Push notifications are served (tests/it/push.rs): a config without its fields is invalid.
+    assert_eq!(push["error"]["code"], json!(-32602));
     let push = checked(
         V03,
         "JSONRPCErrorResponse",
@@ -480,7 +481,7 @@ async fn unsupported_methods_answer_their_codes_and_the_card_serves_both_version
             .rpc(V03, "tasks/pushNotificationConfig/set", json!({}))
             .await,
     );
-    assert_eq!(push["error"]["code"], json!(-32003));
+    assert_eq!(push["error"]["code"], json!(-32602));
     let card = server.rpc(V1, "GetExtendedAgentCard", json!({})).await;
     assert_eq!(card["error"]["code"], json!(-32007));
 
@@ -498,7 +499,7 @@ async fn unsupported_methods_answer_their_codes_and_the_card_serves_both_version
         assert_eq!(card["supportedInterfaces"][0]["protocolVersion"], "1.0");
         assert_eq!(card["supportedInterfaces"][0]["protocolBinding"], "JSONRPC");
         assert_eq!(card["url"], json!(server.url));
-        assert_eq!(card["capabilities"]["pushNotifications"], json!(false));
+        assert_eq!(card["capabilities"]["pushNotifications"], json!(true));
     }
     let forwarded = server
         .card(&[

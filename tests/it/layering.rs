@@ -93,6 +93,11 @@ fn nothing_below_the_front_knows_http() {
 }
 
 #[test]
+fn push_delivery_knows_neither_engine_nor_http() {
+    assert_no_imports("push", &["engine", "http", "app", "config"]);
+}
+
+#[test]
 fn config_is_plain_settings() {
     assert_no_imports("config.rs", &["engine", "http", "agent", "app"]);
 }

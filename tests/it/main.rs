@@ -19,6 +19,8 @@ mod overload;
 mod props_codec;
 mod props_history;
 mod props_namespace;
+mod push;
+mod push_store;
 mod send_cli;
 mod shutdown;
 mod store;

@@ -50,6 +50,7 @@ pub fn begin_request(principal: &str, context_id: &str, text: &str) -> BeginTurn
         task_id,
         continuing: false,
         history_limit: 200,
+        push_configs: Vec::new(),
     }
 }
 

@@ -7,6 +7,7 @@
 
 mod kv;
 mod ops;
+mod push;
 mod records;
 mod sled_backend;
 mod wal;
@@ -44,6 +45,8 @@ pub struct EmbeddedStore {
     records: Records,
     writer: Arc<GroupCommit>,
     live: Arc<LiveTurns>,
+    /// Told when a status change (and so perhaps a notification) is durable (`push.rs`).
+    outbox: Arc<tokio::sync::Notify>,
 }
 
 impl EmbeddedStore {
@@ -67,10 +70,13 @@ impl EmbeddedStore {
 
     /// The store over any ordered key-value backend, with its own store thread.
     pub fn over(backend: Arc<dyn KvBackend>) -> StoreResult<Self> {
+        let records = Records::new(backend);
+        push::note_stored_configs(&records)?;
         Ok(EmbeddedStore {
-            writer: Arc::new(GroupCommit::start(backend.clone())?),
-            records: Records::new(backend),
+            writer: Arc::new(GroupCommit::start(records.clone())?),
+            records,
             live: Arc::new(LiveTurns::default()),
+            outbox: Arc::new(tokio::sync::Notify::new()),
         })
     }
 
@@ -128,6 +134,21 @@ impl EmbeddedStore {
         })
     }
 
+    /// A write that changes a task's status, and so may add notifications to the outbox: wakes
+    /// the delivery worker once it is durable.
+    fn status_write<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Records, &LiveTurns) -> StoreResult<T> + Send + 'static,
+    ) -> BoxFuture<'static, StoreResult<T>> {
+        let written = self.write(op);
+        let outbox = self.outbox.clone();
+        Box::pin(async move {
+            let result = written.await;
+            outbox.notify_one();
+            result
+        })
+    }
+
     /// Runs a read on a blocking thread (it may touch the disk).
     fn read<T: Send + 'static>(
         &self,
@@ -144,7 +165,7 @@ impl EmbeddedStore {
 
 impl ConversationStore for EmbeddedStore {
     fn begin_turn(&self, turn: BeginTurn) -> BoxFuture<'static, StoreResult<TurnBegun>> {
-        self.write(move |records, live| ops::begin(records, live, turn))
+        self.status_write(move |records, live| ops::begin(records, live, turn))
     }
 
     fn record_status(
@@ -153,11 +174,11 @@ impl ConversationStore for EmbeddedStore {
         status: TaskStatus,
     ) -> BoxFuture<'static, StoreResult<()>> {
         let lease = lease.clone();
-        self.write(move |records, live| ops::record_status(records, live, &lease, status))
+        self.status_write(move |records, live| ops::record_status(records, live, &lease, status))
     }
 
     fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>> {
-        self.write(move |records, live| ops::finish(records, live, end))
+        self.status_write(move |records, live| ops::finish(records, live, end))
     }
 
     fn cancel_waiting(
@@ -166,7 +187,9 @@ impl ConversationStore for EmbeddedStore {
         task_id: &str,
     ) -> BoxFuture<'static, StoreResult<Task>> {
         let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
-        self.write(move |records, live| ops::cancel_waiting(records, live, &principal, &task_id))
+        self.status_write(move |records, live| {
+            ops::cancel_waiting(records, live, &principal, &task_id)
+        })
     }
 
     fn fail_interrupted_turns(&self) -> BoxFuture<'static, StoreResult<usize>> {
@@ -177,7 +200,7 @@ impl ConversationStore for EmbeddedStore {
             if running.is_empty() {
                 return Ok(0);
             }
-            this.write(ops::fail_interrupted).await
+            this.status_write(ops::fail_interrupted).await
         })
     }
 

@@ -76,6 +76,20 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     record.task.artifacts.clear();
     record.reply_in = None;
     batch.put_task(&keys, &record, previous.as_ref());
+    super::push::put_with_start(
+        records,
+        &turn.principal,
+        &turn.push_configs,
+        &turn.task_id,
+        &mut batch,
+    );
+    super::push::enqueue_with(
+        records,
+        &mut batch,
+        &record,
+        &turn.principal,
+        &turn.push_configs,
+    )?;
     batch.put_conversation(&keys, &meta, stored.as_ref());
 
     let mut task = record.task.clone();
@@ -144,6 +158,7 @@ pub fn record_status(
     record.task.status = status;
     let mut batch = WriteBatch::new();
     batch.put_task(&keys, &record, Some(&previous));
+    super::push::enqueue(records, &mut batch, &record)?;
     records.apply(batch)
 }
 
@@ -164,6 +179,7 @@ pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResu
         meta.next_seq += 1;
     }
     batch.put_task(&keys, &record, Some(&previous));
+    super::push::enqueue(records, &mut batch, &record)?;
     meta.running_task = None;
     meta.updated_at = crate::model::now();
     if end.agent_state.is_some() {
@@ -212,6 +228,7 @@ pub fn cancel_waiting(
     );
     let mut batch = WriteBatch::new();
     batch.put_task(&keys, &record, Some(&previous));
+    super::push::enqueue(records, &mut batch, &record)?;
     records.apply(batch)?;
     let mut task = record.task;
     task.history = records.messages(&key, &record.history_seqs)?;
@@ -242,6 +259,7 @@ fn fail_interrupted_task(
     );
     let keys = Keys::new(&record.principal, &record.task.context_id);
     batch.put_task(&keys, &record, Some(&previous));
+    super::push::enqueue(records, batch, &record)?;
     Ok(true)
 }
 

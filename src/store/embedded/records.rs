@@ -10,6 +10,7 @@
 //! - `l` ++ principal key ++ !updated ms ++ conv key  -> empty (conversations, newest first)
 //! - `r` ++ task id                                  -> empty (tasks whose turn is running: read at
 //!   start to fail what a crash cut off, without scanning the tasks)
+//! - `n` (push configs) and `o` (the notification outbox): see `push.rs`
 
 use super::kv::{KvBackend, KvOp};
 use crate::model::{Message, Task, TaskState};
@@ -222,7 +223,7 @@ const BINARY_RECORD: [u8; 2] = [0xC1, 1];
 /// A record as stored: MessagePack with field names (so optional fields may be left out and
 /// added), after [`BINARY_RECORD`]. About half the bytes of JSON and cheaper to read and write;
 /// JSON stays on the wire.
-fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+pub(super) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     let mut bytes = BINARY_RECORD.to_vec();
     // Writing our own plain data types into a Vec cannot fail.
     let _ = rmp_serde::encode::write_named(&mut bytes, value);
@@ -231,7 +232,7 @@ fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 
 /// Reads a record in the binary encoding, or in JSON as stores before it wrote them (a store
 /// keeps both readable; every record rewritten is binary).
-fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> StoreResult<T> {
+pub(super) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> StoreResult<T> {
     let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt(e.to_string());
     match bytes {
         [0xC1, 1, body @ ..] => rmp_serde::from_slice(body).map_err(|e| corrupt(&e)),
@@ -273,6 +274,15 @@ impl WriteBatch {
     pub fn append_message(&mut self, key: &ConversationKey, seq: u64, message: &Message) {
         self.ops
             .push(KvOp::Put(message_key(key, seq), encode(message)));
+    }
+
+    /// A write of a record kept beside these (the push side's, `push.rs`).
+    pub(super) fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.ops.push(KvOp::Put(key, value));
+    }
+
+    pub(super) fn delete_raw(&mut self, key: Vec<u8>) {
+        self.ops.push(KvOp::Delete(key));
     }
 
     /// Drops a running-task index entry whose task is gone or no longer running.
@@ -317,11 +327,17 @@ pub struct TaskFilter {
 #[derive(Clone)]
 pub struct Records {
     backend: Arc<dyn KvBackend>,
+    /// Some push-notification config may be stored: until one is, a status change need not
+    /// look for its task's configs (`push.rs`).
+    pub(super) push_configs_stored: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Records {
     pub fn new(backend: Arc<dyn KvBackend>) -> Self {
-        Records { backend }
+        Records {
+            backend,
+            push_configs_stored: Arc::default(),
+        }
     }
 
     pub fn backend(&self) -> &Arc<dyn KvBackend> {
@@ -639,6 +655,8 @@ impl Records {
                 );
                 ops.push(KvOp::Delete(running_task_key(&task_id)));
                 ops.push(KvOp::Delete(task_key(&task_id)));
+                let configs = super::push::config_keys(self, &task_id)?;
+                ops.extend(configs.into_iter().map(KvOp::Delete));
             }
         }
         self.backend.apply(ops)

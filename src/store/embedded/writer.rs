@@ -7,10 +7,8 @@
 //! answer means on disk; concurrent writers share flushes, and a write plus its flush costs one
 //! hand-off to this thread and one back.
 
-use super::kv::KvBackend;
 use super::records::Records;
 use crate::store::{StoreError, StoreResult};
-use std::sync::Arc;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -28,11 +26,11 @@ pub(super) struct GroupCommit {
 }
 
 impl GroupCommit {
-    pub(super) fn start(backend: Arc<dyn KvBackend>) -> StoreResult<Self> {
+    pub(super) fn start(records: Records) -> StoreResult<Self> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let worker = std::thread::Builder::new()
             .name("colloquy-store".into())
-            .spawn(move || run(backend, queue))
+            .spawn(move || run(records, queue))
             .map_err(|e| StoreError::Backend(format!("cannot start the store thread: {e}")))?;
         Ok(GroupCommit {
             jobs: Some(jobs),
@@ -58,8 +56,8 @@ impl Drop for GroupCommit {
     }
 }
 
-fn run(backend: Arc<dyn KvBackend>, queue: mpsc::Receiver<Job>) {
-    let store = Records::new(backend.clone());
+fn run(store: Records, queue: mpsc::Receiver<Job>) {
+    let backend = store.backend().clone();
     while let Ok(first) = queue.recv() {
         let mut completions = vec![first(&store)];
         while completions.len() < MAX_JOBS_PER_FLUSH {

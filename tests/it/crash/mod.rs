@@ -32,9 +32,9 @@ const LARGE_TEXT_BYTES: usize = 150 * 1024;
 /// Acknowledged turns per conversation: (user text, reply text), in order.
 type Acked = BTreeMap<String, Vec<(String, String)>>;
 
-struct Server {
-    child: Child,
-    url: String,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) url: String,
 }
 
 impl Drop for Server {
@@ -44,7 +44,13 @@ impl Drop for Server {
     }
 }
 
-async fn start(data: &Path, log: &Path, env: &[(&str, &str)], client: &reqwest::Client) -> Server {
+/// A `colloquy serve` child process on `data`, once ready (also used by `push.rs`).
+pub(crate) async fn start(
+    data: &Path,
+    log: &Path,
+    env: &[(&str, &str)],
+    client: &reqwest::Client,
+) -> Server {
     let mut last_error = String::new();
     for _attempt in 0..3 {
         let port = free_port();

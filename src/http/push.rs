@@ -1,0 +1,130 @@
+//! The push-notification config methods, both versions: v1.0 `Create/Get/List/Delete
+//! TaskPushNotificationConfig(s)`, v0.3 `tasks/pushNotificationConfig/{set,get,list,delete}`.
+//! Configs belong to the task's principal; credentials are never answered back.
+
+use super::errors::push_error;
+use super::state::AppState;
+use crate::model::PushConfig;
+use crate::protocol::fields::Obj;
+use crate::protocol::push::{decode_config, decode_send_config, encode_config};
+use crate::protocol::{RpcError, WireVersion};
+use serde_json::{Value, json};
+
+enum Action {
+    Create,
+    Get,
+    List,
+    Delete,
+}
+
+fn action(method: &str) -> Option<Action> {
+    match method {
+        "CreateTaskPushNotificationConfig" | "tasks/pushNotificationConfig/set" => {
+            Some(Action::Create)
+        }
+        "GetTaskPushNotificationConfig" | "tasks/pushNotificationConfig/get" => Some(Action::Get),
+        "ListTaskPushNotificationConfigs" | "tasks/pushNotificationConfig/list" => {
+            Some(Action::List)
+        }
+        "DeleteTaskPushNotificationConfig" | "tasks/pushNotificationConfig/delete" => {
+            Some(Action::Delete)
+        }
+        _ => None,
+    }
+}
+
+/// Answers one of the push-notification config methods (`method` as the request spelled it).
+pub async fn handle(
+    state: &AppState,
+    version: WireVersion,
+    principal: &str,
+    method: &str,
+    params: &Obj<'_>,
+) -> Result<Value, RpcError> {
+    let configs = &state.push;
+    let action = action(method).ok_or_else(|| RpcError::MethodNotFound(method.to_owned()))?;
+    // v1.0 names the task `taskId` and the config `id`; v0.3 the task `id` and the config
+    // `pushNotificationConfigId` (except in set, whose params are a config).
+    let (task_field, config_field) = match version {
+        WireVersion::V1 => ("taskId", "id"),
+        WireVersion::V03 => ("id", "pushNotificationConfigId"),
+    };
+    match action {
+        Action::Create => {
+            let mut config = decode_config(version, params)?;
+            config.task_id = params.str("taskId")?.to_owned();
+            let config = configs
+                .create(principal, config)
+                .await
+                .map_err(push_error)?;
+            Ok(encode_config(version, &config))
+        }
+        Action::Get => {
+            let task_id = params.str(task_field)?;
+            let config_id = match version {
+                WireVersion::V1 => Some(params.str(config_field)?),
+                WireVersion::V03 => params.opt_str(config_field)?,
+            };
+            let config = configs
+                .get(principal, task_id, config_id)
+                .await
+                .map_err(push_error)?;
+            Ok(encode_config(version, &config))
+        }
+        Action::List => {
+            let task_id = params.str(task_field)?;
+            let list = configs.list(principal, task_id).await.map_err(push_error)?;
+            let encoded: Vec<Value> = list.iter().map(|c| encode_config(version, c)).collect();
+            Ok(match version {
+                WireVersion::V1 => json!({"configs": encoded, "nextPageToken": ""}),
+                WireVersion::V03 => Value::Array(encoded),
+            })
+        }
+        Action::Delete => {
+            let task_id = params.str(task_field)?;
+            let config_id = params.str(config_field)?;
+            configs
+                .delete(principal, task_id, config_id)
+                .await
+                .map_err(push_error)?;
+            Ok(match version {
+                WireVersion::V1 => json!({}),
+                WireVersion::V03 => Value::Null,
+            })
+        }
+    }
+}
+
+/// The config a send carries (`configuration.taskPushNotificationConfig` in v1.0,
+/// `configuration.pushNotificationConfig` in v0.3), checked. A send that continues a task
+/// registers it at once (with the limit and ownership checks of Create); one that starts a task
+/// hands it to the engine, which stores it with the task's start.
+pub async fn send_config(
+    state: &AppState,
+    version: WireVersion,
+    principal: &str,
+    configuration: &Obj<'_>,
+    continued_task: Option<&str>,
+) -> Result<Vec<PushConfig>, RpcError> {
+    let Some(mut config) = decode_send_config(version, configuration)? else {
+        return Ok(Vec::new());
+    };
+    if let Some(task_id) = continued_task {
+        config.task_id = task_id.to_owned();
+        state
+            .push
+            .create(principal, config)
+            .await
+            .map_err(push_error)?;
+        return Ok(Vec::new());
+    }
+    let config = state.push.checked(config).await.map_err(push_error)?;
+    Ok(vec![config])
+}
+
+/// `GET /.well-known/jwks.json`: the keys push notifications are signed with.
+pub async fn jwks(state: actix_web::web::Data<AppState>) -> actix_web::HttpResponse {
+    actix_web::HttpResponse::Ok()
+        .content_type("application/jwk-set+json")
+        .json(&state.push_jwks)
+}

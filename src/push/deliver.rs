@@ -1,0 +1,367 @@
+//! The delivery worker: drains the store's outbox, POSTing each notification to its webhook.
+//!
+//! At least once, in order per (task, URL): only the oldest notification of each lane is in
+//! flight, and the next one waits until it is delivered or given up. Failures that may pass
+//! (connection errors, timeouts, 408, 429, 5xx) are retried with exponential backoff and jitter
+//! (at least `Retry-After`), until `give_up_after` from the change; other answers, and targets
+//! the policy refuses, are given up at once. Every outcome is written to the store, so a restart
+//! resumes where this process stopped. The worker holds the store weakly: it ends when the
+//! store is dropped.
+
+use super::target::{CheckedResolver, TargetError, TargetPolicy};
+use crate::model::now;
+use crate::protocol::WireVersion;
+use crate::store::{Notification, PushStore};
+use chrono::{DateTime, Utc};
+use rand::Rng;
+use reqwest::StatusCode;
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::task::JoinSet;
+
+/// The header carrying the config's token.
+pub const TOKEN_HEADER: &str = "X-A2A-Notification-Token";
+/// The header carrying the notification's stable id (receivers drop duplicates by it).
+pub const ID_HEADER: &str = "X-Colloquy-Notification-Id";
+
+/// Why a notification to a refused address is given up (the address itself stays out of logs).
+const REFUSED_TARGET: &str = "the webhook's address is not allowed by the push target policy";
+
+/// Notifications read from the outbox per pass.
+const SCAN_LIMIT: usize = 10_000;
+/// How often the outbox is read when nothing wakes the worker.
+const IDLE_POLL: Duration = Duration::from_secs(1);
+/// The outbox is read at most this often: wake-ups and finished attempts in between are taken
+/// together (a read decodes up to [`SCAN_LIMIT`] notifications).
+const MIN_RESCAN: Duration = Duration::from_millis(10);
+
+#[derive(Debug, Clone)]
+pub struct DeliveryOptions {
+    pub give_up_after: Duration,
+    pub attempt_timeout: Duration,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    pub concurrency: usize,
+}
+
+/// Signs a notification's body: the headers to add (`sign.rs`).
+pub trait SignBody: Send + Sync + 'static {
+    fn headers(&self, notification: &Notification, body: &[u8]) -> Vec<(&'static str, String)>;
+}
+
+/// What one attempt came to.
+enum Outcome {
+    Delivered,
+    /// Worth another try, not before the given delay (`Retry-After`) if any.
+    Retry {
+        why: String,
+        after: Option<Duration>,
+    },
+    /// Will never succeed.
+    Refused(String),
+}
+
+/// One notification's lane: its order is kept within it.
+type Lane = (String, String);
+
+fn lane(notification: &Notification) -> Lane {
+    (
+        notification.config.task_id.clone(),
+        notification.config.url.clone(),
+    )
+}
+
+struct Worker {
+    store: Weak<dyn PushStore>,
+    client: reqwest::Client,
+    policy: Arc<TargetPolicy>,
+    signer: Option<Arc<dyn SignBody>>,
+    options: DeliveryOptions,
+}
+
+/// Starts the worker on the current runtime.
+pub fn start(
+    store: Arc<dyn PushStore>,
+    policy: Arc<TargetPolicy>,
+    signer: Option<Arc<dyn SignBody>>,
+    options: DeliveryOptions,
+) -> Result<(), String> {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(Arc::new(CheckedResolver(policy.clone())))
+        .connect_timeout(options.attempt_timeout)
+        .timeout(options.attempt_timeout)
+        .user_agent(concat!("colloquy/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| format!("building the push delivery client: {e}"))?;
+    let waker = store.outbox_waker();
+    let worker = Arc::new(Worker {
+        store: Arc::downgrade(&store),
+        client,
+        policy,
+        signer,
+        options,
+    });
+    tokio::spawn(worker.run(waker));
+    Ok(())
+}
+
+impl Worker {
+    async fn run(self: Arc<Self>, waker: Arc<tokio::sync::Notify>) {
+        let mut attempts: JoinSet<Lane> = JoinSet::new();
+        let mut in_flight: HashSet<Lane> = HashSet::new();
+        loop {
+            let scanned = tokio::time::Instant::now();
+            let Some(store) = self.store.upgrade() else {
+                return;
+            };
+            let pending = store.pending_notifications(SCAN_LIMIT).await;
+            drop(store);
+            let mut wait = IDLE_POLL;
+            match pending {
+                Ok(pending) => {
+                    metrics::gauge!("colloquy_push_pending").set(pending.len() as f64);
+                    if let Some(due_in) = self.start_due(pending, &mut attempts, &mut in_flight) {
+                        wait = wait.min(due_in);
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "reading the push-notification outbox"),
+            }
+            tokio::select! {
+                Some(done) = attempts.join_next(), if !attempts.is_empty() => {
+                    if let Ok(lane) = done {
+                        in_flight.remove(&lane);
+                    }
+                }
+                _ = waker.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+            tokio::time::sleep_until(scanned + MIN_RESCAN).await;
+            while let Some(done) = attempts.try_join_next() {
+                if let Ok(lane) = done {
+                    in_flight.remove(&lane);
+                }
+            }
+        }
+    }
+
+    /// Starts the head of every lane that is due and not in flight; returns how soon the next
+    /// one waiting falls due.
+    fn start_due(
+        self: &Arc<Self>,
+        pending: Vec<Notification>,
+        attempts: &mut JoinSet<Lane>,
+        in_flight: &mut HashSet<Lane>,
+    ) -> Option<Duration> {
+        let now = now();
+        let mut seen: HashSet<Lane> = HashSet::new();
+        let mut next_due: Option<Duration> = None;
+        for notification in pending {
+            let lane = lane(&notification);
+            if !seen.insert(lane.clone()) || in_flight.contains(&lane) {
+                continue;
+            }
+            if notification.not_before > now {
+                let due_in = (notification.not_before - now).to_std().unwrap_or_default();
+                next_due = Some(next_due.map_or(due_in, |d| d.min(due_in)));
+                continue;
+            }
+            if attempts.len() >= self.options.concurrency {
+                break;
+            }
+            in_flight.insert(lane.clone());
+            let worker = self.clone();
+            attempts.spawn(async move {
+                worker.deliver(notification).await;
+                lane
+            });
+        }
+        next_due
+    }
+
+    /// One attempt, and what the store keeps of its outcome.
+    async fn deliver(&self, notification: Notification) {
+        let outcome = self.attempt(&notification).await;
+        let Some(store) = self.store.upgrade() else {
+            return;
+        };
+        let (task_id, id) = (&notification.config.task_id, &notification.id);
+        let recorded = match outcome {
+            Outcome::Delivered => {
+                metrics::counter!("colloquy_push_sent_total").increment(1);
+                let latency = (now() - notification.created_at)
+                    .to_std()
+                    .unwrap_or_default();
+                metrics::histogram!("colloquy_push_delivery_seconds").record(latency);
+                store.notification_delivered(notification.seq).await
+            }
+            Outcome::Retry { why, after } => {
+                metrics::counter!("colloquy_push_failed_total").increment(1);
+                let delay = self.backoff(notification.attempts, after);
+                let next = now() + chrono::Duration::from_std(delay).unwrap_or_default();
+                if self.past_deadline(&notification, next) {
+                    give_up(&notification, &why);
+                    store.give_up_notification(notification.seq).await
+                } else {
+                    metrics::counter!("colloquy_push_retried_total").increment(1);
+                    tracing::debug!(task_id, notification_id = id, %why, "push notification will be retried");
+                    let mut again = notification.clone();
+                    again.attempts += 1;
+                    again.not_before = next;
+                    store.reschedule_notification(again).await
+                }
+            }
+            Outcome::Refused(why) => {
+                metrics::counter!("colloquy_push_failed_total").increment(1);
+                give_up(&notification, &why);
+                store.give_up_notification(notification.seq).await
+            }
+        };
+        if let Err(e) = recorded {
+            tracing::error!(task_id, notification_id = id, error = %e, "recording a push notification's outcome");
+        }
+    }
+
+    fn past_deadline(&self, notification: &Notification, next: DateTime<Utc>) -> bool {
+        let give_up_after =
+            chrono::Duration::from_std(self.options.give_up_after).unwrap_or(chrono::Duration::MAX);
+        next > notification.created_at + give_up_after
+    }
+
+    /// Exponential from `retry_base`, capped at `retry_max`, with jitter (half to all of it);
+    /// never less than the receiver's `Retry-After`.
+    fn backoff(&self, attempts: u32, retry_after: Option<Duration>) -> Duration {
+        let options = &self.options;
+        let exponential = options
+            .retry_base
+            .saturating_mul(1u32 << attempts.min(20))
+            .min(options.retry_max);
+        let jittered = exponential.mul_f64(rand::thread_rng().gen_range(0.5..=1.0));
+        jittered.max(retry_after.unwrap_or_default())
+    }
+
+    async fn attempt(&self, notification: &Notification) -> Outcome {
+        let config = &notification.config;
+        if self.check_literal(&config.url).is_err() {
+            return Outcome::Refused(REFUSED_TARGET.into());
+        }
+        let version = WireVersion::parse(Some(&config.wire_version)).unwrap_or(WireVersion::V1);
+        let payload = crate::protocol::push::encode_notification(version, &notification.task);
+        let body = serde_json::to_vec(&payload).unwrap_or_default();
+        let mut request = self
+            .client
+            .post(&config.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(ID_HEADER, &notification.id);
+        if let Some(token) = &config.token {
+            request = request.header(TOKEN_HEADER, token);
+        }
+        if let Some(auth) = &config.authentication
+            && let (Some(scheme), Some(credentials)) = (auth.schemes.first(), &auth.credentials)
+        {
+            request = request.header(
+                reqwest::header::AUTHORIZATION,
+                format!("{scheme} {credentials}"),
+            );
+        }
+        if let Some(signer) = &self.signer {
+            for (name, value) in signer.headers(notification, &body) {
+                request = request.header(name, value);
+            }
+        }
+        match request.body(body).send().await {
+            Ok(response) => classify(&response),
+            Err(e) if refused_by_policy(&e) => Outcome::Refused(REFUSED_TARGET.into()),
+            Err(e) if e.is_builder() => Outcome::Refused(chain(&e)),
+            Err(e) => Outcome::Retry {
+                why: chain(&e),
+                after: None,
+            },
+        }
+    }
+
+    /// The policy's form checks, and the address check for a host given as an address (the
+    /// client resolves names through [`CheckedResolver`], which checks them).
+    fn check_literal(&self, url: &str) -> Result<(), TargetError> {
+        let (host, _) = self.policy.check_url(url)?;
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(addr) = bare.parse::<IpAddr>() {
+            self.policy.check_addr(&host, addr)?;
+        }
+        Ok(())
+    }
+}
+
+fn classify(response: &reqwest::Response) -> Outcome {
+    let status = response.status();
+    if status.is_success() {
+        return Outcome::Delivered;
+    }
+    let retryable = status.is_server_error()
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::REQUEST_TIMEOUT;
+    if retryable {
+        Outcome::Retry {
+            why: format!("the receiver answered {status}"),
+            after: retry_after(response),
+        }
+    } else {
+        Outcome::Refused(format!("the receiver answered {status}"))
+    }
+}
+
+/// `Retry-After` in seconds or as an HTTP date.
+fn retry_after(response: &reqwest::Response) -> Option<Duration> {
+    let value = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let when = DateTime::parse_from_rfc2822(value).ok()?;
+    (when.with_timezone(&Utc) - now()).to_std().ok()
+}
+
+fn refused_by_policy(error: &reqwest::Error) -> bool {
+    let mut source: Option<&dyn std::error::Error> = Some(error);
+    while let Some(e) = source {
+        if e.downcast_ref::<TargetError>().is_some() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// The error with its causes (reqwest's own message rarely says what happened).
+fn chain(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    // The URL may carry secrets in its query: keep it out of logs.
+    match error.url() {
+        Some(url) => text.replace(url.as_str(), "<url>"),
+        None => text,
+    }
+}
+
+fn give_up(notification: &Notification, why: &str) {
+    metrics::counter!("colloquy_push_given_up_total").increment(1);
+    tracing::warn!(
+        task_id = notification.config.task_id,
+        notification_id = notification.id,
+        attempts = notification.attempts + 1,
+        %why,
+        "gave up delivering a push notification"
+    );
+}

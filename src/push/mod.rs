@@ -1,0 +1,110 @@
+//! Push notifications: webhook configs per task (checked against the target policy), and the
+//! delivery worker that drains the store's outbox (`deliver.rs`).
+//!
+//! The store records a notification in the same write as the status change it reports; this
+//! module only reads the outbox, so a turn never waits for a webhook.
+
+pub mod deliver;
+pub mod sign;
+pub mod target;
+
+use crate::model::PushConfig;
+use crate::store::{PushError, SharedPushStore};
+pub use target::{TargetError, TargetPolicy};
+
+/// Why a config request was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Store(#[from] PushError),
+    #[error("url: {0}")]
+    Target(#[from] TargetError),
+}
+
+/// The config side, shared by the HTTP handlers.
+#[derive(Clone)]
+pub struct PushConfigs {
+    store: SharedPushStore,
+    policy: std::sync::Arc<TargetPolicy>,
+    max_per_task: usize,
+}
+
+impl PushConfigs {
+    pub fn new(
+        store: SharedPushStore,
+        policy: std::sync::Arc<TargetPolicy>,
+        max_per_task: usize,
+    ) -> Self {
+        PushConfigs {
+            store,
+            policy,
+            max_per_task,
+        }
+    }
+
+    /// Checks the URL against the policy (resolving its host now) and stores the config of the
+    /// principal's task, with a fresh id when it has none.
+    pub async fn create(
+        &self,
+        principal: &str,
+        mut config: PushConfig,
+    ) -> Result<PushConfig, ConfigError> {
+        config = self.checked(config).await?;
+        Ok(self
+            .store
+            .put_push_config(principal, config, self.max_per_task)
+            .await?)
+    }
+
+    /// The config with its URL checked against the policy and an id (fresh when it has none).
+    pub async fn checked(&self, mut config: PushConfig) -> Result<PushConfig, ConfigError> {
+        self.policy.check(&config.url).await?;
+        if config.id.is_empty() {
+            config.id = uuid::Uuid::new_v4().to_string();
+        }
+        Ok(config)
+    }
+
+    pub async fn get(
+        &self,
+        principal: &str,
+        task_id: &str,
+        config_id: Option<&str>,
+    ) -> Result<PushConfig, ConfigError> {
+        match config_id {
+            Some(id) => Ok(self.store.push_config(principal, task_id, id).await?),
+            // v0.3's single-config form: the task's first config.
+            None => self
+                .list(principal, task_id)
+                .await?
+                .into_iter()
+                .next()
+                .ok_or_else(|| {
+                    ConfigError::Store(PushError::ConfigNotFound {
+                        task_id: task_id.to_owned(),
+                        config_id: String::new(),
+                    })
+                }),
+        }
+    }
+
+    pub async fn list(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> Result<Vec<PushConfig>, ConfigError> {
+        Ok(self.store.push_configs(principal, task_id).await?)
+    }
+
+    pub async fn delete(
+        &self,
+        principal: &str,
+        task_id: &str,
+        config_id: &str,
+    ) -> Result<(), ConfigError> {
+        Ok(self
+            .store
+            .delete_push_config(principal, task_id, config_id)
+            .await?)
+    }
+}

@@ -1,0 +1,179 @@
+//! What every `PushStore` must do, written against the trait (with `ConversationStore` for the
+//! task changes that fill the outbox). A new backend adds one `push_store_cases!` line.
+
+use crate::store_conformance::{begin_request, finish_request};
+use colloquy::model::{PushConfig, TaskState};
+use colloquy::store::embedded::EmbeddedStore;
+use colloquy::store::{ConversationKey, ConversationStore, PushError, PushStore};
+use std::sync::Arc;
+
+/// A fresh store under both interfaces, and what keeps it alive.
+pub struct PushFixture {
+    pub store: Arc<dyn ConversationStore>,
+    pub push: Arc<dyn PushStore>,
+    _keep: Box<dyn std::any::Any + Send>,
+}
+
+pub fn embedded() -> PushFixture {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(EmbeddedStore::open_sled(dir.path(), 4 << 20).expect("store opens"));
+    PushFixture {
+        store: store.clone(),
+        push: store,
+        _keep: Box::new(dir),
+    }
+}
+
+fn config(task_id: &str, id: &str) -> PushConfig {
+    PushConfig {
+        id: id.to_owned(),
+        task_id: task_id.to_owned(),
+        url: format!("https://hooks.example/{id}"),
+        token: Some("t".into()),
+        authentication: None,
+        wire_version: "1.0".into(),
+    }
+}
+
+pub async fn status_changes_fill_the_outbox_in_order(fixture: PushFixture) {
+    let (store, push) = (&fixture.store, &fixture.push);
+    let mut begin = begin_request("alice", "ctx", "hello");
+    let task_id = begin.task_id.clone();
+    begin.push_configs = vec![config("", "with-the-send")];
+    let begun = store.begin_turn(begin).await.unwrap();
+    push.put_push_config("alice", config(&task_id, "later"), 10)
+        .await
+        .unwrap();
+    store
+        .finish_turn(finish_request(&begun, Some("hi"), TaskState::Completed))
+        .await
+        .unwrap();
+    let pending = push.pending_notifications(100).await.unwrap();
+    let seen: Vec<(String, TaskState)> = pending
+        .iter()
+        .map(|n| (n.config.id.clone(), n.task.status.state))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("with-the-send".to_owned(), TaskState::Working),
+            ("later".to_owned(), TaskState::Completed),
+            ("with-the-send".to_owned(), TaskState::Completed),
+        ]
+    );
+    assert!(pending.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert_eq!(
+        pending[0].config.task_id, task_id,
+        "the send's config gets the task's id"
+    );
+    assert_eq!(push.pending_count().await.unwrap(), 3);
+
+    let mut later = pending[0].clone();
+    later.attempts = 1;
+    push.reschedule_notification(later.clone()).await.unwrap();
+    assert_eq!(push.pending_notifications(1).await.unwrap(), vec![later]);
+    push.notification_delivered(pending[0].seq).await.unwrap();
+    push.give_up_notification(pending[1].seq).await.unwrap();
+    let left = push.pending_notifications(100).await.unwrap();
+    assert_eq!(left, vec![pending[2].clone()]);
+}
+
+pub async fn configs_belong_to_their_tasks_principal(fixture: PushFixture) {
+    let (store, push) = (&fixture.store, &fixture.push);
+    let begin = begin_request("alice", "ctx", "hello");
+    let task_id = begin.task_id.clone();
+    store.begin_turn(begin).await.unwrap();
+    push.put_push_config("alice", config(&task_id, "a"), 2)
+        .await
+        .unwrap();
+    push.put_push_config("alice", config(&task_id, "a"), 2)
+        .await
+        .unwrap(); // replaces
+    push.put_push_config("alice", config(&task_id, "b"), 2)
+        .await
+        .unwrap();
+    assert!(matches!(
+        push.put_push_config("alice", config(&task_id, "c"), 2)
+            .await,
+        Err(PushError::TooManyConfigs { limit: 2, .. })
+    ));
+    assert!(matches!(
+        push.put_push_config("bob", config(&task_id, "x"), 2).await,
+        Err(PushError::TaskNotFound(_))
+    ));
+    assert!(matches!(
+        push.push_configs("bob", &task_id).await,
+        Err(PushError::TaskNotFound(_))
+    ));
+    assert!(matches!(
+        push.delete_push_config("bob", &task_id, "a").await,
+        Err(PushError::TaskNotFound(_))
+    ));
+    let ids: Vec<String> = push
+        .push_configs("alice", &task_id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(ids, ["a", "b"]);
+    push.delete_push_config("alice", &task_id, "a")
+        .await
+        .unwrap();
+    assert!(matches!(
+        push.push_config("alice", &task_id, "a").await,
+        Err(PushError::ConfigNotFound { .. })
+    ));
+    assert_eq!(
+        push.push_config("alice", &task_id, "b").await.unwrap().id,
+        "b"
+    );
+}
+
+pub async fn deleting_a_conversation_removes_its_configs(fixture: PushFixture) {
+    let (store, push) = (&fixture.store, &fixture.push);
+    let begin = begin_request("alice", "ctx", "hello");
+    let task_id = begin.task_id.clone();
+    let begun = store.begin_turn(begin).await.unwrap();
+    push.put_push_config("alice", config(&task_id, "a"), 10)
+        .await
+        .unwrap();
+    store
+        .finish_turn(finish_request(&begun, None, TaskState::Completed))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .delete_conversation(ConversationKey::new("alice", "ctx"))
+            .await
+            .unwrap()
+    );
+    // The same task id again (a store never reuses one; this shows the configs went).
+    let mut again = begin_request("alice", "ctx", "hello again");
+    again.task_id = task_id.clone();
+    again.message.task_id = Some(task_id.clone());
+    store.begin_turn(again).await.unwrap();
+    assert_eq!(push.push_configs("alice", &task_id).await.unwrap(), vec![]);
+}
+
+macro_rules! push_store_cases {
+    ($module:ident, $make:expr, $($case:ident),+ $(,)?) => {
+        mod $module {
+            use super::*;
+            $(
+                #[actix_rt::test]
+                async fn $case() {
+                    super::$case($make).await;
+                }
+            )+
+        }
+    };
+}
+
+push_store_cases!(
+    embedded_store,
+    embedded(),
+    status_changes_fill_the_outbox_in_order,
+    configs_belong_to_their_tasks_principal,
+    deleting_a_conversation_removes_its_configs,
+);
