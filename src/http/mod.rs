@@ -19,9 +19,6 @@ mod state;
 pub use auth::{Auth, TokenConfigError, digest as token_digest};
 pub use state::AppState;
 
-/// The former home of the server's start; kept so `colloquy::http::start` still works.
-pub use crate::app::start;
-
 use crate::engine::Engine;
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpResponse, HttpServer, web};

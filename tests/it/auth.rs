@@ -179,7 +179,7 @@ async fn no_tokens_and_a_public_address_refuses_to_start() {
     let mut config = test_config(dir.path());
     config.listen = "0.0.0.0:0".into();
     let refused =
-        colloquy::http::start(config, Arc::new(colloquy::agent::EchoAgent::default())).await;
+        colloquy::app::start(config, Arc::new(colloquy::agent::EchoAgent::default())).await;
     let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(message.contains("--allow-unauthenticated"), "{message}");
 }
@@ -189,7 +189,7 @@ async fn in_process_refusal(tweak: impl FnOnce(&mut colloquy::config::Config)) -
     let dir = tempfile::tempdir().unwrap();
     let mut config = test_config(dir.path());
     tweak(&mut config);
-    match colloquy::http::start(config, Arc::new(colloquy::agent::EchoAgent::default())).await {
+    match colloquy::app::start(config, Arc::new(colloquy::agent::EchoAgent::default())).await {
         Ok(server) => {
             server.stop().await;
             panic!("the server started");

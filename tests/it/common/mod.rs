@@ -42,7 +42,7 @@ pub async fn start_in(
 ) -> TestServer {
     let mut config = test_config(dir.path());
     tweak(&mut config);
-    let server = colloquy::http::start(config, agent)
+    let server = colloquy::app::start(config, agent)
         .await
         .expect("server starts");
     let url = server.url();
