@@ -20,13 +20,22 @@ use std::collections::HashMap;
 /// What a task cut off by a crash says when it is marked failed.
 pub(super) const INTERRUPTED_TASK_TEXT: &str = "the server stopped before the agent finished";
 
-/// The conversations whose turns run in this process, with each turn's token.
+/// The conversations whose turns run in this process: each turn's token, and its conversation
+/// and task as last written (only the store thread writes them, so this is what is stored, and
+/// the turn's later writes need not read and decode them again).
 #[derive(Default)]
-pub struct LiveTurns(Mutex<HashMap<ConversationKey, u64>>);
+pub struct LiveTurns(Mutex<HashMap<ConversationKey, LiveTurn>>);
+
+struct LiveTurn {
+    token: u64,
+    keys: Keys,
+    meta: ConversationMeta,
+    record: TaskRecord,
+}
 
 impl LiveTurns {
     fn holder(&self, key: &ConversationKey) -> Option<u64> {
-        self.0.lock().get(key).copied()
+        self.0.lock().get(key).map(|turn| turn.token)
     }
 }
 
@@ -97,12 +106,19 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     task.history = records.messages(&key, earlier)?;
     task.history.push(turn.message);
     records.apply(batch)?;
-    live.0.lock().insert(key, meta.token);
+    let token = meta.token;
+    let live_turn = LiveTurn {
+        token,
+        keys,
+        meta: meta.clone(),
+        record,
+    };
+    live.0.lock().insert(key, live_turn);
     Ok(TurnBegun {
         lease: Lease {
             key,
             task_id: turn.task_id,
-            token: meta.token,
+            token,
         },
         task,
         recent: recent.into_iter().map(|(_, m)| m).collect(),
@@ -127,24 +143,18 @@ fn new_task_record(turn: &BeginTurn) -> TaskRecord {
     }
 }
 
-/// The conversation's metadata and the lease's task, if the lease still holds the conversation.
-fn held(
-    records: &Records,
-    live: &LiveTurns,
-    lease: &Lease,
-) -> StoreResult<(Keys, ConversationMeta, TaskRecord)> {
-    let stale = || StoreError::StaleToken {
-        task_id: lease.task_id.clone(),
-    };
-    let meta = records.conversation(&lease.key)?.ok_or_else(stale)?;
-    let holds = meta.token == lease.token
-        && meta.running_task.as_deref() == Some(lease.task_id.as_str())
-        && live.holder(&lease.key) == Some(lease.token);
-    if !holds {
-        return Err(stale());
+/// The conversation's metadata and the lease's task as stored, if the lease still holds the
+/// conversation: its turn is live here with that token (a newer take replaced it otherwise).
+fn held(live: &LiveTurns, lease: &Lease) -> StoreResult<(Keys, ConversationMeta, TaskRecord)> {
+    let turns = live.0.lock();
+    match turns.get(&lease.key) {
+        Some(turn) if turn.token == lease.token && turn.record.task.id == lease.task_id => {
+            Ok((turn.keys, turn.meta.clone(), turn.record.clone()))
+        }
+        _ => Err(StoreError::StaleToken {
+            task_id: lease.task_id.clone(),
+        }),
     }
-    let record = records.task(&lease.task_id)?.ok_or_else(stale)?;
-    Ok((Keys::of(lease.key, &meta.principal), meta, record))
 }
 
 pub fn record_status(
@@ -153,19 +163,23 @@ pub fn record_status(
     lease: &Lease,
     status: TaskStatus,
 ) -> StoreResult<()> {
-    let (keys, _, previous) = held(records, live, lease)?;
+    let (keys, _, previous) = held(live, lease)?;
     let mut record = previous.clone();
     record.task.status = status;
     let mut batch = WriteBatch::new();
     batch.put_task(&keys, &record, Some(&previous));
     super::push::enqueue(records, &mut batch, &record)?;
-    records.apply(batch)
+    records.apply(batch)?;
+    if let Some(turn) = live.0.lock().get_mut(&lease.key) {
+        turn.record = record;
+    }
+    Ok(())
 }
 
 /// Appends the reply, stores the final state and releases the conversation.
 pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResult<()> {
     let lease = &end.lease;
-    let (keys, previous_meta, previous) = held(records, live, lease)?;
+    let (keys, previous_meta, previous) = held(live, lease)?;
     let mut meta = previous_meta.clone();
     let mut record = previous.clone();
     let mut batch = WriteBatch::new();

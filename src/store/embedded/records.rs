@@ -183,14 +183,6 @@ impl Keys {
             principal: PrincipalKey::new(principal),
         }
     }
-
-    /// For a conversation whose key is already known.
-    pub fn of(conversation: ConversationKey, principal: &str) -> Self {
-        Keys {
-            conversation,
-            principal: PrincipalKey::new(principal),
-        }
-    }
 }
 
 fn task_index_keys(keys: &Keys, record: &TaskRecord) -> [Vec<u8>; 2] {
