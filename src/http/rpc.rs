@@ -127,7 +127,9 @@ pub async fn handle(
     let version_or_error = WireVersion::parse(version_requested.as_deref());
     let version = version_or_error.clone().unwrap_or(WireVersion::V03);
     if !is_json(&req) {
-        let error = RpcError::InvalidRequest("Content-Type must be application/json".into());
+        let error = RpcError::ContentTypeNotSupported(
+            "the request's Content-Type must be application/json".into(),
+        );
         return error_response(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             &RequestId::Null,

@@ -28,6 +28,8 @@ pub enum RpcError {
     PushNotSupported,
     #[error("unsupported operation: {0}")]
     Unsupported(String),
+    #[error("content type not supported: {0}")]
+    ContentTypeNotSupported(String),
     #[error("A2A version {0:?} is not supported (use 1.0, or 0.3 / no header)")]
     VersionNotSupported(String),
     #[error("no extended agent card is configured")]
@@ -62,6 +64,7 @@ impl RpcError {
             RpcError::TaskNotCancelable(_) => -32002,
             RpcError::PushNotSupported => -32003,
             RpcError::Unsupported(_) => -32004,
+            RpcError::ContentTypeNotSupported(_) => -32005,
             RpcError::VersionNotSupported(_) => -32009,
             RpcError::ExtendedCardNotConfigured => -32007,
             RpcError::ContextBusy { .. } => -32010,
@@ -84,6 +87,7 @@ impl RpcError {
             RpcError::TaskNotCancelable(_) => "TASK_NOT_CANCELABLE",
             RpcError::PushNotSupported => "PUSH_NOTIFICATION_NOT_SUPPORTED",
             RpcError::Unsupported(_) => "UNSUPPORTED_OPERATION",
+            RpcError::ContentTypeNotSupported(_) => "CONTENT_TYPE_NOT_SUPPORTED",
             RpcError::VersionNotSupported(_) => "VERSION_NOT_SUPPORTED",
             RpcError::ExtendedCardNotConfigured => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
             RpcError::ContextBusy { .. } => "CONTEXT_BUSY",
