@@ -6,7 +6,7 @@
 
 use crate::model::{Artifact, Message, SendResult, StreamItem, Task, TaskEvent};
 use crate::protocol::WireVersion;
-use crate::protocol::codec;
+use crate::protocol::{codec, protojson};
 use eventsource_stream::Eventsource;
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
@@ -415,7 +415,13 @@ impl Peer {
         }
         match value {
             Value::Object(mut map) if map.contains_key("result") => {
-                Ok(map.remove("result").unwrap_or(Value::Null))
+                let mut result = map.remove("result").unwrap_or(Value::Null);
+                // A v1.0 peer may answer with proto field names, as ProtoJSON allows.
+                if self.version == WireVersion::V1 {
+                    protojson::to_json_names(&mut result, "result")
+                        .map_err(|e| self.malformed(e))?;
+                }
+                Ok(result)
             }
             _ => Err(ClientError::Malformed {
                 url: self.endpoint.clone(),

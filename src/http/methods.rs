@@ -7,7 +7,7 @@ use crate::engine::{EngineError, ValidMessage};
 use crate::model::{SendResult, format_time};
 use crate::protocol::codec::{self, TaskView};
 use crate::protocol::fields::{Obj, field_error};
-use crate::protocol::{Method, RpcError, RpcRequest, WireVersion};
+use crate::protocol::{Method, RpcError, RpcRequest, WireVersion, protojson};
 use crate::store::TaskQuery;
 use serde_json::{Value, json};
 
@@ -29,7 +29,11 @@ pub async fn dispatch(
     principal: &str,
     request: RpcRequest,
 ) -> RpcResult<Reply> {
-    let params = Obj::new(&request.params, "")?;
+    let mut params = request.params;
+    if version == WireVersion::V1 {
+        protojson::to_json_names(&mut params, "")?;
+    }
+    let params = Obj::new(&params, "")?;
     let call = Call {
         state,
         version,

@@ -3,6 +3,7 @@
 pub mod codec;
 pub mod fields;
 pub mod jsonrpc;
+pub mod protojson;
 
 pub use jsonrpc::{RpcError, RpcRequest};
 

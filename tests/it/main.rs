@@ -19,6 +19,7 @@ mod overload;
 mod props_codec;
 mod props_history;
 mod props_namespace;
+mod protojson;
 mod send_cli;
 mod shutdown;
 mod store;
