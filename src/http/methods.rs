@@ -7,7 +7,7 @@ use crate::engine::{EngineError, ValidMessage};
 use crate::model::{SendResult, format_time};
 use crate::protocol::codec::{self, TaskView};
 use crate::protocol::fields::{Obj, field_error};
-use crate::protocol::{Method, RpcError, RpcRequest, WireVersion, protojson};
+use crate::protocol::{Method, RpcError, WireVersion, protojson};
 use crate::store::TaskQuery;
 use serde_json::{Value, json};
 
@@ -27,9 +27,8 @@ pub async fn dispatch(
     version: WireVersion,
     method: Method,
     principal: &str,
-    request: RpcRequest,
+    mut params: Value,
 ) -> RpcResult<Reply> {
-    let mut params = request.params;
     if version == WireVersion::V1 {
         protojson::to_json_names(&mut params, "")?;
     }

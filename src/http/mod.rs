@@ -11,6 +11,7 @@ mod connections;
 mod errors;
 mod methods;
 mod metrics_endpoint;
+mod rest;
 pub mod rpc;
 mod sse;
 mod state;
@@ -207,6 +208,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::get().to(card::agent_card),
     )
     .route("/.well-known/agent.json", web::get().to(card::agent_card))
+    .configure(rest::routes)
     .configure(health_routes);
 }
 

@@ -30,7 +30,9 @@ pub enum RpcError {
     Unsupported(String),
     #[error("content type not supported: {0}")]
     ContentTypeNotSupported(String),
-    #[error("A2A version {0:?} is not supported (use 1.0, or 0.3 / no header)")]
+    #[error(
+        "A2A version {0:?} is not supported (JSON-RPC at POST / speaks 1.0, and 0.3 with no header; the HTTP+JSON routes speak 1.0)"
+    )]
     VersionNotSupported(String),
     #[error("no extended agent card is configured")]
     ExtendedCardNotConfigured,
@@ -181,6 +183,19 @@ impl RpcError {
                 (!details.is_empty()).then_some(Value::Object(details))
             }
         }
+    }
+
+    /// The HTTP+JSON binding's error body: a `google.rpc.Status` in JSON, under `error`.
+    pub fn to_rest_json(&self) -> Value {
+        let spelling = self.spelling();
+        json!({
+            "error": {
+                "code": spelling.http_status,
+                "status": spelling.status,
+                "message": self.to_string(),
+                "details": [self.error_info()],
+            }
+        })
     }
 
     pub fn to_json(&self, version: WireVersion) -> Value {

@@ -20,6 +20,7 @@ mod props_codec;
 mod props_history;
 mod props_namespace;
 mod protojson;
+mod rest;
 mod send_cli;
 mod shutdown;
 mod store;
