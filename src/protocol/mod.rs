@@ -3,7 +3,10 @@
 pub mod codec;
 pub mod fields;
 pub mod jsonrpc;
+pub mod params;
 pub mod protojson;
+pub mod v03;
+pub mod v1;
 
 pub use jsonrpc::{RpcError, RpcRequest};
 
