@@ -22,6 +22,16 @@ pub fn role_name(version: WireVersion, role: Role) -> &'static str {
     }
 }
 
+/// The problem with a role name `version` does not know, naming the ones it does.
+pub fn unknown_role(version: WireVersion, name: &str) -> String {
+    format!(
+        "unknown role {name:?} (A2A {} spells it {:?} or {:?})",
+        version.label(),
+        role_name(version, Role::User),
+        role_name(version, Role::Agent)
+    )
+}
+
 pub fn parse_role(version: WireVersion, name: &str) -> Option<Role> {
     [Role::User, Role::Agent]
         .into_iter()
@@ -58,177 +68,19 @@ fn insert_opt(map: &mut Map<String, Value>, key: &str, value: Option<Value>) {
 
 // ---- decoding ----
 
+/// A Message, each version by its own typed mapping ([`super::v1`], [`super::v03`]).
 pub fn decode_message(version: WireVersion, value: &Value, path: &str) -> FieldResult<Message> {
-    let obj = Obj::new(value, path)?;
-    if version == WireVersion::V03
-        && let Some(kind) = obj.opt_str("kind")?
-        && kind != "message"
-    {
-        return Err(field_error(
-            obj.child_path("kind"),
-            format!("expected \"message\", got {kind:?}"),
-        ));
+    match version {
+        WireVersion::V1 => super::v1::decode_message(value, path),
+        WireVersion::V03 => super::v03::decode_message(value, path),
     }
-    let role_text = obj.str("role")?;
-    let role = parse_role(version, role_text).ok_or_else(|| {
-        field_error(
-            obj.child_path("role"),
-            format!(
-                "unknown role {role_text:?} (A2A {} spells it {:?} or {:?})",
-                version.label(),
-                role_name(version, Role::User),
-                role_name(version, Role::Agent)
-            ),
-        )
-    })?;
-    let parts_path = obj.child_path("parts");
-    let parts = obj
-        .array("parts")?
-        .iter()
-        .enumerate()
-        .map(|(i, part)| decode_part(version, part, &format!("{parts_path}[{i}]")))
-        .collect::<FieldResult<Vec<_>>>()?;
-    Ok(Message {
-        message_id: obj.str("messageId")?.to_owned(),
-        role,
-        parts,
-        context_id: obj.opt_str("contextId")?.map(str::to_owned),
-        task_id: obj.opt_str("taskId")?.map(str::to_owned),
-        reference_task_ids: obj.opt_strings("referenceTaskIds")?,
-        metadata: obj.opt_map("metadata")?,
-        extensions: obj.opt_strings("extensions")?,
-        timestamp: None,
-    })
 }
 
 pub fn decode_part(version: WireVersion, value: &Value, path: &str) -> FieldResult<Part> {
-    let obj = Obj::new(value, path)?;
-    let metadata = obj.opt_map("metadata")?;
     match version {
-        WireVersion::V1 => decode_part_v1(&obj, metadata),
-        WireVersion::V03 => decode_part_v03(&obj, metadata),
+        WireVersion::V1 => super::v1::decode_part(value, path),
+        WireVersion::V03 => super::v03::decode_part(value, path),
     }
-}
-
-fn decode_part_v1(obj: &Obj<'_>, metadata: Option<Map<String, Value>>) -> FieldResult<Part> {
-    let present: Vec<&str> = ["text", "raw", "url", "data"]
-        .into_iter()
-        .filter(|k| obj.has(k))
-        .collect();
-    let content = match present.as_slice() {
-        ["text"] => PartContent::Text {
-            text: obj.str("text")?.to_owned(),
-        },
-        ["raw"] => PartContent::FileBytes {
-            base64: checked_base64(obj, "raw")?,
-        },
-        ["url"] => PartContent::FileUrl {
-            url: obj.str("url")?.to_owned(),
-        },
-        ["data"] => PartContent::Data {
-            data: obj.get("data").cloned().unwrap_or(Value::Null),
-        },
-        [] if obj.has("kind") => {
-            return Err(field_error(
-                &obj.path,
-                "looks like a v0.3 part (`kind`); A2A-Version 1.0 parts carry one of text, raw, url or data",
-            ));
-        }
-        _ => {
-            return Err(field_error(
-                &obj.path,
-                format!(
-                    "a part needs exactly one of text, raw, url or data (found {})",
-                    if present.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        present.join(", ")
-                    }
-                ),
-            ));
-        }
-    };
-    Ok(Part {
-        content,
-        media_type: obj
-            .opt_str("mediaType")?
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned),
-        name: obj
-            .opt_str("filename")?
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned),
-        metadata,
-    })
-}
-
-fn decode_part_v03(obj: &Obj<'_>, metadata: Option<Map<String, Value>>) -> FieldResult<Part> {
-    let kind = match obj.opt_str("kind")? {
-        Some(kind) => kind,
-        None if obj.has("text") => "text",
-        None if obj.has("file") => "file",
-        None if obj.has("data") => "data",
-        None => {
-            return Err(field_error(
-                obj.child_path("kind"),
-                "is required (\"text\", \"file\" or \"data\")",
-            ));
-        }
-    };
-    let mut part = match kind {
-        "text" => Part::text(obj.str("text")?),
-        "data" => {
-            let data = obj.obj("data")?;
-            Part {
-                content: PartContent::Data {
-                    data: Value::Object(data.map.clone()),
-                },
-                media_type: None,
-                name: None,
-                metadata: None,
-            }
-        }
-        "file" => {
-            let file = obj.obj("file")?;
-            let content = match (file.has("bytes"), file.has("uri")) {
-                (true, false) => PartContent::FileBytes {
-                    base64: checked_base64(&file, "bytes")?,
-                },
-                (false, true) => PartContent::FileUrl {
-                    url: file.str("uri")?.to_owned(),
-                },
-                _ => {
-                    return Err(field_error(
-                        &file.path,
-                        "a file needs exactly one of bytes or uri",
-                    ));
-                }
-            };
-            Part {
-                content,
-                media_type: file.opt_str("mimeType")?.map(str::to_owned),
-                name: file.opt_str("name")?.map(str::to_owned),
-                metadata: None,
-            }
-        }
-        other => {
-            return Err(field_error(
-                obj.child_path("kind"),
-                format!("unknown part kind {other:?} (expected \"text\", \"file\" or \"data\")"),
-            ));
-        }
-    };
-    part.metadata = metadata;
-    Ok(part)
-}
-
-fn checked_base64(obj: &Obj<'_>, name: &str) -> FieldResult<String> {
-    use base64::Engine as _;
-    let text = obj.str(name)?;
-    base64::engine::general_purpose::STANDARD
-        .decode(text)
-        .map_err(|e| field_error(obj.child_path(name), format!("not valid base64: {e}")))?;
-    Ok(text.to_owned())
 }
 
 // ---- encoding ----

@@ -15,14 +15,42 @@ use serde_json::Value;
 
 /// Reads `value` as `T`; errors name the field's path.
 pub fn decode<T: DeserializeOwned>(value: &Value) -> FieldResult<T> {
+    decode_at(value, "")
+}
+
+/// Reads `value`, found at `at` in the request (`message`, `result.history[2]`), as `T`.
+pub fn decode_at<T: DeserializeOwned>(value: &Value, at: &str) -> FieldResult<T> {
     serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
+        let path = join(at, &e.path().to_string());
         located(path, e.into_inner().to_string())
     })
 }
 
+fn join(at: &str, relative: &str) -> String {
+    match relative {
+        "." => at.to_owned(),
+        _ if at.is_empty() => relative.to_owned(),
+        _ if relative.starts_with('[') => format!("{at}{relative}"),
+        _ => format!("{at}.{relative}"),
+    }
+}
+
+/// Base64 text (kept as text: the model carries it so), checked on the way in.
+#[derive(Debug)]
+pub struct Base64(pub String);
+
+impl<'de> Deserialize<'de> for Base64 {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use base64::Engine as _;
+        let text = String::deserialize(deserializer)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(&text)
+            .map_err(|e| de::Error::custom(format!("not valid base64: {e}")))?;
+        Ok(Base64(text))
+    }
+}
+
 fn located(path: String, problem: String) -> FieldError {
-    let path = if path == "." { String::new() } else { path };
     // serde reports a missing field at its parent: name the field itself, as the codec does.
     if let Some(name) = problem
         .strip_prefix("missing field `")

@@ -5,9 +5,10 @@
 use super::WireVersion;
 use super::codec;
 use super::fields::FieldResult;
-use super::params::{SendRequest, decode};
+use super::params::{Base64, SendRequest, decode, decode_at};
+use crate::model::{Message, Metadata, Part, PartContent, Role};
 use serde::Deserialize;
-use serde::de::IgnoredAny;
+use serde::de::{self, Deserializer, IgnoredAny};
 use serde_json::Value;
 
 /// `SendMessageRequest`: the params of `SendMessage` and `SendStreamingMessage`.
@@ -35,7 +36,7 @@ struct SendMessageConfiguration {
 impl SendMessageRequest {
     pub fn read(params: &Value) -> FieldResult<SendRequest> {
         let request: SendMessageRequest = decode(params)?;
-        let message = codec::decode_message(WireVersion::V1, &params["message"], "message")?;
+        let message = decode_message(&params["message"], "message")?;
         let configuration = request.configuration;
         Ok(SendRequest {
             message,
@@ -48,5 +49,162 @@ impl SendMessageRequest {
                 c.task_push_notification_config.is_some() || c.push_notification_config.is_some()
             }),
         })
+    }
+}
+
+/// A role as v1.0 spells it (`ROLE_USER`, `ROLE_AGENT`).
+#[derive(Debug)]
+struct WireRole(Role);
+
+impl<'de> Deserialize<'de> for WireRole {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        codec::parse_role(WireVersion::V1, &name)
+            .map(WireRole)
+            .ok_or_else(|| de::Error::custom(codec::unknown_role(WireVersion::V1, &name)))
+    }
+}
+
+/// `Message`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "a Message object")]
+struct WireMessage {
+    message_id: String,
+    role: WireRole,
+    parts: Vec<WirePart>,
+    context_id: Option<String>,
+    task_id: Option<String>,
+    reference_task_ids: Option<Vec<String>>,
+    metadata: Option<Metadata>,
+    extensions: Option<Vec<String>>,
+}
+
+/// `Part`: exactly one of `text`, `raw`, `url` or `data`, with optional `filename` and `mediaType`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "a Part object")]
+struct RawPart {
+    text: Option<String>,
+    raw: Option<Base64>,
+    url: Option<String>,
+    data: Option<Value>,
+    media_type: Option<String>,
+    filename: Option<String>,
+    metadata: Option<Metadata>,
+    /// Not a v1.0 field: only there to recognise a v0.3 part and say so.
+    kind: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "RawPart")]
+struct WirePart(Part);
+
+impl TryFrom<RawPart> for WirePart {
+    type Error = String;
+
+    fn try_from(raw: RawPart) -> Result<Self, String> {
+        let RawPart {
+            text,
+            raw: bytes,
+            url,
+            data,
+            media_type,
+            filename,
+            metadata,
+            kind,
+        } = raw;
+        let present: Vec<&str> = [
+            ("text", text.is_some()),
+            ("raw", bytes.is_some()),
+            ("url", url.is_some()),
+            ("data", data.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, present)| present.then_some(name))
+        .collect();
+        let content = match (text, bytes, url, data) {
+            (Some(text), None, None, None) => PartContent::Text { text },
+            (None, Some(Base64(base64)), None, None) => PartContent::FileBytes { base64 },
+            (None, None, Some(url), None) => PartContent::FileUrl { url },
+            (None, None, None, Some(data)) => PartContent::Data { data },
+            (None, None, None, None) if kind.is_some() => {
+                return Err("looks like a v0.3 part (`kind`); A2A-Version 1.0 parts carry one of text, raw, url or data".into());
+            }
+            _ => {
+                let found = if present.is_empty() {
+                    "none".to_owned()
+                } else {
+                    present.join(", ")
+                };
+                return Err(format!(
+                    "a part needs exactly one of text, raw, url or data (found {found})"
+                ));
+            }
+        };
+        // ProtoJSON: an empty string is the default, so absent.
+        let non_empty = |s: Option<String>| s.filter(|s| !s.is_empty());
+        Ok(WirePart(Part {
+            content,
+            media_type: non_empty(media_type),
+            name: non_empty(filename),
+            metadata,
+        }))
+    }
+}
+
+/// A v1.0 `Message` found at `at`.
+pub fn decode_message(value: &Value, at: &str) -> FieldResult<Message> {
+    let wire: WireMessage = decode_at(value, at)?;
+    Ok(Message {
+        message_id: wire.message_id,
+        role: wire.role.0,
+        parts: wire.parts.into_iter().map(|p| p.0).collect(),
+        context_id: wire.context_id,
+        task_id: wire.task_id,
+        reference_task_ids: wire.reference_task_ids.unwrap_or_default(),
+        metadata: wire.metadata,
+        extensions: wire.extensions.unwrap_or_default(),
+        timestamp: None,
+    })
+}
+
+/// A v1.0 `Part` found at `at`.
+pub fn decode_part(value: &Value, at: &str) -> FieldResult<Part> {
+    decode_at::<WirePart>(value, at).map(|p| p.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn problem(message: Value) -> (String, String) {
+        let e = decode_message(&message, "message").unwrap_err();
+        (e.path, e.problem)
+    }
+
+    #[test]
+    fn errors_name_the_field_with_the_hint() {
+        let part = |p: Value| json!({"messageId": "m", "role": "ROLE_USER", "parts": [p]});
+        let (path, _) = problem(part(json!({"text": 5})));
+        assert_eq!(path, "message.parts[0].text");
+        let (path, why) = problem(part(json!({"text": "a", "url": "u"})));
+        assert_eq!(path, "message.parts[0]");
+        assert!(
+            why.contains("exactly one of text, raw, url or data (found text, url)"),
+            "{why}"
+        );
+        let (path, why) = problem(part(json!({"raw": "***"})));
+        assert_eq!(path, "message.parts[0].raw");
+        assert!(why.contains("base64"), "{why}");
+        let (_, why) = problem(part(json!({"kind": "text"})));
+        assert!(why.contains("looks like a v0.3 part"), "{why}");
+        let (path, why) = problem(json!({"messageId": "m", "role": "user", "parts": []}));
+        assert_eq!(path, "message.role");
+        assert!(why.contains("\"ROLE_USER\""), "{why}");
+        let (path, why) = problem(json!({"role": "ROLE_USER", "parts": []}));
+        assert_eq!(
+            (path.as_str(), why.as_str()),
+            ("message.messageId", "is required")
+        );
     }
 }

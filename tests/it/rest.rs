@@ -234,7 +234,7 @@ async fn a_busy_context_and_the_other_errors_get_their_statuses() {
         body["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("message.parts"),
+            .contains("message.messageId"),
         "{body}"
     );
 
