@@ -5,7 +5,7 @@
 //! wrappers (`{"task":..}` results and `{"statusUpdate":..}` events in v1.0, bare objects in v0.3).
 
 use super::WireVersion;
-use super::fields::{FieldResult, Obj, field_error};
+use super::fields::{FieldResult, field_error};
 pub use crate::model::TaskView;
 use crate::model::{
     Artifact, Message, Part, PartContent, Role, SendResult, StreamItem, Task, TaskEvent, TaskState,
@@ -310,216 +310,25 @@ pub fn encode_stream_item(version: WireVersion, item: &StreamItem, view: TaskVie
 
 // ---- decoding results (the client side: what a peer answers) ----
 
-fn decode_time(obj: &Obj<'_>, name: &str) -> FieldResult<chrono::DateTime<chrono::Utc>> {
-    match obj.opt_str(name)? {
-        // The first Task of an SDK stream has no timestamp: it happened now, as far as we know.
-        None => Ok(crate::model::now()),
-        Some(text) => {
-            let time = chrono::DateTime::parse_from_rfc3339(text)
-                .map(|t| t.with_timezone(&chrono::Utc))
-                .map_err(|e| {
-                    field_error(obj.child_path(name), format!("not an RFC 3339 time: {e}"))
-                })?;
-            // Both versions carry milliseconds, UTC, years 0000-9999: keep only what we can pass on
-            // unchanged, so a decoded time re-encodes (and decodes again) to itself.
-            let millis = chrono::DateTime::from_timestamp_millis(time.timestamp_millis())
-                .filter(|t| (0..=9999).contains(&chrono::Datelike::year(t)))
-                .ok_or_else(|| {
-                    field_error(
-                        obj.child_path(name),
-                        "must lie between the years 0000 and 9999 in UTC",
-                    )
-                })?;
-            Ok(millis)
-        }
-    }
-}
-
-fn check_kind(version: WireVersion, obj: &Obj<'_>, expected: &str) -> FieldResult<()> {
-    if version == WireVersion::V03
-        && let Some(kind) = obj.opt_str("kind")?
-        && kind != expected
-    {
-        return Err(field_error(
-            obj.child_path("kind"),
-            format!("expected {expected:?}, got {kind:?}"),
-        ));
-    }
-    Ok(())
-}
-
 pub fn decode_status(version: WireVersion, value: &Value, path: &str) -> FieldResult<TaskStatus> {
-    let obj = Obj::new(value, path)?;
-    let state_text = obj.str("state")?;
-    let state = parse_state(version, state_text).ok_or_else(|| {
-        field_error(
-            obj.child_path("state"),
-            format!(
-                "unknown task state {state_text:?} for A2A {}",
-                version.label()
-            ),
-        )
-    })?;
-    let message = obj
-        .get("message")
-        .map(|m| decode_message(version, m, &obj.child_path("message")))
-        .transpose()?;
-    Ok(TaskStatus {
-        state,
-        message,
-        timestamp: decode_time(&obj, "timestamp")?,
-    })
-}
-
-pub fn decode_artifact(version: WireVersion, value: &Value, path: &str) -> FieldResult<Artifact> {
-    let obj = Obj::new(value, path)?;
-    let parts_path = obj.child_path("parts");
-    let parts = obj
-        .array("parts")?
-        .iter()
-        .enumerate()
-        .map(|(i, part)| decode_part(version, part, &format!("{parts_path}[{i}]")))
-        .collect::<FieldResult<Vec<_>>>()?;
-    Ok(Artifact {
-        artifact_id: obj.str("artifactId")?.to_owned(),
-        name: obj.opt_str("name")?.map(str::to_owned),
-        description: obj.opt_str("description")?.map(str::to_owned),
-        parts,
-        metadata: obj.opt_map("metadata")?,
-    })
+    match version {
+        WireVersion::V1 => super::v1::decode_status(value, path),
+        WireVersion::V03 => super::v03::decode_status(value, path),
+    }
 }
 
 pub fn decode_task(version: WireVersion, value: &Value, path: &str) -> FieldResult<Task> {
-    let obj = Obj::new(value, path)?;
-    check_kind(version, &obj, "task")?;
-    let list = |name: &str| -> FieldResult<Vec<&Value>> {
-        Ok(obj
-            .opt_array(name)?
-            .map(|items| items.iter().collect())
-            .unwrap_or_default())
-    };
-    let artifacts = list("artifacts")?
-        .into_iter()
-        .enumerate()
-        .map(|(i, a)| decode_artifact(version, a, &format!("{}[{i}]", obj.child_path("artifacts"))))
-        .collect::<FieldResult<Vec<_>>>()?;
-    let history = list("history")?
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| decode_message(version, m, &format!("{}[{i}]", obj.child_path("history"))))
-        .collect::<FieldResult<Vec<_>>>()?;
-    Ok(Task {
-        id: obj.str("id")?.to_owned(),
-        context_id: obj.str("contextId")?.to_owned(),
-        status: decode_status(
-            version,
-            obj.get("status").unwrap_or(&Value::Null),
-            &obj.child_path("status"),
-        )?,
-        artifacts,
-        history,
-        metadata: obj.opt_map("metadata")?,
-    })
-}
-
-fn decode_event(
-    version: WireVersion,
-    kind: &str,
-    value: &Value,
-    path: &str,
-) -> FieldResult<TaskEvent> {
-    let obj = Obj::new(value, path)?;
-    check_kind(version, &obj, kind)?;
-    let task_id = obj.str("taskId")?.to_owned();
-    let context_id = obj.str("contextId")?.to_owned();
-    if kind == "status-update" {
-        let status = decode_status(
-            version,
-            obj.get("status").unwrap_or(&Value::Null),
-            &obj.child_path("status"),
-        )?;
-        let is_final = obj
-            .opt_bool("final")?
-            .unwrap_or_else(|| status.state.ends_turn());
-        Ok(TaskEvent::Status {
-            task_id,
-            context_id,
-            status,
-            is_final,
-        })
-    } else {
-        Ok(TaskEvent::Artifact {
-            task_id,
-            context_id,
-            artifact: decode_artifact(
-                version,
-                obj.get("artifact").unwrap_or(&Value::Null),
-                &obj.child_path("artifact"),
-            )?,
-            append: obj.opt_bool("append")?.unwrap_or(false),
-            last_chunk: obj.opt_bool("lastChunk")?.unwrap_or(false),
-        })
+    match version {
+        WireVersion::V1 => super::v1::decode_task(value, path),
+        WireVersion::V03 => super::v03::decode_task(value, path),
     }
 }
 
 /// A `SendMessage` / `message/send` result, or one stream event's `result`.
 pub fn decode_stream_item(version: WireVersion, value: &Value) -> FieldResult<StreamItem> {
-    let path = "result";
-    let obj = Obj::new(value, path)?;
-    let (kind, inner, inner_path) = match version {
-        WireVersion::V1 => {
-            let found: Vec<(&str, &str)> = [
-                ("task", "task"),
-                ("message", "message"),
-                ("statusUpdate", "status-update"),
-                ("artifactUpdate", "artifact-update"),
-            ]
-            .into_iter()
-            .filter(|(key, _)| obj.has(key))
-            .collect();
-            match found.as_slice() {
-                [(key, kind)] => (
-                    *kind,
-                    obj.get(key).unwrap_or(&Value::Null),
-                    obj.child_path(key),
-                ),
-                _ => {
-                    return Err(field_error(
-                        path,
-                        "expected exactly one of task, message, statusUpdate or artifactUpdate",
-                    ));
-                }
-            }
-        }
-        WireVersion::V03 => {
-            let kind = match obj.opt_str("kind")? {
-                Some(kind) => kind,
-                None if obj.has("messageId") => "message",
-                None if obj.has("artifact") => "artifact-update",
-                None if obj.has("taskId") && obj.has("status") => "status-update",
-                None if obj.has("id") => "task",
-                None => return Err(field_error(obj.child_path("kind"), "is required")),
-            };
-            (kind, value, path.to_owned())
-        }
-    };
-    match kind {
-        "task" => Ok(StreamItem::Task(decode_task(version, inner, &inner_path)?)),
-        "message" => Ok(StreamItem::Message(decode_message(
-            version,
-            inner,
-            &inner_path,
-        )?)),
-        "status-update" | "artifact-update" => Ok(StreamItem::Event(decode_event(
-            version,
-            kind,
-            inner,
-            &inner_path,
-        )?)),
-        other => Err(field_error(
-            format!("{path}.kind"),
-            format!("unknown result kind {other:?}"),
-        )),
+    match version {
+        WireVersion::V1 => super::v1::decode_stream_item(value),
+        WireVersion::V03 => super::v03::decode_stream_item(value),
     }
 }
 

@@ -110,6 +110,36 @@ fn timestamp<'de, D: Deserializer<'de>>(
         .map_err(|e| de::Error::custom(format!("not an ISO 8601 timestamp: {e}")))
 }
 
+/// A status time as both versions carry it: RFC 3339, kept to milliseconds in the years 0000 to
+/// 9999 UTC, so a decoded time re-encodes (and decodes again) to itself. Absent is `None`.
+pub(super) fn wire_time<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<DateTime<Utc>>, D::Error> {
+    let Some(text) = Option::<String>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    let time = DateTime::parse_from_rfc3339(&text)
+        .map_err(|e| de::Error::custom(format!("not an RFC 3339 time: {e}")))?;
+    DateTime::from_timestamp_millis(time.timestamp_millis())
+        .filter(|t| (0..=9999).contains(&chrono::Datelike::year(t)))
+        .map(Some)
+        .ok_or_else(|| de::Error::custom("must lie between the years 0000 and 9999 in UTC"))
+}
+
+/// A task state as `version` spells it.
+pub(super) fn task_state<'de, D: Deserializer<'de>>(
+    version: WireVersion,
+    deserializer: D,
+) -> Result<crate::model::TaskState, D::Error> {
+    let name = String::deserialize(deserializer)?;
+    super::codec::parse_state(version, &name).ok_or_else(|| {
+        de::Error::custom(format!(
+            "unknown task state {name:?} for A2A {}",
+            version.label()
+        ))
+    })
+}
+
 /// `GetTask` / `tasks/get`.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -2,9 +2,13 @@
 
 use super::WireVersion;
 use super::codec;
-use super::fields::FieldResult;
-use super::params::{Base64, SendRequest, decode, decode_at};
-use crate::model::{Message, Metadata, Part, PartContent, Role};
+use super::fields::{FieldResult, field_error};
+use super::params::{self, Base64, SendRequest, decode, decode_at};
+use crate::model::{
+    Artifact, Message, Metadata, Part, PartContent, Role, StreamItem, Task, TaskEvent, TaskState,
+    TaskStatus,
+};
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny};
 use serde_json::Value;
@@ -175,23 +179,231 @@ impl TryFrom<RawPart> for WirePart {
 
 /// A v0.3 `Message` found at `at`.
 pub fn decode_message(value: &Value, at: &str) -> FieldResult<Message> {
-    let wire: WireMessage = decode_at(value, at)?;
-    Ok(Message {
-        message_id: wire.message_id,
-        role: wire.role.0,
-        parts: wire.parts.into_iter().map(|p| p.0).collect(),
-        context_id: wire.context_id,
-        task_id: wire.task_id,
-        reference_task_ids: wire.reference_task_ids.unwrap_or_default(),
-        metadata: wire.metadata,
-        extensions: wire.extensions.unwrap_or_default(),
-        timestamp: None,
-    })
+    decode_at::<WireMessage>(value, at).map(Message::from)
 }
 
 /// A v0.3 `Part` found at `at`.
 pub fn decode_part(value: &Value, at: &str) -> FieldResult<Part> {
     decode_at::<WirePart>(value, at).map(|p| p.0)
+}
+
+// ---- results (what a v0.3 peer answers; the client side) ----
+
+/// A `kind` discriminator that must name one object kind when present.
+macro_rules! kind_tag {
+    ($name:ident, $kind:literal) => {
+        #[derive(Debug)]
+        struct $name;
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let kind = String::deserialize(deserializer)?;
+                if kind == $kind {
+                    Ok($name)
+                } else {
+                    Err(de::Error::custom(format!(
+                        "expected {:?}, got {kind:?}",
+                        $kind
+                    )))
+                }
+            }
+        }
+    };
+}
+
+kind_tag!(TaskKind, "task");
+kind_tag!(StatusUpdateKind, "status-update");
+kind_tag!(ArtifactUpdateKind, "artifact-update");
+
+impl From<WireMessage> for Message {
+    fn from(wire: WireMessage) -> Message {
+        Message {
+            message_id: wire.message_id,
+            role: wire.role.0,
+            parts: wire.parts.into_iter().map(|p| p.0).collect(),
+            context_id: wire.context_id,
+            task_id: wire.task_id,
+            reference_task_ids: wire.reference_task_ids.unwrap_or_default(),
+            metadata: wire.metadata,
+            extensions: wire.extensions.unwrap_or_default(),
+            timestamp: None,
+        }
+    }
+}
+
+fn state<'de, D: Deserializer<'de>>(deserializer: D) -> Result<TaskState, D::Error> {
+    params::task_state(WireVersion::V03, deserializer)
+}
+
+/// `TaskStatus`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "a TaskStatus object")]
+struct WireStatus {
+    #[serde(deserialize_with = "state")]
+    state: TaskState,
+    message: Option<WireMessage>,
+    #[serde(default, deserialize_with = "params::wire_time")]
+    timestamp: Option<DateTime<Utc>>,
+}
+
+impl From<WireStatus> for TaskStatus {
+    fn from(wire: WireStatus) -> TaskStatus {
+        TaskStatus {
+            state: wire.state,
+            message: wire.message.map(Message::from),
+            // A first Task without a timestamp happened now, as far as we know.
+            timestamp: wire.timestamp.unwrap_or_else(crate::model::now),
+        }
+    }
+}
+
+/// `Artifact`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "an Artifact object")]
+struct WireArtifact {
+    artifact_id: String,
+    name: Option<String>,
+    description: Option<String>,
+    parts: Vec<WirePart>,
+    metadata: Option<Metadata>,
+}
+
+impl From<WireArtifact> for Artifact {
+    fn from(wire: WireArtifact) -> Artifact {
+        Artifact {
+            artifact_id: wire.artifact_id,
+            name: wire.name,
+            description: wire.description,
+            parts: wire.parts.into_iter().map(|p| p.0).collect(),
+            metadata: wire.metadata,
+        }
+    }
+}
+
+/// `Task` (`kind: "task"`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "a Task object")]
+struct WireTask {
+    #[serde(rename = "kind")]
+    _kind: Option<TaskKind>,
+    id: String,
+    context_id: String,
+    status: WireStatus,
+    artifacts: Option<Vec<WireArtifact>>,
+    history: Option<Vec<WireMessage>>,
+    metadata: Option<Metadata>,
+}
+
+impl From<WireTask> for Task {
+    fn from(wire: WireTask) -> Task {
+        Task {
+            id: wire.id,
+            context_id: wire.context_id,
+            status: wire.status.into(),
+            artifacts: wire
+                .artifacts
+                .unwrap_or_default()
+                .into_iter()
+                .map(Artifact::from)
+                .collect(),
+            history: wire
+                .history
+                .unwrap_or_default()
+                .into_iter()
+                .map(Message::from)
+                .collect(),
+            metadata: wire.metadata,
+        }
+    }
+}
+
+/// `TaskStatusUpdateEvent` (`kind: "status-update"`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "a TaskStatusUpdateEvent object")]
+struct WireStatusUpdate {
+    #[serde(rename = "kind")]
+    _kind: Option<StatusUpdateKind>,
+    task_id: String,
+    context_id: String,
+    status: WireStatus,
+    #[serde(rename = "final")]
+    is_final: Option<bool>,
+}
+
+/// `TaskArtifactUpdateEvent` (`kind: "artifact-update"`).
+#[derive(Debug, Deserialize)]
+#[serde(
+    rename_all = "camelCase",
+    expecting = "a TaskArtifactUpdateEvent object"
+)]
+struct WireArtifactUpdate {
+    #[serde(rename = "kind")]
+    _kind: Option<ArtifactUpdateKind>,
+    task_id: String,
+    context_id: String,
+    artifact: WireArtifact,
+    append: Option<bool>,
+    last_chunk: Option<bool>,
+}
+
+/// A v0.3 `TaskStatus` found at `at`.
+pub fn decode_status(value: &Value, at: &str) -> FieldResult<TaskStatus> {
+    decode_at::<WireStatus>(value, at).map(TaskStatus::from)
+}
+
+/// A v0.3 `Task` found at `at`.
+pub fn decode_task(value: &Value, at: &str) -> FieldResult<Task> {
+    decode_at::<WireTask>(value, at).map(Task::from)
+}
+
+/// Which object a v0.3 result is: its `kind`, or without one, the fields only that kind has.
+fn result_kind(value: &Value) -> FieldResult<&str> {
+    let Value::Object(map) = value else {
+        return Err(field_error("result", "expected an object"));
+    };
+    let has = |key: &str| map.get(key).is_some_and(|v| !v.is_null());
+    match map.get("kind") {
+        Some(Value::String(kind)) => Ok(kind),
+        Some(other) if !other.is_null() => Err(field_error("result.kind", "expected a string")),
+        _ if has("messageId") => Ok("message"),
+        _ if has("artifact") => Ok("artifact-update"),
+        _ if has("taskId") && has("status") => Ok("status-update"),
+        _ if has("id") => Ok("task"),
+        _ => Err(field_error("result.kind", "is required")),
+    }
+}
+
+/// The `result` of a v0.3 stream event or send: a Task, Message, or update event.
+pub fn decode_stream_item(value: &Value) -> FieldResult<StreamItem> {
+    let at = "result";
+    match result_kind(value)? {
+        "task" => decode_task(value, at).map(StreamItem::Task),
+        "message" => decode_message(value, at).map(StreamItem::Message),
+        "status-update" => {
+            let update: WireStatusUpdate = decode_at(value, at)?;
+            let status = TaskStatus::from(update.status);
+            Ok(StreamItem::Event(TaskEvent::Status {
+                task_id: update.task_id,
+                context_id: update.context_id,
+                is_final: update.is_final.unwrap_or_else(|| status.state.ends_turn()),
+                status,
+            }))
+        }
+        "artifact-update" => {
+            let update: WireArtifactUpdate = decode_at(value, at)?;
+            Ok(StreamItem::Event(TaskEvent::Artifact {
+                task_id: update.task_id,
+                context_id: update.context_id,
+                artifact: update.artifact.into(),
+                append: update.append.unwrap_or(false),
+                last_chunk: update.last_chunk.unwrap_or(false),
+            }))
+        }
+        other => Err(field_error(
+            "result.kind",
+            format!("unknown result kind {other:?}"),
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -234,5 +446,23 @@ mod tests {
             PartContent::FileUrl { .. }
         ));
         assert_eq!(decoded.parts[1].name.as_deref(), Some("n"));
+    }
+
+    #[test]
+    fn results_are_told_apart_by_kind_or_fields() {
+        let status = json!({"state": "completed", "timestamp": "2026-01-02T03:04:05.678Z"});
+        let update = json!({"taskId": "t", "contextId": "c", "status": status});
+        let item = decode_stream_item(&update).unwrap();
+        assert!(matches!(
+            item,
+            StreamItem::Event(TaskEvent::Status { is_final: true, .. })
+        ));
+        let wrong = json!({"kind": "task", "taskId": "t", "contextId": "c", "status": status});
+        assert_eq!(decode_stream_item(&wrong).unwrap_err().path, "result.id");
+        let e = decode_task(&json!({"kind": "message", "id": "t"}), "result").unwrap_err();
+        assert_eq!(e.path, "result.kind");
+        let late = json!({"id": "t", "contextId": "c", "status": {"state": "completed", "timestamp": "10000-01-01T00:00:00Z"}});
+        let e = decode_task(&late, "result").unwrap_err();
+        assert_eq!(e.path, "result.status.timestamp");
     }
 }

@@ -5,8 +5,12 @@
 use super::WireVersion;
 use super::codec;
 use super::fields::FieldResult;
-use super::params::{Base64, SendRequest, decode, decode_at};
-use crate::model::{Message, Metadata, Part, PartContent, Role};
+use super::params::{self, Base64, SendRequest, decode, decode_at};
+use crate::model::{
+    Artifact, Message, Metadata, Part, PartContent, Role, StreamItem, Task, TaskEvent, TaskState,
+    TaskStatus,
+};
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny};
 use serde_json::Value;
@@ -153,23 +157,207 @@ impl TryFrom<RawPart> for WirePart {
 
 /// A v1.0 `Message` found at `at`.
 pub fn decode_message(value: &Value, at: &str) -> FieldResult<Message> {
-    let wire: WireMessage = decode_at(value, at)?;
-    Ok(Message {
-        message_id: wire.message_id,
-        role: wire.role.0,
-        parts: wire.parts.into_iter().map(|p| p.0).collect(),
-        context_id: wire.context_id,
-        task_id: wire.task_id,
-        reference_task_ids: wire.reference_task_ids.unwrap_or_default(),
-        metadata: wire.metadata,
-        extensions: wire.extensions.unwrap_or_default(),
-        timestamp: None,
-    })
+    decode_at::<WireMessage>(value, at).map(Message::from)
 }
 
 /// A v1.0 `Part` found at `at`.
 pub fn decode_part(value: &Value, at: &str) -> FieldResult<Part> {
     decode_at::<WirePart>(value, at).map(|p| p.0)
+}
+
+// ---- results (what a v1.0 peer answers; the client side) ----
+
+impl From<WireMessage> for Message {
+    fn from(wire: WireMessage) -> Message {
+        Message {
+            message_id: wire.message_id,
+            role: wire.role.0,
+            parts: wire.parts.into_iter().map(|p| p.0).collect(),
+            context_id: wire.context_id,
+            task_id: wire.task_id,
+            reference_task_ids: wire.reference_task_ids.unwrap_or_default(),
+            metadata: wire.metadata,
+            extensions: wire.extensions.unwrap_or_default(),
+            timestamp: None,
+        }
+    }
+}
+
+fn state<'de, D: Deserializer<'de>>(deserializer: D) -> Result<TaskState, D::Error> {
+    params::task_state(WireVersion::V1, deserializer)
+}
+
+/// `TaskStatus`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "a TaskStatus object")]
+struct WireStatus {
+    #[serde(deserialize_with = "state")]
+    state: TaskState,
+    message: Option<WireMessage>,
+    #[serde(default, deserialize_with = "params::wire_time")]
+    timestamp: Option<DateTime<Utc>>,
+}
+
+impl From<WireStatus> for TaskStatus {
+    fn from(wire: WireStatus) -> TaskStatus {
+        TaskStatus {
+            state: wire.state,
+            message: wire.message.map(Message::from),
+            // The first Task of an SDK stream has no timestamp: it happened now, as far as we know.
+            timestamp: wire.timestamp.unwrap_or_else(crate::model::now),
+        }
+    }
+}
+
+/// `Artifact`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "an Artifact object")]
+struct WireArtifact {
+    artifact_id: String,
+    name: Option<String>,
+    description: Option<String>,
+    parts: Vec<WirePart>,
+    metadata: Option<Metadata>,
+}
+
+impl From<WireArtifact> for Artifact {
+    fn from(wire: WireArtifact) -> Artifact {
+        Artifact {
+            artifact_id: wire.artifact_id,
+            name: wire.name,
+            description: wire.description,
+            parts: wire.parts.into_iter().map(|p| p.0).collect(),
+            metadata: wire.metadata,
+        }
+    }
+}
+
+/// `Task`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "a Task object")]
+struct WireTask {
+    id: String,
+    context_id: String,
+    status: WireStatus,
+    artifacts: Option<Vec<WireArtifact>>,
+    history: Option<Vec<WireMessage>>,
+    metadata: Option<Metadata>,
+}
+
+impl From<WireTask> for Task {
+    fn from(wire: WireTask) -> Task {
+        Task {
+            id: wire.id,
+            context_id: wire.context_id,
+            status: wire.status.into(),
+            artifacts: wire
+                .artifacts
+                .unwrap_or_default()
+                .into_iter()
+                .map(Artifact::from)
+                .collect(),
+            history: wire
+                .history
+                .unwrap_or_default()
+                .into_iter()
+                .map(Message::from)
+                .collect(),
+            metadata: wire.metadata,
+        }
+    }
+}
+
+/// `TaskStatusUpdateEvent`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "a TaskStatusUpdateEvent object")]
+struct WireStatusUpdate {
+    task_id: String,
+    context_id: String,
+    status: WireStatus,
+    /// Not in v1.0; taken if a peer sends it, else the state says.
+    #[serde(rename = "final")]
+    is_final: Option<bool>,
+}
+
+/// `TaskArtifactUpdateEvent`.
+#[derive(Debug, Deserialize)]
+#[serde(
+    rename_all = "camelCase",
+    expecting = "a TaskArtifactUpdateEvent object"
+)]
+struct WireArtifactUpdate {
+    task_id: String,
+    context_id: String,
+    artifact: WireArtifact,
+    append: Option<bool>,
+    last_chunk: Option<bool>,
+}
+
+/// `StreamResponse` (also `SendMessageResponse`, which holds only the first two).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", expecting = "a StreamResponse object")]
+struct RawStreamResponse {
+    task: Option<WireTask>,
+    message: Option<WireMessage>,
+    status_update: Option<WireStatusUpdate>,
+    artifact_update: Option<WireArtifactUpdate>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "RawStreamResponse")]
+struct WireStreamResponse(StreamItem);
+
+impl TryFrom<RawStreamResponse> for WireStreamResponse {
+    type Error = &'static str;
+
+    fn try_from(raw: RawStreamResponse) -> Result<Self, Self::Error> {
+        let item = match (
+            raw.task,
+            raw.message,
+            raw.status_update,
+            raw.artifact_update,
+        ) {
+            (Some(task), None, None, None) => StreamItem::Task(task.into()),
+            (None, Some(message), None, None) => StreamItem::Message(message.into()),
+            (None, None, Some(update), None) => {
+                let status = TaskStatus::from(update.status);
+                StreamItem::Event(TaskEvent::Status {
+                    task_id: update.task_id,
+                    context_id: update.context_id,
+                    is_final: update.is_final.unwrap_or_else(|| status.state.ends_turn()),
+                    status,
+                })
+            }
+            (None, None, None, Some(update)) => StreamItem::Event(TaskEvent::Artifact {
+                task_id: update.task_id,
+                context_id: update.context_id,
+                artifact: update.artifact.into(),
+                append: update.append.unwrap_or(false),
+                last_chunk: update.last_chunk.unwrap_or(false),
+            }),
+            _ => {
+                return Err(
+                    "expected exactly one of task, message, statusUpdate or artifactUpdate",
+                );
+            }
+        };
+        Ok(WireStreamResponse(item))
+    }
+}
+
+/// A v1.0 `TaskStatus` found at `at`.
+pub fn decode_status(value: &Value, at: &str) -> FieldResult<TaskStatus> {
+    decode_at::<WireStatus>(value, at).map(TaskStatus::from)
+}
+
+/// A v1.0 `Task` found at `at`.
+pub fn decode_task(value: &Value, at: &str) -> FieldResult<Task> {
+    decode_at::<WireTask>(value, at).map(Task::from)
+}
+
+/// A v1.0 `StreamResponse` (or `SendMessageResponse`): the `result` of a stream event or a send.
+pub fn decode_stream_item(value: &Value) -> FieldResult<StreamItem> {
+    decode_at::<WireStreamResponse>(value, "result").map(|r| r.0)
 }
 
 #[cfg(test)]
@@ -205,6 +393,24 @@ mod tests {
         assert_eq!(
             (path.as_str(), why.as_str()),
             ("message.messageId", "is required")
+        );
+    }
+
+    #[test]
+    fn a_stream_response_holds_exactly_one_kind() {
+        let task = json!({"id": "t", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"}});
+        let both = decode_stream_item(&json!({"task": task, "message": {"messageId": "m", "role": "ROLE_AGENT", "parts": []}}))
+            .unwrap_err();
+        assert_eq!(both.path, "result");
+        let item = decode_stream_item(&json!({"task": task})).unwrap();
+        assert!(matches!(item, StreamItem::Task(t) if t.id == "t"));
+        let bad = json!({"statusUpdate": {"taskId": "t", "contextId": "c", "status": {"state": "working"}}});
+        let e = decode_stream_item(&bad).unwrap_err();
+        assert_eq!(e.path, "result.statusUpdate.status.state");
+        assert!(
+            e.problem
+                .contains("unknown task state \"working\" for A2A 1.0"),
+            "{e}"
         );
     }
 }
