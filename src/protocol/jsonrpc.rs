@@ -145,6 +145,38 @@ impl RpcError {
         self.spelling().code
     }
 
+    /// The JSON-RPC code of an `ErrorInfo` reason (for a client reading HTTP+JSON errors).
+    pub fn code_for_reason(reason: &str) -> Option<i64> {
+        let none = String::new;
+        [
+            RpcError::Parse(none()),
+            RpcError::InvalidRequest(none()),
+            RpcError::MethodNotFound(none()),
+            RpcError::InvalidParams(none()),
+            RpcError::Internal(none()),
+            RpcError::TaskNotFound(none()),
+            RpcError::TaskNotCancelable(none()),
+            RpcError::PushNotSupported,
+            RpcError::Unsupported(none()),
+            RpcError::ContentTypeNotSupported(none()),
+            RpcError::VersionNotSupported(none()),
+            RpcError::ExtendedCardNotConfigured,
+            RpcError::ContextBusy {
+                context_id: none(),
+                task_id: none(),
+            },
+            RpcError::Overloaded { retry_after_ms: 0 },
+            RpcError::SubscriberTooSlow(0),
+            RpcError::ShuttingDown,
+            RpcError::Unauthenticated(none()),
+            RpcError::ConversationNotFound(none()),
+        ]
+        .iter()
+        .map(RpcError::spelling)
+        .find(|s| s.reason == reason)
+        .map(|s| s.code)
+    }
+
     /// What a client needs to act on the error, beyond its code: `ErrorInfo.metadata` in v1.0.
     fn details(&self) -> Map<String, Value> {
         let mut details = Map::new();
@@ -291,4 +323,24 @@ pub fn success(id: &RequestId, result: Value) -> Value {
 
 pub fn failure(id: &RequestId, error: &RpcError, version: WireVersion) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "error": error.to_json(version) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RpcError;
+
+    #[test]
+    fn reasons_map_back_to_their_codes() {
+        assert_eq!(RpcError::code_for_reason("TASK_NOT_FOUND"), Some(-32001));
+        assert_eq!(
+            RpcError::code_for_reason("CONTENT_TYPE_NOT_SUPPORTED"),
+            Some(-32005)
+        );
+        assert_eq!(RpcError::code_for_reason("CONTEXT_BUSY"), Some(-32010));
+        assert_eq!(
+            RpcError::code_for_reason("CONVERSATION_NOT_FOUND"),
+            Some(-32015)
+        );
+        assert_eq!(RpcError::code_for_reason("NOT_A_REASON"), None);
+    }
 }
