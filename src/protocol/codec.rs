@@ -60,6 +60,20 @@ pub fn parse_state(version: WireVersion, name: &str) -> Option<TaskState> {
         .find(|s| state_name(version, *s) == name)
 }
 
+/// The messages of `task`'s history that `view` shows: the most recent `history_length`.
+pub fn history_view(task: &Task, view: TaskView) -> &[Message] {
+    let skip = view
+        .history_length
+        .map_or(0, |n| task.history.len().saturating_sub(n));
+    &task.history[skip..]
+}
+
+/// A wire type as JSON. Our wire types have string keys and no fallible serializers, so this
+/// cannot fail; `null` stands in if it ever did.
+pub(super) fn to_json(value: impl serde::Serialize) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
 fn insert_opt(map: &mut Map<String, Value>, key: &str, value: Option<Value>) {
     if let Some(value) = value {
         map.insert(key.to_owned(), value);
@@ -86,6 +100,9 @@ pub fn decode_part(version: WireVersion, value: &Value, path: &str) -> FieldResu
 // ---- encoding ----
 
 pub fn encode_part(version: WireVersion, part: &Part) -> Value {
+    if version == WireVersion::V1 {
+        return super::v1::encode_part(part);
+    }
     let mut map = Map::new();
     match version {
         WireVersion::V1 => {
@@ -147,6 +164,9 @@ fn encode_parts(version: WireVersion, parts: &[Part]) -> Value {
 }
 
 pub fn encode_message(version: WireVersion, message: &Message) -> Value {
+    if version == WireVersion::V1 {
+        return super::v1::encode_message(message);
+    }
     let mut map = Map::new();
     if version == WireVersion::V03 {
         map.insert("kind".into(), json!("message"));
@@ -191,6 +211,9 @@ fn encode_status(version: WireVersion, status: &TaskStatus) -> Value {
 }
 
 pub fn encode_artifact(version: WireVersion, artifact: &Artifact) -> Value {
+    if version == WireVersion::V1 {
+        return super::v1::encode_artifact(artifact);
+    }
     let mut map = Map::new();
     map.insert("artifactId".into(), json!(artifact.artifact_id));
     insert_opt(&mut map, "name", artifact.name.as_ref().map(|n| json!(n)));
@@ -209,6 +232,9 @@ pub fn encode_artifact(version: WireVersion, artifact: &Artifact) -> Value {
 }
 
 pub fn encode_task(version: WireVersion, task: &Task, view: TaskView) -> Value {
+    if version == WireVersion::V1 {
+        return super::v1::encode_task(task, view);
+    }
     let mut map = Map::new();
     if version == WireVersion::V03 {
         map.insert("kind".into(), json!("task"));
@@ -251,6 +277,9 @@ fn wrap(version: WireVersion, key: &str, value: Value) -> Value {
 }
 
 pub fn encode_send_result(version: WireVersion, result: &SendResult, view: TaskView) -> Value {
+    if version == WireVersion::V1 {
+        return super::v1::encode_send_result(result, view);
+    }
     match result {
         SendResult::Task(task) => wrap(version, "task", encode_task(version, task, view)),
         SendResult::Message(message) => wrap(version, "message", encode_message(version, message)),
@@ -258,6 +287,9 @@ pub fn encode_send_result(version: WireVersion, result: &SendResult, view: TaskV
 }
 
 pub fn encode_event(version: WireVersion, event: &TaskEvent) -> Value {
+    if version == WireVersion::V1 {
+        return super::v1::encode_event(event);
+    }
     match event {
         TaskEvent::Status {
             task_id,
@@ -301,6 +333,9 @@ pub fn encode_event(version: WireVersion, event: &TaskEvent) -> Value {
 }
 
 pub fn encode_stream_item(version: WireVersion, item: &StreamItem, view: TaskView) -> Value {
+    if version == WireVersion::V1 {
+        return super::v1::encode_stream_item(item, view);
+    }
     match item {
         StreamItem::Task(task) => wrap(version, "task", encode_task(version, task, view)),
         StreamItem::Message(message) => wrap(version, "message", encode_message(version, message)),

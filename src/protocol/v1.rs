@@ -7,12 +7,12 @@ use super::codec;
 use super::fields::FieldResult;
 use super::params::{self, Base64, SendRequest, decode, decode_at};
 use crate::model::{
-    Artifact, Message, Metadata, Part, PartContent, Role, StreamItem, Task, TaskEvent, TaskState,
-    TaskStatus,
+    Artifact, Message, Metadata, Part, PartContent, Role, SendResult, StreamItem, Task, TaskEvent,
+    TaskState, TaskStatus, TaskView, format_time,
 };
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// `SendMessageRequest`: the params of `SendMessage` and `SendStreamingMessage`.
@@ -358,6 +358,265 @@ pub fn decode_task(value: &Value, at: &str) -> FieldResult<Task> {
 /// A v1.0 `StreamResponse` (or `SendMessageResponse`): the `result` of a stream event or a send.
 pub fn decode_stream_item(value: &Value) -> FieldResult<StreamItem> {
     decode_at::<WireStreamResponse>(value, "result").map(|r| r.0)
+}
+
+// ---- encoding (what colloquy answers in v1.0) ----
+
+/// `Part`: one content field, then `filename` / `mediaType` when set.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PartOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    raw: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    filename: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    media_type: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a Metadata>,
+}
+
+impl<'a> From<&'a Part> for PartOut<'a> {
+    fn from(part: &'a Part) -> Self {
+        let mut out = PartOut {
+            text: None,
+            raw: None,
+            url: None,
+            data: None,
+            filename: part.name.as_deref(),
+            media_type: part.media_type.as_deref(),
+            metadata: part.metadata.as_ref(),
+        };
+        match &part.content {
+            PartContent::Text { text } => out.text = Some(text),
+            PartContent::FileBytes { base64 } => out.raw = Some(base64),
+            PartContent::FileUrl { url } => out.url = Some(url),
+            PartContent::Data { data } => out.data = Some(data),
+        }
+        out
+    }
+}
+
+fn parts_out(parts: &[Part]) -> Vec<PartOut<'_>> {
+    parts.iter().map(PartOut::from).collect()
+}
+
+/// `Message`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageOut<'a> {
+    message_id: &'a str,
+    role: &'static str,
+    parts: Vec<PartOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    reference_task_ids: &'a [String],
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    extensions: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a Metadata>,
+}
+
+impl<'a> From<&'a Message> for MessageOut<'a> {
+    fn from(message: &'a Message) -> Self {
+        MessageOut {
+            message_id: &message.message_id,
+            role: codec::role_name(WireVersion::V1, message.role),
+            parts: parts_out(&message.parts),
+            context_id: message.context_id.as_deref(),
+            task_id: message.task_id.as_deref(),
+            reference_task_ids: &message.reference_task_ids,
+            extensions: &message.extensions,
+            metadata: message.metadata.as_ref(),
+        }
+    }
+}
+
+/// `TaskStatus`.
+#[derive(Serialize)]
+struct StatusOut<'a> {
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<MessageOut<'a>>,
+    timestamp: String,
+}
+
+impl<'a> From<&'a TaskStatus> for StatusOut<'a> {
+    fn from(status: &'a TaskStatus) -> Self {
+        StatusOut {
+            state: codec::state_name(WireVersion::V1, status.state),
+            message: status.message.as_ref().map(MessageOut::from),
+            timestamp: format_time(&status.timestamp),
+        }
+    }
+}
+
+/// `Artifact`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ArtifactOut<'a> {
+    artifact_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    parts: Vec<PartOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a Metadata>,
+}
+
+impl<'a> From<&'a Artifact> for ArtifactOut<'a> {
+    fn from(artifact: &'a Artifact) -> Self {
+        ArtifactOut {
+            artifact_id: &artifact.artifact_id,
+            name: artifact.name.as_deref(),
+            description: artifact.description.as_deref(),
+            parts: parts_out(&artifact.parts),
+            metadata: artifact.metadata.as_ref(),
+        }
+    }
+}
+
+/// `Task`, with what `view` asks for.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TaskOut<'a> {
+    id: &'a str,
+    context_id: &'a str,
+    status: StatusOut<'a>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    artifacts: Vec<ArtifactOut<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    history: Vec<MessageOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a Metadata>,
+}
+
+impl<'a> TaskOut<'a> {
+    fn new(task: &'a Task, view: TaskView) -> Self {
+        let artifacts = if view.artifacts {
+            task.artifacts.iter().map(ArtifactOut::from).collect()
+        } else {
+            Vec::new()
+        };
+        TaskOut {
+            id: &task.id,
+            context_id: &task.context_id,
+            status: StatusOut::from(&task.status),
+            artifacts,
+            history: codec::history_view(task, view)
+                .iter()
+                .map(MessageOut::from)
+                .collect(),
+            metadata: task.metadata.as_ref(),
+        }
+    }
+}
+
+/// `TaskStatusUpdateEvent` (v1.0 has no `final`: the state says).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusUpdateOut<'a> {
+    task_id: &'a str,
+    context_id: &'a str,
+    status: StatusOut<'a>,
+}
+
+/// `TaskArtifactUpdateEvent`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ArtifactUpdateOut<'a> {
+    task_id: &'a str,
+    context_id: &'a str,
+    artifact: ArtifactOut<'a>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    append: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    last_chunk: bool,
+}
+
+/// `StreamResponse` / `SendMessageResponse`: exactly one member.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+enum StreamResponseOut<'a> {
+    Task(TaskOut<'a>),
+    Message(MessageOut<'a>),
+    StatusUpdate(StatusUpdateOut<'a>),
+    ArtifactUpdate(ArtifactUpdateOut<'a>),
+}
+
+impl<'a> StreamResponseOut<'a> {
+    fn event(event: &'a TaskEvent) -> Self {
+        match event {
+            TaskEvent::Status {
+                task_id,
+                context_id,
+                status,
+                ..
+            } => StreamResponseOut::StatusUpdate(StatusUpdateOut {
+                task_id,
+                context_id,
+                status: StatusOut::from(status),
+            }),
+            TaskEvent::Artifact {
+                task_id,
+                context_id,
+                artifact,
+                append,
+                last_chunk,
+            } => StreamResponseOut::ArtifactUpdate(ArtifactUpdateOut {
+                task_id,
+                context_id,
+                artifact: ArtifactOut::from(artifact),
+                append: *append,
+                last_chunk: *last_chunk,
+            }),
+        }
+    }
+}
+
+pub fn encode_part(part: &Part) -> Value {
+    codec::to_json(PartOut::from(part))
+}
+
+pub fn encode_message(message: &Message) -> Value {
+    codec::to_json(MessageOut::from(message))
+}
+
+pub fn encode_artifact(artifact: &Artifact) -> Value {
+    codec::to_json(ArtifactOut::from(artifact))
+}
+
+pub fn encode_task(task: &Task, view: TaskView) -> Value {
+    codec::to_json(TaskOut::new(task, view))
+}
+
+pub fn encode_send_result(result: &SendResult, view: TaskView) -> Value {
+    codec::to_json(match result {
+        SendResult::Task(task) => StreamResponseOut::Task(TaskOut::new(task, view)),
+        SendResult::Message(message) => StreamResponseOut::Message(MessageOut::from(message)),
+    })
+}
+
+pub fn encode_event(event: &TaskEvent) -> Value {
+    codec::to_json(StreamResponseOut::event(event))
+}
+
+pub fn encode_stream_item(item: &StreamItem, view: TaskView) -> Value {
+    codec::to_json(match item {
+        StreamItem::Task(task) => StreamResponseOut::Task(TaskOut::new(task, view)),
+        StreamItem::Message(message) => StreamResponseOut::Message(MessageOut::from(message)),
+        StreamItem::Event(event) => StreamResponseOut::event(event),
+    })
 }
 
 #[cfg(test)]
