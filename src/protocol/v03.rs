@@ -5,12 +5,12 @@ use super::codec;
 use super::fields::{FieldResult, field_error};
 use super::params::{self, Base64, SendRequest, decode, decode_at};
 use crate::model::{
-    Artifact, Message, Metadata, Part, PartContent, Role, StreamItem, Task, TaskEvent, TaskState,
-    TaskStatus,
+    Artifact, Message, Metadata, Part, PartContent, Role, SendResult, StreamItem, Task, TaskEvent,
+    TaskState, TaskStatus, TaskView, format_time,
 };
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// `MessageSendParams`: the params of `message/send` and `message/stream`.
@@ -403,6 +403,290 @@ pub fn decode_stream_item(value: &Value) -> FieldResult<StreamItem> {
             "result.kind",
             format!("unknown result kind {other:?}"),
         )),
+    }
+}
+
+// ---- encoding (what colloquy answers in v0.3) ----
+
+/// `FilePart.file`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct FileOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uri: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mime_type: Option<&'a str>,
+}
+
+/// A `DataPart`'s `data`: an object as it is; any other JSON value wrapped as `{"value": ..}`.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum DataOut<'a> {
+    Object(&'a Value),
+    Wrapped { value: &'a Value },
+}
+
+/// `TextPart`, `FilePart` or `DataPart`, by `kind`.
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum PartOut<'a> {
+    Text {
+        text: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        metadata: Option<&'a Metadata>,
+    },
+    File {
+        file: FileOut<'a>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        metadata: Option<&'a Metadata>,
+    },
+    Data {
+        data: DataOut<'a>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        metadata: Option<&'a Metadata>,
+    },
+}
+
+impl<'a> From<&'a Part> for PartOut<'a> {
+    fn from(part: &'a Part) -> Self {
+        let metadata = part.metadata.as_ref();
+        let file = |bytes, uri| PartOut::File {
+            file: FileOut {
+                bytes,
+                uri,
+                name: part.name.as_deref(),
+                mime_type: part.media_type.as_deref(),
+            },
+            metadata,
+        };
+        match &part.content {
+            PartContent::Text { text } => PartOut::Text { text, metadata },
+            PartContent::Data { data } => PartOut::Data {
+                data: if data.is_object() {
+                    DataOut::Object(data)
+                } else {
+                    DataOut::Wrapped { value: data }
+                },
+                metadata,
+            },
+            PartContent::FileBytes { base64 } => file(Some(base64.as_str()), None),
+            PartContent::FileUrl { url } => file(None, Some(url.as_str())),
+        }
+    }
+}
+
+fn parts_out(parts: &[Part]) -> Vec<PartOut<'_>> {
+    parts.iter().map(PartOut::from).collect()
+}
+
+/// `Message` (`kind: "message"`).
+#[derive(Serialize)]
+#[serde(tag = "kind", rename = "message", rename_all = "camelCase")]
+struct MessageOut<'a> {
+    message_id: &'a str,
+    role: &'static str,
+    parts: Vec<PartOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    reference_task_ids: &'a [String],
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    extensions: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a Metadata>,
+}
+
+impl<'a> From<&'a Message> for MessageOut<'a> {
+    fn from(message: &'a Message) -> Self {
+        MessageOut {
+            message_id: &message.message_id,
+            role: codec::role_name(WireVersion::V03, message.role),
+            parts: parts_out(&message.parts),
+            context_id: message.context_id.as_deref(),
+            task_id: message.task_id.as_deref(),
+            reference_task_ids: &message.reference_task_ids,
+            extensions: &message.extensions,
+            metadata: message.metadata.as_ref(),
+        }
+    }
+}
+
+/// `TaskStatus`.
+#[derive(Serialize)]
+struct StatusOut<'a> {
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<MessageOut<'a>>,
+    timestamp: String,
+}
+
+impl<'a> From<&'a TaskStatus> for StatusOut<'a> {
+    fn from(status: &'a TaskStatus) -> Self {
+        StatusOut {
+            state: codec::state_name(WireVersion::V03, status.state),
+            message: status.message.as_ref().map(MessageOut::from),
+            timestamp: format_time(&status.timestamp),
+        }
+    }
+}
+
+/// `Artifact`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ArtifactOut<'a> {
+    artifact_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    parts: Vec<PartOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a Metadata>,
+}
+
+impl<'a> From<&'a Artifact> for ArtifactOut<'a> {
+    fn from(artifact: &'a Artifact) -> Self {
+        ArtifactOut {
+            artifact_id: &artifact.artifact_id,
+            name: artifact.name.as_deref(),
+            description: artifact.description.as_deref(),
+            parts: parts_out(&artifact.parts),
+            metadata: artifact.metadata.as_ref(),
+        }
+    }
+}
+
+/// `Task` (`kind: "task"`), with what `view` asks for.
+#[derive(Serialize)]
+#[serde(tag = "kind", rename = "task", rename_all = "camelCase")]
+struct TaskOut<'a> {
+    id: &'a str,
+    context_id: &'a str,
+    status: StatusOut<'a>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    artifacts: Vec<ArtifactOut<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    history: Vec<MessageOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<&'a Metadata>,
+}
+
+impl<'a> TaskOut<'a> {
+    fn new(task: &'a Task, view: TaskView) -> Self {
+        let artifacts = if view.artifacts {
+            task.artifacts.iter().map(ArtifactOut::from).collect()
+        } else {
+            Vec::new()
+        };
+        TaskOut {
+            id: &task.id,
+            context_id: &task.context_id,
+            status: StatusOut::from(&task.status),
+            artifacts,
+            history: codec::history_view(task, view)
+                .iter()
+                .map(MessageOut::from)
+                .collect(),
+            metadata: task.metadata.as_ref(),
+        }
+    }
+}
+
+/// `TaskStatusUpdateEvent` (`kind: "status-update"`) and `TaskArtifactUpdateEvent`
+/// (`kind: "artifact-update"`).
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+enum EventOut<'a> {
+    #[serde(rename_all = "camelCase")]
+    StatusUpdate {
+        task_id: &'a str,
+        context_id: &'a str,
+        status: StatusOut<'a>,
+        #[serde(rename = "final")]
+        is_final: bool,
+    },
+    #[serde(rename_all = "camelCase")]
+    ArtifactUpdate {
+        task_id: &'a str,
+        context_id: &'a str,
+        artifact: ArtifactOut<'a>,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        append: bool,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        last_chunk: bool,
+    },
+}
+
+impl<'a> From<&'a TaskEvent> for EventOut<'a> {
+    fn from(event: &'a TaskEvent) -> Self {
+        match event {
+            TaskEvent::Status {
+                task_id,
+                context_id,
+                status,
+                is_final,
+            } => EventOut::StatusUpdate {
+                task_id,
+                context_id,
+                status: StatusOut::from(status),
+                is_final: *is_final,
+            },
+            TaskEvent::Artifact {
+                task_id,
+                context_id,
+                artifact,
+                append,
+                last_chunk,
+            } => EventOut::ArtifactUpdate {
+                task_id,
+                context_id,
+                artifact: ArtifactOut::from(artifact),
+                append: *append,
+                last_chunk: *last_chunk,
+            },
+        }
+    }
+}
+
+pub fn encode_part(part: &Part) -> Value {
+    codec::to_json(PartOut::from(part))
+}
+
+pub fn encode_message(message: &Message) -> Value {
+    codec::to_json(MessageOut::from(message))
+}
+
+pub fn encode_artifact(artifact: &Artifact) -> Value {
+    codec::to_json(ArtifactOut::from(artifact))
+}
+
+pub fn encode_task(task: &Task, view: TaskView) -> Value {
+    codec::to_json(TaskOut::new(task, view))
+}
+
+/// v0.3 results are the bare Task or Message (their `kind` tells).
+pub fn encode_send_result(result: &SendResult, view: TaskView) -> Value {
+    match result {
+        SendResult::Task(task) => encode_task(task, view),
+        SendResult::Message(message) => encode_message(message),
+    }
+}
+
+pub fn encode_event(event: &TaskEvent) -> Value {
+    codec::to_json(EventOut::from(event))
+}
+
+pub fn encode_stream_item(item: &StreamItem, view: TaskView) -> Value {
+    match item {
+        StreamItem::Task(task) => encode_task(task, view),
+        StreamItem::Message(message) => encode_message(message),
+        StreamItem::Event(event) => encode_event(event),
     }
 }
 
