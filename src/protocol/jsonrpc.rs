@@ -129,7 +129,7 @@ impl RpcError {
             RpcError::ContextBusy { .. } => spelling(-32010, "CONTEXT_BUSY", 409, "ABORTED"),
             RpcError::Overloaded { .. } => spelling(-32011, "OVERLOADED", 503, "UNAVAILABLE"),
             RpcError::SubscriberTooSlow(_) => {
-                spelling(-32012, "SUBSCRIBER_TOO_SLOW", 500, "RESOURCE_EXHAUSTED")
+                spelling(-32012, "SUBSCRIBER_TOO_SLOW", 429, "RESOURCE_EXHAUSTED")
             }
             RpcError::ShuttingDown => spelling(-32013, "SHUTTING_DOWN", 503, "UNAVAILABLE"),
             RpcError::Unauthenticated(_) => {

@@ -310,3 +310,49 @@ async fn the_same_auth_guards_both_bindings_and_the_card_lists_both() {
     assert_eq!(rest_interface["url"], interfaces[0]["url"]);
     server.stop().await;
 }
+
+#[actix_rt::test]
+async fn a_slow_subscriber_gets_an_error_event_with_the_error_body() {
+    use futures_util::StreamExt;
+    let server = start_scripted(|c| c.streaming.subscriber_buffer = 16).await;
+    let rest = Rest { server: &server };
+    let (count, size) = (1500, 16 * 1024);
+    let message = user_message(V1, &format!("flood {count} {size}"), None, None);
+    let fast = server
+        .client
+        .post(rest.url("/message:stream"))
+        .json(&json!({"message": message}))
+        .send()
+        .await
+        .unwrap();
+    let mut fast = LiveStream::new(fast);
+    let task_id = fast.next_event().await.unwrap()["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let slow = server
+        .client
+        .get(rest.url(&format!("/tasks/{task_id}:subscribe")))
+        .send()
+        .await
+        .unwrap();
+    let fast_events = tokio::spawn(fast.rest());
+    // The slow subscriber reads nothing until the agent is done.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let events: Vec<_> = eventsource_stream::Eventsource::eventsource(slow.bytes_stream())
+        .filter_map(|e| async move { e.ok() })
+        .collect()
+        .await;
+    fast_events.await.unwrap();
+    let last = events.last().expect("events");
+    assert_eq!(last.event, "error", "the last event is named error");
+    let body: Value = serde_json::from_str(&last.data).unwrap();
+    assert_eq!(reason(429, &body), "SUBSCRIBER_TOO_SLOW");
+    assert!(
+        events[..events.len() - 1]
+            .iter()
+            .all(|e| e.event == "message"),
+        "the others are plain data events"
+    );
+    server.stop().await;
+}
