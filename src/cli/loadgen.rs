@@ -13,6 +13,7 @@
 //! first artifact-update event with non-empty text read), and counts every artifact-update event
 //! received (chunks delivered).
 
+use crate::protocol::{WireVersion, codec};
 use clap::Args;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
@@ -435,23 +436,21 @@ struct Reply {
 
 fn request_body(args: &LoadgenArgs, text: &str, context_id: Option<&str>, id: u64) -> Value {
     let v1 = args.version == "1.0";
-    let message_id = format!("lg-{:016x}-{id}", rand::random::<u64>());
-    let mut message = if v1 {
-        json!({"messageId": message_id, "role": "ROLE_USER", "parts": [{"text": text}]})
+    let version = if v1 {
+        WireVersion::V1
     } else {
-        json!({"kind": "message", "messageId": message_id, "role": "user",
-               "parts": [{"kind": "text", "text": text}]})
+        WireVersion::V03
     };
-    if let Some(context_id) = context_id {
-        message["contextId"] = json!(context_id);
-    }
+    let mut message = crate::client::user_text_message(text, context_id, None);
+    message.message_id = format!("lg-{:016x}-{id}", rand::random::<u64>());
     let method = match (v1, args.stream) {
         (true, false) => "SendMessage",
         (true, true) => "SendStreamingMessage",
         (false, false) => "message/send",
         (false, true) => "message/stream",
     };
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {"message": message}})
+    json!({"jsonrpc": "2.0", "id": id, "method": method,
+           "params": {"message": codec::encode_message(version, &message)}})
 }
 
 static REQUEST_IDS: AtomicU64 = AtomicU64::new(1);

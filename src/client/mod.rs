@@ -1,12 +1,13 @@
 //! An async A2A client: the agent card, protocol negotiation (v1.0 when the card offers it, else
-//! v0.3), blocking and streaming sends, `GetTask`; bearer tokens; typed errors.
+//! v0.3; JSON-RPC, else the v1.0 HTTP+JSON binding), blocking and streaming sends, `GetTask`;
+//! bearer tokens; typed errors.
 //!
 //! Shared by `colloquy send` and the `a2a` agent backend. Wire shapes come from
 //! [`crate::protocol::codec`], the same mapping the server uses.
 
 use crate::model::{Artifact, Message, SendResult, StreamItem, Task, TaskEvent};
-use crate::protocol::WireVersion;
-use crate::protocol::codec;
+use crate::protocol::jsonrpc::ERROR_INFO_TYPE;
+use crate::protocol::{RpcError, WireVersion, codec, protojson};
 use eventsource_stream::Eventsource;
 use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
@@ -142,10 +143,82 @@ pub struct Peer {
     pub base_url: String,
     pub endpoint: String,
     pub version: WireVersion,
+    pub binding: Binding,
     pub card: Value,
     pub streaming: bool,
     http: reqwest::Client,
     options: ClientOptions,
+}
+
+/// How requests travel: JSON-RPC at the endpoint, or the v1.0 HTTP+JSON binding's resource URLs
+/// under it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binding {
+    JsonRpc,
+    HttpJson,
+}
+
+/// One interface of a card: what to speak, how, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interface {
+    pub version: WireVersion,
+    pub binding: Binding,
+    pub url: String,
+}
+
+/// What colloquy speaks of what the card offers: JSON-RPC as [`negotiate`] picks it, else a
+/// v1.0 HTTP+JSON interface.
+pub fn negotiate_interface(card: &Value, base_url: &str) -> Result<Interface, String> {
+    let jsonrpc_error = match negotiate(card, base_url) {
+        Ok((version, url)) => {
+            return Ok(Interface {
+                version,
+                binding: Binding::JsonRpc,
+                url,
+            });
+        }
+        Err(e) => e,
+    };
+    card.get("supportedInterfaces")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|i| i.get("protocolBinding").and_then(Value::as_str) == Some("HTTP+JSON"))
+        .find(|i| {
+            let v = i
+                .get("protocolVersion")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            v == "1.0" || v.starts_with("1.0.")
+        })
+        .and_then(|i| i.get("url").and_then(Value::as_str))
+        .map(|url| Interface {
+            version: WireVersion::V1,
+            binding: Binding::HttpJson,
+            url: url.to_owned(),
+        })
+        .ok_or_else(|| format!("{jsonrpc_error}, nor an HTTP+JSON 1.0 one"))
+}
+
+/// What a call asks of the peer, whichever binding carries it.
+#[derive(Debug, Clone, Copy)]
+enum Operation<'a> {
+    Send,
+    Stream,
+    GetTask(&'a str),
+}
+
+impl Operation<'_> {
+    fn jsonrpc_method(self, version: WireVersion) -> &'static str {
+        match (self, version) {
+            (Operation::Send, WireVersion::V1) => "SendMessage",
+            (Operation::Send, WireVersion::V03) => "message/send",
+            (Operation::Stream, WireVersion::V1) => "SendStreamingMessage",
+            (Operation::Stream, WireVersion::V03) => "message/stream",
+            (Operation::GetTask(_), WireVersion::V1) => "GetTask",
+            (Operation::GetTask(_), WireVersion::V03) => "tasks/get",
+        }
+    }
 }
 
 /// Where the card of the agent at `url` is: `url` itself when it names the card, else
@@ -265,10 +338,15 @@ pub async fn connect(url: &str, options: ClientOptions) -> ClientResult<Peer> {
             detail: "the agent card is not a JSON object".into(),
         });
     }
-    let (version, endpoint) = negotiate(&card, url).map_err(|detail| ClientError::Malformed {
+    let interface = negotiate_interface(&card, url).map_err(|detail| ClientError::Malformed {
         url: card_url.clone(),
         detail,
     })?;
+    let Interface {
+        version,
+        binding,
+        url: endpoint,
+    } = interface;
     check_url(&endpoint).map_err(|e| ClientError::Malformed {
         url: card_url.clone(),
         detail: format!("the card's interface URL: {e}"),
@@ -281,6 +359,7 @@ pub async fn connect(url: &str, options: ClientOptions) -> ClientResult<Peer> {
         base_url: url.to_owned(),
         endpoint,
         version,
+        binding,
         card,
         streaming,
         http,
@@ -332,7 +411,32 @@ async fn check_status(
     })
 }
 
+/// The peer's error: a JSON-RPC `error`, or an HTTP+JSON `google.rpc.Status`, whose ErrorInfo
+/// reason gives the JSON-RPC code (its `details` kept as `data`, as v1.0 JSON-RPC carries them).
 fn rpc_error(error: &Value) -> ClientError {
+    if let Some(details) = error
+        .get("details")
+        .filter(|_| error.get("status").is_some())
+    {
+        let reason = details
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d.get("@type").and_then(Value::as_str) == Some(ERROR_INFO_TYPE))
+            .and_then(|d| d.get("reason").and_then(Value::as_str));
+        return ClientError::Rpc {
+            code: reason
+                .and_then(RpcError::code_for_reason)
+                .or_else(|| error.get("code").and_then(Value::as_i64))
+                .unwrap_or(0),
+            message: error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("(no message)")
+                .to_owned(),
+            data: Some(details.clone()),
+        };
+    }
     ClientError::Rpc {
         code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
         message: error
@@ -358,21 +462,31 @@ impl Peer {
         self.options.timeout
     }
 
-    fn method(&self, v1: &'static str, v03: &'static str) -> &'static str {
-        match self.version {
-            WireVersion::V1 => v1,
-            WireVersion::V03 => v03,
-        }
-    }
-
-    fn request(&self, method: &str, params: Value) -> reqwest::RequestBuilder {
-        let body = json!({
-            "jsonrpc": "2.0",
-            "id": uuid::Uuid::new_v4().to_string(),
-            "method": method,
-            "params": params,
-        });
-        let mut request = self.http.post(&self.endpoint).json(&body);
+    fn request(&self, operation: Operation<'_>, params: Value) -> reqwest::RequestBuilder {
+        let mut request = match self.binding {
+            Binding::JsonRpc => {
+                let body = json!({
+                    "jsonrpc": "2.0",
+                    "id": uuid::Uuid::new_v4().to_string(),
+                    "method": operation.jsonrpc_method(self.version),
+                    "params": params,
+                });
+                self.http.post(&self.endpoint).json(&body)
+            }
+            Binding::HttpJson => {
+                let base = self.endpoint.trim_end_matches('/');
+                match operation {
+                    Operation::Send => self.http.post(format!("{base}/message:send")).json(&params),
+                    Operation::Stream => self
+                        .http
+                        .post(format!("{base}/message:stream"))
+                        .json(&params),
+                    Operation::GetTask(id) => self
+                        .http
+                        .get(format!("{base}/tasks/{}", percent_encode_segment(id))),
+                }
+            }
+        };
         if self.version == WireVersion::V1 {
             request = request.header("A2A-Version", "1.0");
         }
@@ -393,10 +507,10 @@ impl Peer {
         })
     }
 
-    async fn call(&self, method: &str, params: Value) -> ClientResult<Value> {
+    async fn call(&self, operation: Operation<'_>, params: Value) -> ClientResult<Value> {
         let timeout = self.options.timeout;
         let response = self
-            .request(method, params)
+            .request(operation, params)
             .timeout(timeout)
             .send()
             .await
@@ -413,9 +527,21 @@ impl Peer {
         if let Some(error) = value.get("error") {
             return Err(rpc_error(error));
         }
+        if self.binding == Binding::HttpJson {
+            // No envelope: the body is the result.
+            let mut result = value;
+            protojson::to_json_names(&mut result, "result").map_err(|e| self.malformed(e))?;
+            return Ok(result);
+        }
         match value {
             Value::Object(mut map) if map.contains_key("result") => {
-                Ok(map.remove("result").unwrap_or(Value::Null))
+                let mut result = map.remove("result").unwrap_or(Value::Null);
+                // A v1.0 peer may answer with proto field names, as ProtoJSON allows.
+                if self.version == WireVersion::V1 {
+                    protojson::to_json_names(&mut result, "result")
+                        .map_err(|e| self.malformed(e))?;
+                }
+                Ok(result)
             }
             _ => Err(ClientError::Malformed {
                 url: self.endpoint.clone(),
@@ -433,25 +559,26 @@ impl Peer {
 
     /// A blocking send: waits until the task is terminal or waits for input.
     pub async fn send(&self, message: &Message) -> ClientResult<SendResult> {
-        let method = self.method("SendMessage", "message/send");
-        let result = self.call(method, self.send_params(message)).await?;
+        let result = self
+            .call(Operation::Send, self.send_params(message))
+            .await?;
         codec::decode_send_result(self.version, &result).map_err(|e| self.malformed(e))
     }
 
     /// `GetTask` / `tasks/get`.
     pub async fn get_task(&self, task_id: &str) -> ClientResult<Task> {
-        let method = self.method("GetTask", "tasks/get");
-        let result = self.call(method, json!({ "id": task_id })).await?;
+        let result = self
+            .call(Operation::GetTask(task_id), json!({ "id": task_id }))
+            .await?;
         codec::decode_task(self.version, &result, "result").map_err(|e| self.malformed(e))
     }
 
     /// A streaming send. Each item arrives as the peer sends it; the stream ends when the peer
     /// closes it. A silence longer than the timeout ends it with [`ClientError::Timeout`].
     pub async fn stream(&self, message: &Message) -> ClientResult<EventStream> {
-        let method = self.method("SendStreamingMessage", "message/stream");
         let timeout = self.options.timeout;
         let response = self
-            .request(method, self.send_params(message))
+            .request(Operation::Stream, self.send_params(message))
             .header("Accept", "text/event-stream")
             .header("Cache-Control", "no-store")
             .send()
@@ -490,11 +617,28 @@ impl Peer {
             };
             let value: Value = serde_json::from_str(&event.data)
                 .map_err(|e| peer.malformed(format!("a stream event is not JSON: {e}")))?;
+            if event.event == "error"
+                && let Some(error) = value.get("error")
+            {
+                return Err(rpc_error(error));
+            }
             let result = peer.result_of(value)?;
             codec::decode_stream_item(version, &result).map_err(|e| peer.malformed(e))
         });
         Ok(items.boxed())
     }
+}
+
+/// `text` as one URL path segment.
+fn percent_encode_segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
 }
 
 /// Ends with `Err(None)` after `timeout` without an item; stream errors become `Err(Some(..))`.
@@ -675,6 +819,56 @@ mod tests {
         assert!(negotiate(&json!({"name":"x"}), "http://x").is_err());
         let grpc = json!({"supportedInterfaces":[{"url":"http://a/","protocolBinding":"GRPC","protocolVersion":"1.0"}]});
         assert!(negotiate(&grpc, "http://x").is_err());
+    }
+
+    #[test]
+    fn an_http_json_interface_is_taken_only_without_a_json_rpc_one() {
+        let rest = json!({"url":"http://r/","protocolBinding":"HTTP+JSON","protocolVersion":"1.0"});
+        let jsonrpc =
+            json!({"url":"http://j/","protocolBinding":"JSONRPC","protocolVersion":"1.0"});
+        let both = json!({"supportedInterfaces": [rest, jsonrpc]});
+        let picked = negotiate_interface(&both, "http://x").unwrap();
+        assert_eq!(
+            (picked.binding, picked.url.as_str()),
+            (Binding::JsonRpc, "http://j/")
+        );
+        let only_rest = json!({"supportedInterfaces": [rest]});
+        let picked = negotiate_interface(&only_rest, "http://x").unwrap();
+        assert_eq!(
+            picked,
+            Interface {
+                version: WireVersion::V1,
+                binding: Binding::HttpJson,
+                url: "http://r/".into()
+            }
+        );
+        let grpc = json!({"supportedInterfaces":[{"url":"http://a/","protocolBinding":"GRPC","protocolVersion":"1.0"}]});
+        assert!(negotiate_interface(&grpc, "http://x").is_err());
+    }
+
+    #[test]
+    fn http_json_errors_become_the_json_rpc_error_of_their_reason() {
+        let status = json!({"code": 409, "status": "ABORTED", "message": "context busy",
+            "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "CONTEXT_BUSY",
+                         "domain": "a2a-protocol.org", "metadata": {"contextId": "c", "taskId": "t9"}}]});
+        let error = rpc_error(&status);
+        assert!(
+            matches!(
+                error,
+                ClientError::Rpc {
+                    code: CONTEXT_BUSY,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert_eq!(error.busy_task_id().as_deref(), Some("t9"));
+        let not_found = json!({"code": 404, "status": "NOT_FOUND", "message": "no",
+            "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "TASK_NOT_FOUND"}]});
+        assert!(matches!(
+            rpc_error(&not_found),
+            ClientError::Rpc { code: -32001, .. }
+        ));
     }
 
     #[test]

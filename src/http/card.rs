@@ -52,7 +52,10 @@ pub fn card(state: &AppState, url: &str) -> Value {
     if config.versions != "0.3" {
         card.insert(
             "supportedInterfaces".into(),
-            json!([{"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}]),
+            json!([
+                {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+                {"url": url, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
+            ]),
         );
     }
     if config.versions != "1.0" {

@@ -6,8 +6,12 @@ use super::state::AppState;
 use crate::engine::{EngineError, ValidMessage};
 use crate::model::{SendResult, format_time};
 use crate::protocol::codec::{self, TaskView};
-use crate::protocol::fields::{Obj, field_error};
-use crate::protocol::{Method, RpcError, RpcRequest, WireVersion};
+use crate::protocol::fields::Obj;
+use crate::protocol::params::{
+    self, ContextParams, GetConversationParams, GetTaskParams, ListConversationsParams,
+    ListTasksParams, TaskIdParams,
+};
+use crate::protocol::{Method, RpcError, WireVersion, protojson};
 use crate::store::TaskQuery;
 use serde_json::{Value, json};
 
@@ -27,9 +31,11 @@ pub async fn dispatch(
     version: WireVersion,
     method: Method,
     principal: &str,
-    request: RpcRequest,
+    mut params: Value,
 ) -> RpcResult<Reply> {
-    let params = Obj::new(&request.params, "")?;
+    if version == WireVersion::V1 {
+        protojson::to_json_names(&mut params, "")?;
+    }
     let call = Call {
         state,
         version,
@@ -43,8 +49,12 @@ pub async fn dispatch(
         Method::ListTasks => call.list_tasks().await.map(Reply::Json),
         Method::CancelTask => call.cancel_task().await.map(Reply::Json),
         Method::SubscribeToTask => call.subscribe().await.map(Reply::Stream),
-        Method::PushNotificationConfig => {
-            super::push::handle(state, version, principal, &request.method, &params)
+        Method::CreatePushConfig
+        | Method::GetPushConfig
+        | Method::ListPushConfigs
+        | Method::DeletePushConfig => {
+            let params = Obj::new(&params, "")?;
+            super::push::handle(state, version, principal, method, &params)
                 .await
                 .map(Reply::Json)
         }
@@ -59,7 +69,7 @@ struct Call<'a> {
     state: &'a AppState,
     version: WireVersion,
     principal: &'a str,
-    params: &'a Obj<'a>,
+    params: &'a Value,
 }
 
 /// What a send asked for besides the message.
@@ -68,9 +78,17 @@ struct SendOptions {
     history_length: Option<usize>,
 }
 
+fn to_usize(n: Option<u64>) -> Option<usize> {
+    n.map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
 impl Call<'_> {
     fn engine_error(&self, e: EngineError) -> RpcError {
         rpc_error(e, self.version)
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(&self) -> RpcResult<T> {
+        Ok(params::decode(self.params)?)
     }
 
     fn record_ids(context_id: Option<&str>, task_id: Option<&str>) {
@@ -84,37 +102,29 @@ impl Call<'_> {
     }
 
     async fn decode_send(&self) -> RpcResult<(ValidMessage, SendOptions)> {
-        let message_value = self
-            .params
-            .get("message")
-            .ok_or_else(|| field_error("message", "is required"))?;
-        let message = codec::decode_message(self.version, message_value, "message")?;
+        let request = params::send_request(self.version, self.params)?;
         let mut message = self
             .state
             .engine
-            .validate(message)
+            .validate(request.message)
             .map_err(|e| self.engine_error(e))?;
-        let mut options = SendOptions {
-            return_immediately: false,
-            history_length: None,
-        };
-        if let Some(config) = self.params.opt_obj("configuration")? {
-            options.history_length = config.opt_u64("historyLength")?.map(|n| n as usize);
-            options.return_immediately = match self.version {
-                WireVersion::V1 => config.opt_bool("returnImmediately")?.unwrap_or(false),
-                WireVersion::V03 => !config.opt_bool("blocking")?.unwrap_or(true),
-            };
+        if let Some(configuration) = self.params.get("configuration") {
+            let configuration = Obj::new(configuration, "configuration")?;
             let continued = message.get().task_id.clone();
             let push = super::push::send_config(
                 self.state,
                 self.version,
                 self.principal,
-                &config,
+                &configuration,
                 continued.as_deref(),
             )
             .await?;
             message = message.with_push_configs(push);
         }
+        let options = SendOptions {
+            return_immediately: request.return_immediately,
+            history_length: to_usize(request.history_length),
+        };
         let ids = message.get();
         Self::record_ids(ids.context_id.as_deref(), ids.task_id.as_deref());
         Ok((message, options))
@@ -155,23 +165,20 @@ impl Call<'_> {
         ))
     }
 
-    fn task_id(&self) -> RpcResult<&str> {
-        let id = self.params.str("id")?;
-        Self::record_ids(None, Some(id));
+    fn task_id(&self) -> RpcResult<String> {
+        let TaskIdParams { id } = self.decode()?;
+        Self::record_ids(None, Some(&id));
         Ok(id)
     }
 
-    fn history_length(&self) -> RpcResult<Option<usize>> {
-        Ok(self.params.opt_u64("historyLength")?.map(|n| n as usize))
-    }
-
     async fn get_task(&self) -> RpcResult<Value> {
-        let id = self.task_id()?;
-        let history_length = self.history_length()?;
+        let GetTaskParams { id, history_length } = self.decode()?;
+        Self::record_ids(None, Some(&id));
+        let history_length = to_usize(history_length);
         let task = self
             .state
             .engine
-            .get_task(self.principal, id)
+            .get_task(self.principal, &id)
             .await
             .map_err(|e| self.engine_error(e))?;
         Ok(codec::encode_task(
@@ -189,7 +196,7 @@ impl Call<'_> {
         let task = self
             .state
             .engine
-            .cancel(self.principal, id)
+            .cancel(self.principal, &id)
             .await
             .map_err(|e| self.engine_error(e))?;
         Ok(codec::encode_task(self.version, &task, TaskView::FULL))
@@ -200,7 +207,7 @@ impl Call<'_> {
         let subscription = self
             .state
             .engine
-            .subscribe(self.principal, id)
+            .subscribe(self.principal, &id)
             .await
             .map_err(|e| self.engine_error(e))?;
         Ok(sse::EventStream::new(
@@ -209,8 +216,8 @@ impl Call<'_> {
         ))
     }
 
-    fn page_size(&self, default: u64, max: u64) -> RpcResult<usize> {
-        let size = self.params.opt_u64("pageSize")?.unwrap_or(default);
+    fn page_size(size: Option<u64>, default: u64, max: u64) -> RpcResult<usize> {
+        let size = size.unwrap_or(default);
         if size == 0 || size > max {
             return Err(RpcError::InvalidParams(format!(
                 "pageSize: must be 1 to {max}"
@@ -220,47 +227,22 @@ impl Call<'_> {
     }
 
     async fn list_tasks(&self) -> RpcResult<Value> {
-        let params = self.params;
-        let context_id = params.opt_str("contextId")?;
-        Self::record_ids(context_id, None);
-        let state = match params.opt_str("status")? {
-            None => None,
-            Some(name) => Some(codec::parse_state(self.version, name).ok_or_else(|| {
-                field_error(
-                    "status",
-                    format!(
-                        "unknown task state {name:?} for A2A {}",
-                        self.version.label()
-                    ),
-                )
-            })?),
-        };
-        let status_after = match params.opt_str("statusTimestampAfter")? {
-            None => None,
-            Some(text) => Some(
-                chrono::DateTime::parse_from_rfc3339(text)
-                    .map_err(|e| {
-                        field_error(
-                            "statusTimestampAfter",
-                            format!("not an ISO 8601 timestamp: {e}"),
-                        )
-                    })?
-                    .with_timezone(&chrono::Utc),
-            ),
-        };
-        let page_size = self.page_size(DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)?;
-        let history_length = self.history_length()?;
-        let include_artifacts = params.opt_bool("includeArtifacts")?.unwrap_or(false);
+        let params: ListTasksParams = self.decode()?;
+        Self::record_ids(params.context_id.as_deref(), None);
+        let state = params.state(self.version)?;
+        let page_size = Self::page_size(params.page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)?;
+        let history_length = to_usize(params.history_length);
+        let include_artifacts = params.include_artifacts.unwrap_or(false);
         let view = TaskView {
             history_length,
             artifacts: include_artifacts,
         };
         let query = TaskQuery {
-            context_id: context_id.map(str::to_owned),
+            context_id: params.context_id,
             state,
-            status_after,
+            status_after: params.status_timestamp_after,
             page_size,
-            page_token: params.opt_str("pageToken")?.map(str::to_owned),
+            page_token: params.page_token,
             view,
             max_bytes: usize::MAX,
         };
@@ -283,15 +265,10 @@ impl Call<'_> {
         }))
     }
 
-    fn context_id(&self) -> RpcResult<&str> {
-        let context_id = self.params.str("contextId")?;
-        Self::record_ids(Some(context_id), None);
-        Ok(context_id)
-    }
-
     async fn list_conversations(&self) -> RpcResult<Value> {
-        let page_size = self.page_size(DEFAULT_PAGE_SIZE, 1000)?;
-        let token = self.params.opt_str("pageToken")?.map(str::to_owned);
+        let params: ListConversationsParams = self.decode()?;
+        let page_size = Self::page_size(params.page_size, DEFAULT_PAGE_SIZE, 1000)?;
+        let token = params.page_token;
         let page = self
             .state
             .engine
@@ -318,13 +295,19 @@ impl Call<'_> {
     }
 
     async fn get_conversation(&self) -> RpcResult<Value> {
-        let context_id = self.context_id()?;
-        let history_length = self.history_length()?.unwrap_or(crate::history::MAX_LIMIT);
-        let token = self.params.opt_str("pageToken")?.map(str::to_owned);
+        let params: GetConversationParams = self.decode()?;
+        let context_id = params.context_id.as_str();
+        Self::record_ids(Some(context_id), None);
+        let history_length = to_usize(params.history_length).unwrap_or(crate::history::MAX_LIMIT);
         let page = self
             .state
             .engine
-            .conversation(self.principal, context_id, history_length, token)
+            .conversation(
+                self.principal,
+                context_id,
+                history_length,
+                params.page_token,
+            )
             .await
             .map_err(|e| self.engine_error(e))?
             .ok_or_else(|| RpcError::ConversationNotFound(context_id.to_owned()))?;
@@ -345,7 +328,9 @@ impl Call<'_> {
     }
 
     async fn delete_conversation(&self) -> RpcResult<Value> {
-        let context_id = self.context_id()?;
+        let ContextParams { context_id } = self.decode()?;
+        let context_id = context_id.as_str();
+        Self::record_ids(Some(context_id), None);
         let deleted = self
             .state
             .engine

@@ -12,6 +12,7 @@ mod errors;
 mod methods;
 mod metrics_endpoint;
 mod push;
+mod rest;
 pub mod rpc;
 mod sse;
 mod state;
@@ -206,6 +207,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     )
     .route("/.well-known/agent.json", web::get().to(card::agent_card))
     .route(crate::push::sign::JWKS_PATH, web::get().to(push::jwks))
+    .configure(rest::routes)
     .configure(health_routes);
 }
 

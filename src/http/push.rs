@@ -5,6 +5,7 @@
 use super::errors::push_error;
 use super::state::AppState;
 use crate::model::PushConfig;
+use crate::protocol::Method;
 use crate::protocol::fields::Obj;
 use crate::protocol::push::{decode_config, decode_send_config, encode_config};
 use crate::protocol::{RpcError, WireVersion};
@@ -17,18 +18,12 @@ enum Action {
     Delete,
 }
 
-fn action(method: &str) -> Option<Action> {
+fn action(method: Method) -> Option<Action> {
     match method {
-        "CreateTaskPushNotificationConfig" | "tasks/pushNotificationConfig/set" => {
-            Some(Action::Create)
-        }
-        "GetTaskPushNotificationConfig" | "tasks/pushNotificationConfig/get" => Some(Action::Get),
-        "ListTaskPushNotificationConfigs" | "tasks/pushNotificationConfig/list" => {
-            Some(Action::List)
-        }
-        "DeleteTaskPushNotificationConfig" | "tasks/pushNotificationConfig/delete" => {
-            Some(Action::Delete)
-        }
+        Method::CreatePushConfig => Some(Action::Create),
+        Method::GetPushConfig => Some(Action::Get),
+        Method::ListPushConfigs => Some(Action::List),
+        Method::DeletePushConfig => Some(Action::Delete),
         _ => None,
     }
 }
@@ -38,11 +33,12 @@ pub async fn handle(
     state: &AppState,
     version: WireVersion,
     principal: &str,
-    method: &str,
+    method: Method,
     params: &Obj<'_>,
 ) -> Result<Value, RpcError> {
     let configs = &state.push;
-    let action = action(method).ok_or_else(|| RpcError::MethodNotFound(method.to_owned()))?;
+    let action =
+        action(method).ok_or_else(|| RpcError::MethodNotFound(method.label().to_owned()))?;
     // v1.0 names the task `taskId` and the config `id`; v0.3 the task `id` and the config
     // `pushNotificationConfigId` (except in set, whose params are a config).
     let (task_field, config_field) = match version {

@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 pub const VERSION_HEADER: &str = "A2A-Version";
 
-fn requested_version(req: &HttpRequest) -> Option<String> {
+pub(super) fn requested_version(req: &HttpRequest) -> Option<String> {
     if let Some(value) = req.headers().get(VERSION_HEADER) {
         return Some(value.to_str().unwrap_or("(not text)").to_owned());
     }
@@ -24,7 +24,7 @@ fn requested_version(req: &HttpRequest) -> Option<String> {
         .and_then(|q| q.get(VERSION_HEADER).cloned())
 }
 
-fn is_json(req: &HttpRequest) -> bool {
+pub(super) fn is_json(req: &HttpRequest) -> bool {
     req.headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -54,7 +54,7 @@ pub fn error_response(
 
 /// Why a request body was not taken.
 #[derive(Debug, thiserror::Error)]
-enum BodyError {
+pub(super) enum BodyError {
     #[error("the request body ({size}) exceeds the limit of {limit} bytes")]
     TooLarge { size: String, limit: usize },
     #[error("the request body was not received within {0} ms")]
@@ -64,7 +64,7 @@ enum BodyError {
 }
 
 impl BodyError {
-    fn status(&self) -> StatusCode {
+    pub(super) fn status(&self) -> StatusCode {
         match self {
             BodyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             BodyError::Unreadable(_) => StatusCode::BAD_REQUEST,
@@ -75,7 +75,7 @@ impl BodyError {
 
 /// Reads the whole body within `deadline`: a client that declares a large body and drips it
 /// would otherwise hold its connection (and a file descriptor) for as long as it likes.
-async fn read_body(
+pub(super) async fn read_body(
     req: &HttpRequest,
     payload: web::Payload,
     limit: usize,
@@ -127,7 +127,9 @@ pub async fn handle(
     let version_or_error = WireVersion::parse(version_requested.as_deref());
     let version = version_or_error.clone().unwrap_or(WireVersion::V03);
     if !is_json(&req) {
-        let error = RpcError::InvalidRequest("Content-Type must be application/json".into());
+        let error = RpcError::ContentTypeNotSupported(
+            "the request's Content-Type must be application/json".into(),
+        );
         return error_response(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             &RequestId::Null,
@@ -135,22 +137,13 @@ pub async fn handle(
             version,
         );
     }
-    let principal = state.auth.principal(
-        req.headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok()),
-    );
-    let principal = match principal {
+    let principal = match authenticate(&req, &state) {
         Ok(principal) => principal,
-        Err(e) => {
-            metrics::counter!("colloquy_auth_failures_total").increment(1);
-            let error = RpcError::Unauthenticated(e.to_string());
+        Err(error) => {
             return error_response(StatusCode::UNAUTHORIZED, &RequestId::Null, &error, version);
         }
     };
-    let limits = &state.config.limits;
-    let body_deadline = Duration::from_millis(limits.body_timeout_ms);
-    let body = match read_body(&req, payload, limits.body_bytes, body_deadline).await {
+    let body = match read_limited_body(&req, payload, &state).await {
         Ok(body) => body,
         Err(error) => {
             let status = error.status();
@@ -179,6 +172,46 @@ pub async fn handle(
             return error_response(StatusCode::OK, &request.id, &error, version);
         }
     };
+    let id = request.id.clone();
+    match call(&state, version, method, &principal, request.params, started).await {
+        Ok(Reply::Json(result)) => HttpResponse::Ok().json(success(&id, result)),
+        Ok(Reply::Stream(stream)) => sse::respond(stream, sse::Framing::JsonRpc { id, version }),
+        Err(error) => error_response(StatusCode::OK, &id, &error, version),
+    }
+}
+
+/// The caller's principal, or why not (counted for the metrics).
+pub(super) fn authenticate(req: &HttpRequest, state: &AppState) -> Result<String, RpcError> {
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    state.auth.principal(authorization).map_err(|e| {
+        metrics::counter!("colloquy_auth_failures_total").increment(1);
+        RpcError::Unauthenticated(e.to_string())
+    })
+}
+
+/// The body within the configured size and time limits.
+pub(super) async fn read_limited_body(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+) -> Result<BytesMut, BodyError> {
+    let limits = &state.config.limits;
+    let deadline = Duration::from_millis(limits.body_timeout_ms);
+    read_body(req, payload, limits.body_bytes, deadline).await
+}
+
+/// One method call, whichever binding it came by: traced, dispatched, counted.
+pub(super) async fn call(
+    state: &AppState,
+    version: WireVersion,
+    method: Method,
+    principal: &str,
+    params: serde_json::Value,
+    started: Instant,
+) -> Result<Reply, RpcError> {
     // Debug-level, as the turn span is (see `engine::context`).
     let span = tracing::debug_span!(
         "rpc",
@@ -187,30 +220,22 @@ pub async fn handle(
         context_id = tracing::field::Empty,
         task_id = tracing::field::Empty,
     );
-    let id = request.id.clone();
-    let reply = methods::dispatch(&state, version, method, &principal, request)
+    let reply = methods::dispatch(state, version, method, principal, params)
         .instrument(span)
         .await;
-    match reply {
-        Ok(Reply::Json(result)) => {
-            record(method.label(), 0, started);
-            HttpResponse::Ok().json(success(&id, result))
-        }
-        Ok(Reply::Stream(stream)) => {
-            record(method.label(), 0, started);
-            sse::respond(stream, id, version)
-        }
+    match &reply {
+        Ok(_) => record(method.label(), 0, started),
         Err(error) => {
-            if let RpcError::Internal(detail) = &error {
+            if let RpcError::Internal(detail) = error {
                 tracing::error!(method = method.label(), %detail, "request failed");
             }
             record(method.label(), error.code(), started);
-            error_response(StatusCode::OK, &id, &error, version)
         }
     }
+    reply
 }
 
-fn record(method: &'static str, code: i64, started: Instant) {
+pub(super) fn record(method: &'static str, code: i64, started: Instant) {
     let outcome = if code == 0 {
         "ok".to_owned()
     } else {

@@ -1,4 +1,5 @@
-//! Server-Sent Events: each stream item is one `data:` line holding a JSON-RPC response.
+//! Server-Sent Events: each stream item is one `data:` line, holding a JSON-RPC response on the
+//! JSON-RPC binding or the bare `StreamResponse` on the HTTP+JSON binding.
 
 use crate::engine::Subscription;
 use crate::model::StreamItem;
@@ -42,23 +43,54 @@ impl Drop for LiveStream {
     }
 }
 
+/// How each event goes on the wire.
+pub enum Framing {
+    /// A JSON-RPC response with the request's id; an error is a JSON-RPC error response.
+    JsonRpc { id: RequestId, version: WireVersion },
+    /// HTTP+JSON (v1.0): the `StreamResponse` itself; an error is an `error` event holding the
+    /// binding's error body.
+    Rest,
+}
+
+impl Framing {
+    fn version(&self) -> WireVersion {
+        match self {
+            Framing::JsonRpc { version, .. } => *version,
+            Framing::Rest => WireVersion::V1,
+        }
+    }
+
+    fn result(&self, result: serde_json::Value) -> sse::Event {
+        let value = match self {
+            Framing::JsonRpc { id, .. } => success(id, result),
+            Framing::Rest => result,
+        };
+        sse::Event::Data(sse::Data::new(value.to_string()))
+    }
+
+    fn error(&self, error: &RpcError) -> sse::Event {
+        match self {
+            Framing::JsonRpc { id, version } => {
+                sse::Event::Data(sse::Data::new(failure(id, error, *version).to_string()))
+            }
+            Framing::Rest => {
+                sse::Event::Data(sse::Data::new(error.to_rest_json().to_string()).event("error"))
+            }
+        }
+    }
+}
+
 struct Cursor {
     events: EventStream,
-    id: RequestId,
-    version: WireVersion,
+    framing: Framing,
     done: bool,
     _live: LiveStream,
 }
 
-fn data_event(value: serde_json::Value) -> sse::Event {
-    sse::Event::Data(sse::Data::new(value.to_string()))
-}
-
-pub fn respond(events: EventStream, id: RequestId, version: WireVersion) -> HttpResponse {
+pub fn respond(events: EventStream, framing: Framing) -> HttpResponse {
     let cursor = Cursor {
         events,
-        id,
-        version,
+        framing,
         done: false,
         _live: LiveStream::new(),
     };
@@ -68,29 +100,21 @@ pub fn respond(events: EventStream, id: RequestId, version: WireVersion) -> Http
         }
         match cursor.events.subscription.items.recv().await {
             Some(item) => {
-                let result = match &item {
-                    StreamItem::Task(task) => {
-                        // A stream that starts on a finished task has nothing more to say.
-                        if task.status.state.ends_turn() {
-                            cursor.done = true;
-                        }
-                        codec::encode_stream_item(cursor.version, &item, TaskView::FULL)
-                    }
-                    StreamItem::Message(_) => {
-                        cursor.done = true;
-                        codec::encode_stream_item(cursor.version, &item, TaskView::FULL)
-                    }
-                    StreamItem::Event(_) => {
-                        codec::encode_stream_item(cursor.version, &item, TaskView::FULL)
-                    }
+                cursor.done = match &item {
+                    // A stream that starts on a finished task has nothing more to say.
+                    StreamItem::Task(task) => task.status.state.ends_turn(),
+                    StreamItem::Message(_) => true,
+                    StreamItem::Event(_) => false,
                 };
-                let event = data_event(success(&cursor.id, result));
+                let version = cursor.framing.version();
+                let result = codec::encode_stream_item(version, &item, TaskView::FULL);
+                let event = cursor.framing.result(result);
                 Some((Ok::<_, std::convert::Infallible>(event), cursor))
             }
             None if cursor.events.subscription.overflowed() => {
                 cursor.done = true;
                 let error = RpcError::SubscriberTooSlow(cursor.events.buffer);
-                let event = data_event(failure(&cursor.id, &error, cursor.version));
+                let event = cursor.framing.error(&error);
                 Some((Ok(event), cursor))
             }
             None => None,

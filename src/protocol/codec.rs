@@ -1,17 +1,18 @@
-//! The two wire versions as two mappings onto the one internal model.
+//! The two wire versions as two mappings onto the one internal model: the entry points, each
+//! picking the version's own typed mapping ([`super::v1`], [`super::v03`]) once, and the role and
+//! state spellings both share.
 //!
-//! Differences handled here: role and state spellings, `kind` discriminators (v0.3), part shapes
+//! The versions differ in role and state spellings, `kind` discriminators (v0.3), part shapes
 //! (`raw`/`url`/`filename`/`mediaType` in v1.0, `file:{bytes|uri, name, mimeType}` in v0.3), and
 //! wrappers (`{"task":..}` results and `{"statusUpdate":..}` events in v1.0, bare objects in v0.3).
 
 use super::WireVersion;
-use super::fields::{FieldResult, Obj, field_error};
+use super::fields::{FieldResult, field_error};
 pub use crate::model::TaskView;
 use crate::model::{
-    Artifact, Message, Part, PartContent, Role, SendResult, StreamItem, Task, TaskEvent, TaskState,
-    TaskStatus, format_time,
+    Artifact, Message, Part, Role, SendResult, StreamItem, Task, TaskEvent, TaskState, TaskStatus,
 };
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 pub fn role_name(version: WireVersion, role: Role) -> &'static str {
     match (version, role) {
@@ -20,6 +21,16 @@ pub fn role_name(version: WireVersion, role: Role) -> &'static str {
         (WireVersion::V03, Role::User) => "user",
         (WireVersion::V03, Role::Agent) => "agent",
     }
+}
+
+/// The problem with a role name `version` does not know, naming the ones it does.
+pub fn unknown_role(version: WireVersion, name: &str) -> String {
+    format!(
+        "unknown role {name:?} (A2A {} spells it {:?} or {:?})",
+        version.label(),
+        role_name(version, Role::User),
+        role_name(version, Role::Agent)
+    )
 }
 
 pub fn parse_role(version: WireVersion, name: &str) -> Option<Role> {
@@ -50,624 +61,110 @@ pub fn parse_state(version: WireVersion, name: &str) -> Option<TaskState> {
         .find(|s| state_name(version, *s) == name)
 }
 
-fn insert_opt(map: &mut Map<String, Value>, key: &str, value: Option<Value>) {
-    if let Some(value) = value {
-        map.insert(key.to_owned(), value);
-    }
+/// The messages of `task`'s history that `view` shows: the most recent `history_length`.
+pub fn history_view(task: &Task, view: TaskView) -> &[Message] {
+    let skip = view
+        .history_length
+        .map_or(0, |n| task.history.len().saturating_sub(n));
+    &task.history[skip..]
+}
+
+/// A wire type as JSON. Our wire types have string keys and no fallible serializers, so this
+/// cannot fail; `null` stands in if it ever did.
+pub(super) fn to_json(value: impl serde::Serialize) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
 }
 
 // ---- decoding ----
 
+/// A Message, each version by its own typed mapping ([`super::v1`], [`super::v03`]).
 pub fn decode_message(version: WireVersion, value: &Value, path: &str) -> FieldResult<Message> {
-    let obj = Obj::new(value, path)?;
-    if version == WireVersion::V03
-        && let Some(kind) = obj.opt_str("kind")?
-        && kind != "message"
-    {
-        return Err(field_error(
-            obj.child_path("kind"),
-            format!("expected \"message\", got {kind:?}"),
-        ));
+    match version {
+        WireVersion::V1 => super::v1::decode_message(value, path),
+        WireVersion::V03 => super::v03::decode_message(value, path),
     }
-    let role_text = obj.str("role")?;
-    let role = parse_role(version, role_text).ok_or_else(|| {
-        field_error(
-            obj.child_path("role"),
-            format!(
-                "unknown role {role_text:?} (A2A {} spells it {:?} or {:?})",
-                version.label(),
-                role_name(version, Role::User),
-                role_name(version, Role::Agent)
-            ),
-        )
-    })?;
-    let parts_path = obj.child_path("parts");
-    let parts = obj
-        .array("parts")?
-        .iter()
-        .enumerate()
-        .map(|(i, part)| decode_part(version, part, &format!("{parts_path}[{i}]")))
-        .collect::<FieldResult<Vec<_>>>()?;
-    Ok(Message {
-        message_id: obj.str("messageId")?.to_owned(),
-        role,
-        parts,
-        context_id: obj.opt_str("contextId")?.map(str::to_owned),
-        task_id: obj.opt_str("taskId")?.map(str::to_owned),
-        reference_task_ids: obj.opt_strings("referenceTaskIds")?,
-        metadata: obj.opt_map("metadata")?,
-        extensions: obj.opt_strings("extensions")?,
-        timestamp: None,
-    })
 }
 
 pub fn decode_part(version: WireVersion, value: &Value, path: &str) -> FieldResult<Part> {
-    let obj = Obj::new(value, path)?;
-    let metadata = obj.opt_map("metadata")?;
     match version {
-        WireVersion::V1 => decode_part_v1(&obj, metadata),
-        WireVersion::V03 => decode_part_v03(&obj, metadata),
+        WireVersion::V1 => super::v1::decode_part(value, path),
+        WireVersion::V03 => super::v03::decode_part(value, path),
     }
 }
 
-fn decode_part_v1(obj: &Obj<'_>, metadata: Option<Map<String, Value>>) -> FieldResult<Part> {
-    let present: Vec<&str> = ["text", "raw", "url", "data"]
-        .into_iter()
-        .filter(|k| obj.has(k))
-        .collect();
-    let content = match present.as_slice() {
-        ["text"] => PartContent::Text {
-            text: obj.str("text")?.to_owned(),
-        },
-        ["raw"] => PartContent::FileBytes {
-            base64: checked_base64(obj, "raw")?,
-        },
-        ["url"] => PartContent::FileUrl {
-            url: obj.str("url")?.to_owned(),
-        },
-        ["data"] => PartContent::Data {
-            data: obj.get("data").cloned().unwrap_or(Value::Null),
-        },
-        [] if obj.has("kind") => {
-            return Err(field_error(
-                &obj.path,
-                "looks like a v0.3 part (`kind`); A2A-Version 1.0 parts carry one of text, raw, url or data",
-            ));
-        }
-        _ => {
-            return Err(field_error(
-                &obj.path,
-                format!(
-                    "a part needs exactly one of text, raw, url or data (found {})",
-                    if present.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        present.join(", ")
-                    }
-                ),
-            ));
-        }
-    };
-    Ok(Part {
-        content,
-        media_type: obj
-            .opt_str("mediaType")?
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned),
-        name: obj
-            .opt_str("filename")?
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned),
-        metadata,
-    })
-}
-
-fn decode_part_v03(obj: &Obj<'_>, metadata: Option<Map<String, Value>>) -> FieldResult<Part> {
-    let kind = match obj.opt_str("kind")? {
-        Some(kind) => kind,
-        None if obj.has("text") => "text",
-        None if obj.has("file") => "file",
-        None if obj.has("data") => "data",
-        None => {
-            return Err(field_error(
-                obj.child_path("kind"),
-                "is required (\"text\", \"file\" or \"data\")",
-            ));
-        }
-    };
-    let mut part = match kind {
-        "text" => Part::text(obj.str("text")?),
-        "data" => {
-            let data = obj.obj("data")?;
-            Part {
-                content: PartContent::Data {
-                    data: Value::Object(data.map.clone()),
-                },
-                media_type: None,
-                name: None,
-                metadata: None,
-            }
-        }
-        "file" => {
-            let file = obj.obj("file")?;
-            let content = match (file.has("bytes"), file.has("uri")) {
-                (true, false) => PartContent::FileBytes {
-                    base64: checked_base64(&file, "bytes")?,
-                },
-                (false, true) => PartContent::FileUrl {
-                    url: file.str("uri")?.to_owned(),
-                },
-                _ => {
-                    return Err(field_error(
-                        &file.path,
-                        "a file needs exactly one of bytes or uri",
-                    ));
-                }
-            };
-            Part {
-                content,
-                media_type: file.opt_str("mimeType")?.map(str::to_owned),
-                name: file.opt_str("name")?.map(str::to_owned),
-                metadata: None,
-            }
-        }
-        other => {
-            return Err(field_error(
-                obj.child_path("kind"),
-                format!("unknown part kind {other:?} (expected \"text\", \"file\" or \"data\")"),
-            ));
-        }
-    };
-    part.metadata = metadata;
-    Ok(part)
-}
-
-fn checked_base64(obj: &Obj<'_>, name: &str) -> FieldResult<String> {
-    use base64::Engine as _;
-    let text = obj.str(name)?;
-    base64::engine::general_purpose::STANDARD
-        .decode(text)
-        .map_err(|e| field_error(obj.child_path(name), format!("not valid base64: {e}")))?;
-    Ok(text.to_owned())
-}
-
-// ---- encoding ----
+// ---- encoding: each version by its own typed mapping ([`super::v1`], [`super::v03`]) ----
 
 pub fn encode_part(version: WireVersion, part: &Part) -> Value {
-    let mut map = Map::new();
     match version {
-        WireVersion::V1 => {
-            match &part.content {
-                PartContent::Text { text } => map.insert("text".into(), json!(text)),
-                PartContent::FileBytes { base64 } => map.insert("raw".into(), json!(base64)),
-                PartContent::FileUrl { url } => map.insert("url".into(), json!(url)),
-                PartContent::Data { data } => map.insert("data".into(), data.clone()),
-            };
-            insert_opt(&mut map, "filename", part.name.as_ref().map(|n| json!(n)));
-            insert_opt(
-                &mut map,
-                "mediaType",
-                part.media_type.as_ref().map(|m| json!(m)),
-            );
-        }
-        WireVersion::V03 => match &part.content {
-            PartContent::Text { text } => {
-                map.insert("kind".into(), json!("text"));
-                map.insert("text".into(), json!(text));
-            }
-            PartContent::Data { data } => {
-                map.insert("kind".into(), json!("data"));
-                // v0.3 data parts hold an object; other JSON values are wrapped.
-                let data = match data {
-                    Value::Object(_) => data.clone(),
-                    other => json!({ "value": other }),
-                };
-                map.insert("data".into(), data);
-            }
-            PartContent::FileBytes { .. } | PartContent::FileUrl { .. } => {
-                let mut file = Map::new();
-                match &part.content {
-                    PartContent::FileBytes { base64 } => file.insert("bytes".into(), json!(base64)),
-                    PartContent::FileUrl { url } => file.insert("uri".into(), json!(url)),
-                    _ => None,
-                };
-                insert_opt(&mut file, "name", part.name.as_ref().map(|n| json!(n)));
-                insert_opt(
-                    &mut file,
-                    "mimeType",
-                    part.media_type.as_ref().map(|m| json!(m)),
-                );
-                map.insert("kind".into(), json!("file"));
-                map.insert("file".into(), Value::Object(file));
-            }
-        },
+        WireVersion::V1 => super::v1::encode_part(part),
+        WireVersion::V03 => super::v03::encode_part(part),
     }
-    insert_opt(
-        &mut map,
-        "metadata",
-        part.metadata.clone().map(Value::Object),
-    );
-    Value::Object(map)
-}
-
-fn encode_parts(version: WireVersion, parts: &[Part]) -> Value {
-    Value::Array(parts.iter().map(|p| encode_part(version, p)).collect())
 }
 
 pub fn encode_message(version: WireVersion, message: &Message) -> Value {
-    let mut map = Map::new();
-    if version == WireVersion::V03 {
-        map.insert("kind".into(), json!("message"));
+    match version {
+        WireVersion::V1 => super::v1::encode_message(message),
+        WireVersion::V03 => super::v03::encode_message(message),
     }
-    map.insert("messageId".into(), json!(message.message_id));
-    map.insert("role".into(), json!(role_name(version, message.role)));
-    map.insert("parts".into(), encode_parts(version, &message.parts));
-    insert_opt(
-        &mut map,
-        "contextId",
-        message.context_id.as_ref().map(|c| json!(c)),
-    );
-    insert_opt(
-        &mut map,
-        "taskId",
-        message.task_id.as_ref().map(|t| json!(t)),
-    );
-    if !message.reference_task_ids.is_empty() {
-        map.insert("referenceTaskIds".into(), json!(message.reference_task_ids));
-    }
-    if !message.extensions.is_empty() {
-        map.insert("extensions".into(), json!(message.extensions));
-    }
-    insert_opt(
-        &mut map,
-        "metadata",
-        message.metadata.clone().map(Value::Object),
-    );
-    Value::Object(map)
-}
-
-fn encode_status(version: WireVersion, status: &TaskStatus) -> Value {
-    let mut map = Map::new();
-    map.insert("state".into(), json!(state_name(version, status.state)));
-    insert_opt(
-        &mut map,
-        "message",
-        status.message.as_ref().map(|m| encode_message(version, m)),
-    );
-    map.insert("timestamp".into(), json!(format_time(&status.timestamp)));
-    Value::Object(map)
 }
 
 pub fn encode_artifact(version: WireVersion, artifact: &Artifact) -> Value {
-    let mut map = Map::new();
-    map.insert("artifactId".into(), json!(artifact.artifact_id));
-    insert_opt(&mut map, "name", artifact.name.as_ref().map(|n| json!(n)));
-    insert_opt(
-        &mut map,
-        "description",
-        artifact.description.as_ref().map(|d| json!(d)),
-    );
-    map.insert("parts".into(), encode_parts(version, &artifact.parts));
-    insert_opt(
-        &mut map,
-        "metadata",
-        artifact.metadata.clone().map(Value::Object),
-    );
-    Value::Object(map)
+    match version {
+        WireVersion::V1 => super::v1::encode_artifact(artifact),
+        WireVersion::V03 => super::v03::encode_artifact(artifact),
+    }
 }
 
 pub fn encode_task(version: WireVersion, task: &Task, view: TaskView) -> Value {
-    let mut map = Map::new();
-    if version == WireVersion::V03 {
-        map.insert("kind".into(), json!("task"));
+    match version {
+        WireVersion::V1 => super::v1::encode_task(task, view),
+        WireVersion::V03 => super::v03::encode_task(task, view),
     }
-    map.insert("id".into(), json!(task.id));
-    map.insert("contextId".into(), json!(task.context_id));
-    map.insert("status".into(), encode_status(version, &task.status));
-    if view.artifacts && !task.artifacts.is_empty() {
-        let artifacts = task
-            .artifacts
-            .iter()
-            .map(|a| encode_artifact(version, a))
-            .collect();
-        map.insert("artifacts".into(), Value::Array(artifacts));
-    }
-    let skip = view
-        .history_length
-        .map_or(0, |n| task.history.len().saturating_sub(n));
-    let history: Vec<Value> = task.history[skip..]
-        .iter()
-        .map(|m| encode_message(version, m))
-        .collect();
-    if !history.is_empty() {
-        map.insert("history".into(), Value::Array(history));
-    }
-    insert_opt(
-        &mut map,
-        "metadata",
-        task.metadata.clone().map(Value::Object),
-    );
-    Value::Object(map)
 }
 
 /// `{"task":..}` / `{"message":..}` in v1.0; the bare object in v0.3.
-fn wrap(version: WireVersion, key: &str, value: Value) -> Value {
-    match version {
-        WireVersion::V1 => json!({ key: value }),
-        WireVersion::V03 => value,
-    }
-}
-
 pub fn encode_send_result(version: WireVersion, result: &SendResult, view: TaskView) -> Value {
-    match result {
-        SendResult::Task(task) => wrap(version, "task", encode_task(version, task, view)),
-        SendResult::Message(message) => wrap(version, "message", encode_message(version, message)),
+    match version {
+        WireVersion::V1 => super::v1::encode_send_result(result, view),
+        WireVersion::V03 => super::v03::encode_send_result(result, view),
     }
 }
 
 pub fn encode_event(version: WireVersion, event: &TaskEvent) -> Value {
-    match event {
-        TaskEvent::Status {
-            task_id,
-            context_id,
-            status,
-            is_final,
-        } => {
-            let mut map = Map::new();
-            if version == WireVersion::V03 {
-                map.insert("kind".into(), json!("status-update"));
-                map.insert("final".into(), json!(is_final));
-            }
-            map.insert("taskId".into(), json!(task_id));
-            map.insert("contextId".into(), json!(context_id));
-            map.insert("status".into(), encode_status(version, status));
-            wrap(version, "statusUpdate", Value::Object(map))
-        }
-        TaskEvent::Artifact {
-            task_id,
-            context_id,
-            artifact,
-            append,
-            last_chunk,
-        } => {
-            let mut map = Map::new();
-            if version == WireVersion::V03 {
-                map.insert("kind".into(), json!("artifact-update"));
-            }
-            map.insert("taskId".into(), json!(task_id));
-            map.insert("contextId".into(), json!(context_id));
-            map.insert("artifact".into(), encode_artifact(version, artifact));
-            if *append {
-                map.insert("append".into(), json!(true));
-            }
-            if *last_chunk {
-                map.insert("lastChunk".into(), json!(true));
-            }
-            wrap(version, "artifactUpdate", Value::Object(map))
-        }
+    match version {
+        WireVersion::V1 => super::v1::encode_event(event),
+        WireVersion::V03 => super::v03::encode_event(event),
     }
 }
 
 pub fn encode_stream_item(version: WireVersion, item: &StreamItem, view: TaskView) -> Value {
-    match item {
-        StreamItem::Task(task) => wrap(version, "task", encode_task(version, task, view)),
-        StreamItem::Message(message) => wrap(version, "message", encode_message(version, message)),
-        StreamItem::Event(event) => encode_event(version, event),
+    match version {
+        WireVersion::V1 => super::v1::encode_stream_item(item, view),
+        WireVersion::V03 => super::v03::encode_stream_item(item, view),
     }
 }
 
 // ---- decoding results (the client side: what a peer answers) ----
 
-fn decode_time(obj: &Obj<'_>, name: &str) -> FieldResult<chrono::DateTime<chrono::Utc>> {
-    match obj.opt_str(name)? {
-        // The first Task of an SDK stream has no timestamp: it happened now, as far as we know.
-        None => Ok(crate::model::now()),
-        Some(text) => {
-            let time = chrono::DateTime::parse_from_rfc3339(text)
-                .map(|t| t.with_timezone(&chrono::Utc))
-                .map_err(|e| {
-                    field_error(obj.child_path(name), format!("not an RFC 3339 time: {e}"))
-                })?;
-            // Both versions carry milliseconds, UTC, years 0000-9999: keep only what we can pass on
-            // unchanged, so a decoded time re-encodes (and decodes again) to itself.
-            let millis = chrono::DateTime::from_timestamp_millis(time.timestamp_millis())
-                .filter(|t| (0..=9999).contains(&chrono::Datelike::year(t)))
-                .ok_or_else(|| {
-                    field_error(
-                        obj.child_path(name),
-                        "must lie between the years 0000 and 9999 in UTC",
-                    )
-                })?;
-            Ok(millis)
-        }
-    }
-}
-
-fn check_kind(version: WireVersion, obj: &Obj<'_>, expected: &str) -> FieldResult<()> {
-    if version == WireVersion::V03
-        && let Some(kind) = obj.opt_str("kind")?
-        && kind != expected
-    {
-        return Err(field_error(
-            obj.child_path("kind"),
-            format!("expected {expected:?}, got {kind:?}"),
-        ));
-    }
-    Ok(())
-}
-
 pub fn decode_status(version: WireVersion, value: &Value, path: &str) -> FieldResult<TaskStatus> {
-    let obj = Obj::new(value, path)?;
-    let state_text = obj.str("state")?;
-    let state = parse_state(version, state_text).ok_or_else(|| {
-        field_error(
-            obj.child_path("state"),
-            format!(
-                "unknown task state {state_text:?} for A2A {}",
-                version.label()
-            ),
-        )
-    })?;
-    let message = obj
-        .get("message")
-        .map(|m| decode_message(version, m, &obj.child_path("message")))
-        .transpose()?;
-    Ok(TaskStatus {
-        state,
-        message,
-        timestamp: decode_time(&obj, "timestamp")?,
-    })
-}
-
-pub fn decode_artifact(version: WireVersion, value: &Value, path: &str) -> FieldResult<Artifact> {
-    let obj = Obj::new(value, path)?;
-    let parts_path = obj.child_path("parts");
-    let parts = obj
-        .array("parts")?
-        .iter()
-        .enumerate()
-        .map(|(i, part)| decode_part(version, part, &format!("{parts_path}[{i}]")))
-        .collect::<FieldResult<Vec<_>>>()?;
-    Ok(Artifact {
-        artifact_id: obj.str("artifactId")?.to_owned(),
-        name: obj.opt_str("name")?.map(str::to_owned),
-        description: obj.opt_str("description")?.map(str::to_owned),
-        parts,
-        metadata: obj.opt_map("metadata")?,
-    })
+    match version {
+        WireVersion::V1 => super::v1::decode_status(value, path),
+        WireVersion::V03 => super::v03::decode_status(value, path),
+    }
 }
 
 pub fn decode_task(version: WireVersion, value: &Value, path: &str) -> FieldResult<Task> {
-    let obj = Obj::new(value, path)?;
-    check_kind(version, &obj, "task")?;
-    let list = |name: &str| -> FieldResult<Vec<&Value>> {
-        Ok(obj
-            .opt_array(name)?
-            .map(|items| items.iter().collect())
-            .unwrap_or_default())
-    };
-    let artifacts = list("artifacts")?
-        .into_iter()
-        .enumerate()
-        .map(|(i, a)| decode_artifact(version, a, &format!("{}[{i}]", obj.child_path("artifacts"))))
-        .collect::<FieldResult<Vec<_>>>()?;
-    let history = list("history")?
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| decode_message(version, m, &format!("{}[{i}]", obj.child_path("history"))))
-        .collect::<FieldResult<Vec<_>>>()?;
-    Ok(Task {
-        id: obj.str("id")?.to_owned(),
-        context_id: obj.str("contextId")?.to_owned(),
-        status: decode_status(
-            version,
-            obj.get("status").unwrap_or(&Value::Null),
-            &obj.child_path("status"),
-        )?,
-        artifacts,
-        history,
-        metadata: obj.opt_map("metadata")?,
-    })
-}
-
-fn decode_event(
-    version: WireVersion,
-    kind: &str,
-    value: &Value,
-    path: &str,
-) -> FieldResult<TaskEvent> {
-    let obj = Obj::new(value, path)?;
-    check_kind(version, &obj, kind)?;
-    let task_id = obj.str("taskId")?.to_owned();
-    let context_id = obj.str("contextId")?.to_owned();
-    if kind == "status-update" {
-        let status = decode_status(
-            version,
-            obj.get("status").unwrap_or(&Value::Null),
-            &obj.child_path("status"),
-        )?;
-        let is_final = obj
-            .opt_bool("final")?
-            .unwrap_or_else(|| status.state.ends_turn());
-        Ok(TaskEvent::Status {
-            task_id,
-            context_id,
-            status,
-            is_final,
-        })
-    } else {
-        Ok(TaskEvent::Artifact {
-            task_id,
-            context_id,
-            artifact: decode_artifact(
-                version,
-                obj.get("artifact").unwrap_or(&Value::Null),
-                &obj.child_path("artifact"),
-            )?,
-            append: obj.opt_bool("append")?.unwrap_or(false),
-            last_chunk: obj.opt_bool("lastChunk")?.unwrap_or(false),
-        })
+    match version {
+        WireVersion::V1 => super::v1::decode_task(value, path),
+        WireVersion::V03 => super::v03::decode_task(value, path),
     }
 }
 
 /// A `SendMessage` / `message/send` result, or one stream event's `result`.
 pub fn decode_stream_item(version: WireVersion, value: &Value) -> FieldResult<StreamItem> {
-    let path = "result";
-    let obj = Obj::new(value, path)?;
-    let (kind, inner, inner_path) = match version {
-        WireVersion::V1 => {
-            let found: Vec<(&str, &str)> = [
-                ("task", "task"),
-                ("message", "message"),
-                ("statusUpdate", "status-update"),
-                ("artifactUpdate", "artifact-update"),
-            ]
-            .into_iter()
-            .filter(|(key, _)| obj.has(key))
-            .collect();
-            match found.as_slice() {
-                [(key, kind)] => (
-                    *kind,
-                    obj.get(key).unwrap_or(&Value::Null),
-                    obj.child_path(key),
-                ),
-                _ => {
-                    return Err(field_error(
-                        path,
-                        "expected exactly one of task, message, statusUpdate or artifactUpdate",
-                    ));
-                }
-            }
-        }
-        WireVersion::V03 => {
-            let kind = match obj.opt_str("kind")? {
-                Some(kind) => kind,
-                None if obj.has("messageId") => "message",
-                None if obj.has("artifact") => "artifact-update",
-                None if obj.has("taskId") && obj.has("status") => "status-update",
-                None if obj.has("id") => "task",
-                None => return Err(field_error(obj.child_path("kind"), "is required")),
-            };
-            (kind, value, path.to_owned())
-        }
-    };
-    match kind {
-        "task" => Ok(StreamItem::Task(decode_task(version, inner, &inner_path)?)),
-        "message" => Ok(StreamItem::Message(decode_message(
-            version,
-            inner,
-            &inner_path,
-        )?)),
-        "status-update" | "artifact-update" => Ok(StreamItem::Event(decode_event(
-            version,
-            kind,
-            inner,
-            &inner_path,
-        )?)),
-        other => Err(field_error(
-            format!("{path}.kind"),
-            format!("unknown result kind {other:?}"),
-        )),
+    match version {
+        WireVersion::V1 => super::v1::decode_stream_item(value),
+        WireVersion::V03 => super::v03::decode_stream_item(value),
     }
 }
 

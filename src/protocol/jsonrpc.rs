@@ -28,7 +28,11 @@ pub enum RpcError {
     PushNotSupported,
     #[error("unsupported operation: {0}")]
     Unsupported(String),
-    #[error("A2A version {0:?} is not supported (use 1.0, or 0.3 / no header)")]
+    #[error("content type not supported: {0}")]
+    ContentTypeNotSupported(String),
+    #[error(
+        "A2A version {0:?} is not supported (JSON-RPC at POST / speaks 1.0, and 0.3 with no header; the HTTP+JSON routes speak 1.0)"
+    )]
     VersionNotSupported(String),
     #[error("no extended agent card is configured")]
     ExtendedCardNotConfigured,
@@ -50,51 +54,130 @@ pub enum RpcError {
     ConversationNotFound(String),
 }
 
+/// How one error is spelled on each binding: the one table, so the bindings cannot disagree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorSpelling {
+    /// The JSON-RPC `error.code`.
+    pub code: i64,
+    /// The `google.rpc.ErrorInfo` reason: the spec's for A2A errors, ours for our own codes.
+    pub reason: &'static str,
+    /// The HTTP status on the HTTP+JSON binding.
+    pub http_status: u16,
+    /// The `google.rpc.Code` name on the HTTP+JSON binding (`error.status`).
+    pub status: &'static str,
+}
+
+const fn spelling(
+    code: i64,
+    reason: &'static str,
+    http_status: u16,
+    status: &'static str,
+) -> ErrorSpelling {
+    ErrorSpelling {
+        code,
+        reason,
+        http_status,
+        status,
+    }
+}
+
+/// The `ErrorInfo` domain the v1.0 specification requires.
+pub const ERROR_DOMAIN: &str = "a2a-protocol.org";
+pub const ERROR_INFO_TYPE: &str = "type.googleapis.com/google.rpc.ErrorInfo";
+
 impl RpcError {
+    /// Codes and HTTP statuses as the specification's error mapping table pairs them.
+    pub fn spelling(&self) -> ErrorSpelling {
+        match self {
+            RpcError::Parse(_) => spelling(-32700, "PARSE_ERROR", 400, "INVALID_ARGUMENT"),
+            RpcError::InvalidRequest(_) => {
+                spelling(-32600, "INVALID_REQUEST", 400, "INVALID_ARGUMENT")
+            }
+            RpcError::MethodNotFound(_) => spelling(-32601, "METHOD_NOT_FOUND", 404, "NOT_FOUND"),
+            RpcError::InvalidParams(_) => {
+                spelling(-32602, "INVALID_PARAMS", 400, "INVALID_ARGUMENT")
+            }
+            RpcError::Internal(_) => spelling(-32603, "INTERNAL_ERROR", 500, "INTERNAL"),
+            RpcError::TaskNotFound(_) => spelling(-32001, "TASK_NOT_FOUND", 404, "NOT_FOUND"),
+            RpcError::TaskNotCancelable(_) => {
+                spelling(-32002, "TASK_NOT_CANCELABLE", 409, "FAILED_PRECONDITION")
+            }
+            RpcError::PushNotSupported => spelling(
+                -32003,
+                "PUSH_NOTIFICATION_NOT_SUPPORTED",
+                400,
+                "UNIMPLEMENTED",
+            ),
+            RpcError::Unsupported(_) => {
+                spelling(-32004, "UNSUPPORTED_OPERATION", 400, "UNIMPLEMENTED")
+            }
+            RpcError::ContentTypeNotSupported(_) => spelling(
+                -32005,
+                "CONTENT_TYPE_NOT_SUPPORTED",
+                415,
+                "INVALID_ARGUMENT",
+            ),
+            RpcError::ExtendedCardNotConfigured => spelling(
+                -32007,
+                "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
+                400,
+                "FAILED_PRECONDITION",
+            ),
+            RpcError::VersionNotSupported(_) => {
+                spelling(-32009, "VERSION_NOT_SUPPORTED", 400, "UNIMPLEMENTED")
+            }
+            RpcError::ContextBusy { .. } => spelling(-32010, "CONTEXT_BUSY", 409, "ABORTED"),
+            RpcError::Overloaded { .. } => spelling(-32011, "OVERLOADED", 503, "UNAVAILABLE"),
+            RpcError::SubscriberTooSlow(_) => {
+                spelling(-32012, "SUBSCRIBER_TOO_SLOW", 429, "RESOURCE_EXHAUSTED")
+            }
+            RpcError::ShuttingDown => spelling(-32013, "SHUTTING_DOWN", 503, "UNAVAILABLE"),
+            RpcError::Unauthenticated(_) => {
+                spelling(-32014, "UNAUTHENTICATED", 401, "UNAUTHENTICATED")
+            }
+            RpcError::ConversationNotFound(_) => {
+                spelling(-32015, "CONVERSATION_NOT_FOUND", 404, "NOT_FOUND")
+            }
+        }
+    }
+
     pub fn code(&self) -> i64 {
-        match self {
-            RpcError::Parse(_) => -32700,
-            RpcError::InvalidRequest(_) => -32600,
-            RpcError::MethodNotFound(_) => -32601,
-            RpcError::InvalidParams(_) => -32602,
-            RpcError::Internal(_) => -32603,
-            RpcError::TaskNotFound(_) => -32001,
-            RpcError::TaskNotCancelable(_) => -32002,
-            RpcError::PushNotSupported => -32003,
-            RpcError::Unsupported(_) => -32004,
-            RpcError::VersionNotSupported(_) => -32009,
-            RpcError::ExtendedCardNotConfigured => -32007,
-            RpcError::ContextBusy { .. } => -32010,
-            RpcError::Overloaded { .. } => -32011,
-            RpcError::SubscriberTooSlow(_) => -32012,
-            RpcError::ShuttingDown => -32013,
-            RpcError::Unauthenticated(_) => -32014,
-            RpcError::ConversationNotFound(_) => -32015,
-        }
+        self.spelling().code
     }
 
-    fn reason(&self) -> &'static str {
-        match self {
-            RpcError::Parse(_) => "PARSE_ERROR",
-            RpcError::InvalidRequest(_) => "INVALID_REQUEST",
-            RpcError::MethodNotFound(_) => "METHOD_NOT_FOUND",
-            RpcError::InvalidParams(_) => "INVALID_PARAMS",
-            RpcError::Internal(_) => "INTERNAL_ERROR",
-            RpcError::TaskNotFound(_) => "TASK_NOT_FOUND",
-            RpcError::TaskNotCancelable(_) => "TASK_NOT_CANCELABLE",
-            RpcError::PushNotSupported => "PUSH_NOTIFICATION_NOT_SUPPORTED",
-            RpcError::Unsupported(_) => "UNSUPPORTED_OPERATION",
-            RpcError::VersionNotSupported(_) => "VERSION_NOT_SUPPORTED",
-            RpcError::ExtendedCardNotConfigured => "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
-            RpcError::ContextBusy { .. } => "CONTEXT_BUSY",
-            RpcError::Overloaded { .. } => "OVERLOADED",
-            RpcError::SubscriberTooSlow(_) => "SUBSCRIBER_TOO_SLOW",
-            RpcError::ShuttingDown => "SHUTTING_DOWN",
-            RpcError::Unauthenticated(_) => "UNAUTHENTICATED",
-            RpcError::ConversationNotFound(_) => "CONVERSATION_NOT_FOUND",
-        }
+    /// The JSON-RPC code of an `ErrorInfo` reason (for a client reading HTTP+JSON errors).
+    pub fn code_for_reason(reason: &str) -> Option<i64> {
+        let none = String::new;
+        [
+            RpcError::Parse(none()),
+            RpcError::InvalidRequest(none()),
+            RpcError::MethodNotFound(none()),
+            RpcError::InvalidParams(none()),
+            RpcError::Internal(none()),
+            RpcError::TaskNotFound(none()),
+            RpcError::TaskNotCancelable(none()),
+            RpcError::PushNotSupported,
+            RpcError::Unsupported(none()),
+            RpcError::ContentTypeNotSupported(none()),
+            RpcError::VersionNotSupported(none()),
+            RpcError::ExtendedCardNotConfigured,
+            RpcError::ContextBusy {
+                context_id: none(),
+                task_id: none(),
+            },
+            RpcError::Overloaded { retry_after_ms: 0 },
+            RpcError::SubscriberTooSlow(0),
+            RpcError::ShuttingDown,
+            RpcError::Unauthenticated(none()),
+            RpcError::ConversationNotFound(none()),
+        ]
+        .iter()
+        .map(RpcError::spelling)
+        .find(|s| s.reason == reason)
+        .map(|s| s.code)
     }
 
+    /// What a client needs to act on the error, beyond its code: `ErrorInfo.metadata` in v1.0.
     fn details(&self) -> Map<String, Value> {
         let mut details = Map::new();
         match self {
@@ -113,19 +196,38 @@ impl RpcError {
         details
     }
 
-    /// v1.0: an array of `google.rpc.ErrorInfo`-shaped objects; v0.3: a plain object, when there is something to say.
+    /// The `google.rpc.ErrorInfo` every v1.0 error carries (JSON-RPC `data`, HTTP+JSON `details`).
+    pub fn error_info(&self) -> Value {
+        json!({
+            "@type": ERROR_INFO_TYPE,
+            "reason": self.spelling().reason,
+            "domain": ERROR_DOMAIN,
+            "metadata": self.details(),
+        })
+    }
+
+    /// v1.0: an array holding the `ErrorInfo`; v0.3: a plain object, when there is something to say.
     fn data(&self, version: WireVersion) -> Option<Value> {
-        let details = self.details();
         match version {
-            WireVersion::V1 => Some(json!([{
-                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                "reason": self.reason(),
-                "domain": "colloquy",
-                "metadata": details,
-            }])),
-            WireVersion::V03 if details.is_empty() => None,
-            WireVersion::V03 => Some(Value::Object(details)),
+            WireVersion::V1 => Some(json!([self.error_info()])),
+            WireVersion::V03 => {
+                let details = self.details();
+                (!details.is_empty()).then_some(Value::Object(details))
+            }
         }
+    }
+
+    /// The HTTP+JSON binding's error body: a `google.rpc.Status` in JSON, under `error`.
+    pub fn to_rest_json(&self) -> Value {
+        let spelling = self.spelling();
+        json!({
+            "error": {
+                "code": spelling.http_status,
+                "status": spelling.status,
+                "message": self.to_string(),
+                "details": [self.error_info()],
+            }
+        })
     }
 
     pub fn to_json(&self, version: WireVersion) -> Value {
@@ -221,4 +323,24 @@ pub fn success(id: &RequestId, result: Value) -> Value {
 
 pub fn failure(id: &RequestId, error: &RpcError, version: WireVersion) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "error": error.to_json(version) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RpcError;
+
+    #[test]
+    fn reasons_map_back_to_their_codes() {
+        assert_eq!(RpcError::code_for_reason("TASK_NOT_FOUND"), Some(-32001));
+        assert_eq!(
+            RpcError::code_for_reason("CONTENT_TYPE_NOT_SUPPORTED"),
+            Some(-32005)
+        );
+        assert_eq!(RpcError::code_for_reason("CONTEXT_BUSY"), Some(-32010));
+        assert_eq!(
+            RpcError::code_for_reason("CONVERSATION_NOT_FOUND"),
+            Some(-32015)
+        );
+        assert_eq!(RpcError::code_for_reason("NOT_A_REASON"), None);
+    }
 }

@@ -3,7 +3,11 @@
 pub mod codec;
 pub mod fields;
 pub mod jsonrpc;
+pub mod params;
+pub mod protojson;
 pub mod push;
+pub mod v03;
+pub mod v1;
 
 pub use jsonrpc::{RpcError, RpcRequest};
 
@@ -41,7 +45,10 @@ pub enum Method {
     ListTasks,
     CancelTask,
     SubscribeToTask,
-    PushNotificationConfig,
+    CreatePushConfig,
+    GetPushConfig,
+    ListPushConfigs,
+    DeletePushConfig,
     GetExtendedAgentCard,
     ListConversations,
     GetConversation,
@@ -55,22 +62,10 @@ const V1_METHODS: &[(&str, Method)] = &[
     ("ListTasks", Method::ListTasks),
     ("CancelTask", Method::CancelTask),
     ("SubscribeToTask", Method::SubscribeToTask),
-    (
-        "CreateTaskPushNotificationConfig",
-        Method::PushNotificationConfig,
-    ),
-    (
-        "GetTaskPushNotificationConfig",
-        Method::PushNotificationConfig,
-    ),
-    (
-        "ListTaskPushNotificationConfigs",
-        Method::PushNotificationConfig,
-    ),
-    (
-        "DeleteTaskPushNotificationConfig",
-        Method::PushNotificationConfig,
-    ),
+    ("CreateTaskPushNotificationConfig", Method::CreatePushConfig),
+    ("GetTaskPushNotificationConfig", Method::GetPushConfig),
+    ("ListTaskPushNotificationConfigs", Method::ListPushConfigs),
+    ("DeleteTaskPushNotificationConfig", Method::DeletePushConfig),
     ("GetExtendedAgentCard", Method::GetExtendedAgentCard),
 ];
 
@@ -81,21 +76,12 @@ const V03_METHODS: &[(&str, Method)] = &[
     ("tasks/list", Method::ListTasks),
     ("tasks/cancel", Method::CancelTask),
     ("tasks/resubscribe", Method::SubscribeToTask),
-    (
-        "tasks/pushNotificationConfig/set",
-        Method::PushNotificationConfig,
-    ),
-    (
-        "tasks/pushNotificationConfig/get",
-        Method::PushNotificationConfig,
-    ),
-    (
-        "tasks/pushNotificationConfig/list",
-        Method::PushNotificationConfig,
-    ),
+    ("tasks/pushNotificationConfig/set", Method::CreatePushConfig),
+    ("tasks/pushNotificationConfig/get", Method::GetPushConfig),
+    ("tasks/pushNotificationConfig/list", Method::ListPushConfigs),
     (
         "tasks/pushNotificationConfig/delete",
-        Method::PushNotificationConfig,
+        Method::DeletePushConfig,
     ),
     (
         "agent/getAuthenticatedExtendedCard",

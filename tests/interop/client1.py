@@ -6,8 +6,10 @@ turn 1 without contextId, turns 2-3 reuse it; checks memory in replies, same con
 GetTask of turn 3 (completed, same contextId), ListTasks filtered by contextId (3 tasks),
 CancelTask on a completed task (expects -32002), and in streaming mode that the concatenated
 artifact-update chunks equal the final artifact text (as returned by GetTask).
+With --binding rest the client speaks the HTTP+JSON binding (RestTransport) instead of JSON-RPC,
+and also checks that GetTask of an unknown id raises TaskNotFoundError (-32001).
 
-Run:  $INTEROP_VENVS/sdk1/bin/python tests/interop/client1.py --url http://127.0.0.1:8080 --mode streaming
+Run:  $INTEROP_VENVS/sdk1/bin/python tests/interop/client1.py --url http://127.0.0.1:8080 --mode streaming [--binding rest]
 Last line on success: INTEROP OK ...
 """
 import argparse
@@ -29,7 +31,8 @@ from a2a.types import (
     Task,
     TaskState,
 )
-from a2a.utils.errors import JSON_RPC_ERROR_CODE_MAP
+from a2a.utils.constants import TransportProtocol
+from a2a.utils.errors import JSON_RPC_ERROR_CODE_MAP, TaskNotFoundError
 
 
 class Fail(Exception):
@@ -125,13 +128,17 @@ async def run(args) -> str:
     tag = uuid.uuid4().hex[:6]
     texts = [f'alpha-{tag}', f'bravo-{tag}', f'charlie-{tag}']
     async with httpx.AsyncClient(timeout=args.timeout) as hc:
-        client = await create_client(args.url, client_config=ClientConfig(httpx_client=hc, streaming=streaming))
+        bindings = [TransportProtocol.HTTP_JSON] if args.binding == 'rest' else []
+        config = ClientConfig(httpx_client=hc, streaming=streaming, supported_protocol_bindings=bindings)
+        client = await create_client(args.url, client_config=config)
         card = client._card  # noqa: SLF001 (for the transcript only)
         transport = type(client._transport).__name__  # noqa: SLF001
         ifaces = [(i.url, i.protocol_binding, i.protocol_version) for i in card.supported_interfaces]
         print(f'card: name={card.name!r} interfaces={ifaces} streaming={card.capabilities.streaming} '
               f'-> transport {transport} url={client._transport.url}')  # noqa: SLF001
         legacy = transport.startswith('Compat')
+        if args.binding == 'rest':
+            check(transport == 'RestTransport', f'--binding rest got transport {transport}')
         if streaming:
             check(card.capabilities.streaming, 'card does not advertise capabilities.streaming=true')
         ctx = None
@@ -179,6 +186,13 @@ async def run(args) -> str:
             print(f'CancelTask on completed task -> error as expected: {type(e).__name__} code={code}: {e}')
             check(code == -32002, f'CancelTask error {type(e).__name__} (code {code}), expected -32002')
             cancel_note = f'cancel={code}'
+        if args.binding == 'rest':
+            try:
+                await client.get_task(GetTaskRequest(id=f'no-such-task-{tag}'))
+                raise Fail('GetTask of an unknown id succeeded; expected TaskNotFoundError')
+            except TaskNotFoundError as e:
+                print(f'GetTask of an unknown id -> TaskNotFoundError as expected: {e}')
+                cancel_note += ' not-found=-32001'
         await client.close()
     return (f'sdk=1.x transport={transport} mode={args.mode} contextId={ctx} '
             f'tasks={[r.id for r in results]} {list_note} {cancel_note}')
@@ -188,6 +202,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--url', required=True, help='server root, e.g. http://127.0.0.1:8080')
     ap.add_argument('--mode', choices=['blocking', 'streaming'], default='blocking')
+    ap.add_argument('--binding', choices=['jsonrpc', 'rest'], default='jsonrpc')
     ap.add_argument('--expect-prefix', default='echo:')
     ap.add_argument('--timeout', type=float, default=30.0)
     args = ap.parse_args()

@@ -8,7 +8,9 @@ Echo agent with per-contextId memory; reply text:
     sdk-echo: <text> (turn N; previously: "<prev user text>")   (turn 1: "sdk-echo: <text> (turn 1)")
 Emitted as 3 artifact chunks (same artifactId, append after the first, lastChunk on the last).
 
-Run:  $INTEROP_VENVS/sdk1/bin/python tests/interop/sdk_server1.py --port 9101
+With --rest-only it serves (and its card lists) only the HTTP+JSON binding.
+
+Run:  $INTEROP_VENVS/sdk1/bin/python tests/interop/sdk_server1.py --port 9101 [--rest-only]
 """
 import argparse
 import asyncio
@@ -20,7 +22,7 @@ from starlette.applications import Starlette
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
-from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types import (
     AgentCapabilities,
@@ -82,9 +84,10 @@ class EchoExecutor(AgentExecutor):
         await updater.cancel()
 
 
-def build_app(port: int, v03_compat: bool, advertise_v03: bool) -> Starlette:
+def build_app(port: int, v03_compat: bool, advertise_v03: bool, rest_only: bool = False) -> Starlette:
     url = f'http://127.0.0.1:{port}/'
-    interfaces = [AgentInterface(url=url, protocol_binding='JSONRPC', protocol_version='1.0')]
+    binding = 'HTTP+JSON' if rest_only else 'JSONRPC'
+    interfaces = [AgentInterface(url=url, protocol_binding=binding, protocol_version='1.0')]
     if advertise_v03:
         interfaces.append(AgentInterface(url=url, protocol_binding='JSONRPC', protocol_version='0.3'))
     card = AgentCard(
@@ -100,6 +103,8 @@ def build_app(port: int, v03_compat: bool, advertise_v03: bool) -> Starlette:
     handler = DefaultRequestHandler(
         agent_executor=EchoExecutor(), task_store=InMemoryTaskStore(), agent_card=card
     )
+    if rest_only:
+        return Starlette(routes=create_agent_card_routes(card) + create_rest_routes(handler))
     routes = create_agent_card_routes(card) + create_jsonrpc_routes(
         handler, rpc_url='/', enable_v0_3_compat=v03_compat
     )
@@ -113,9 +118,11 @@ def main() -> None:
     ap.add_argument('--no-v03-compat', action='store_true', help='do not accept v0.3 method names')
     ap.add_argument('--advertise-v03', action='store_true',
                     help='also list a JSONRPC 0.3 interface in supportedInterfaces')
+    ap.add_argument('--rest-only', action='store_true',
+                    help='serve and list only the HTTP+JSON binding (no JSON-RPC)')
     a = ap.parse_args()
     logging.basicConfig(level=a.log_level.upper())
-    app = build_app(a.port, not a.no_v03_compat, a.advertise_v03)
+    app = build_app(a.port, not a.no_v03_compat, a.advertise_v03, a.rest_only)
     uvicorn.run(app, host='127.0.0.1', port=a.port, log_level=a.log_level)
 
 

@@ -399,7 +399,10 @@ async fn a_busy_context_refuses_at_once_and_others_are_served() {
     let elapsed = started.elapsed();
     for response in &responses {
         assert_eq!(response["error"]["code"], json!(-32010), "{response}");
-        let metadata = &response["error"]["data"][0]["metadata"];
+        let info = &response["error"]["data"][0];
+        assert_eq!(info["domain"], json!("a2a-protocol.org"), "{response}");
+        assert_eq!(info["reason"], json!("CONTEXT_BUSY"), "{response}");
+        let metadata = &info["metadata"];
         assert_eq!(metadata["contextId"], json!("busy"));
         assert_eq!(metadata["taskId"], json!(running_task));
     }
@@ -658,5 +661,98 @@ async fn get_conversation_pages_through_every_message_once_in_order() {
         )
         .await;
     assert_eq!(bad["error"]["code"], json!(-32602), "{bad}");
+    server.stop().await;
+}
+
+/// The one `google.rpc.ErrorInfo` a v1.0 error carries: the spec's domain, and its reason.
+fn error_info(response: &Value) -> &Value {
+    let data = response["error"]["data"]
+        .as_array()
+        .expect("v1.0 data is an array");
+    let infos: Vec<&Value> = data
+        .iter()
+        .filter(|d| d["@type"] == "type.googleapis.com/google.rpc.ErrorInfo")
+        .collect();
+    assert_eq!(infos.len(), 1, "{response}");
+    assert_eq!(infos[0]["domain"], json!("a2a-protocol.org"), "{response}");
+    assert!(infos[0]["metadata"].is_object(), "{response}");
+    infos[0]
+}
+
+#[actix_rt::test]
+async fn v1_errors_carry_error_info_with_the_spec_domain_and_reason() {
+    let server = start_echo().await;
+    let done = server.send_text(V1, "finish me", Some("errs"), None).await;
+    let task_id = task_of(&done)["id"].as_str().unwrap().to_owned();
+    let to_finished = json!({"message": user_message(V1, "more", None, Some(&task_id))});
+    let calls = [
+        (
+            "GetTask",
+            json!({"id": "no-such-task"}),
+            -32001,
+            "TASK_NOT_FOUND",
+        ),
+        (
+            "CancelTask",
+            json!({"id": task_id}),
+            -32002,
+            "TASK_NOT_CANCELABLE",
+        ),
+        (
+            "GetTaskPushNotificationConfig",
+            json!({"taskId": "no-such-task", "id": "no-such-config"}),
+            -32001,
+            "TASK_NOT_FOUND",
+        ),
+        ("SendMessage", to_finished, -32004, "UNSUPPORTED_OPERATION"),
+        (
+            "GetExtendedAgentCard",
+            json!({}),
+            -32007,
+            "EXTENDED_AGENT_CARD_NOT_CONFIGURED",
+        ),
+        ("message/send", json!({}), -32601, "METHOD_NOT_FOUND"),
+        ("GetTask", json!({}), -32602, "INVALID_PARAMS"),
+        (
+            "colloquy/getConversation",
+            json!({"contextId": "never-seen"}),
+            -32015,
+            "CONVERSATION_NOT_FOUND",
+        ),
+    ];
+    for (method, params, code, reason) in calls {
+        let response = server.rpc(V1, method, params).await;
+        assert_eq!(
+            response["error"]["code"],
+            json!(code),
+            "{method}: {response}"
+        );
+        assert_eq!(error_info(&response)["reason"], json!(reason), "{method}");
+    }
+    let raw = [
+        ("application/json", "{not json", 200, -32700, "PARSE_ERROR"),
+        (
+            "application/json",
+            "{\"jsonrpc\": \"1.0\", \"method\": \"GetTask\"}",
+            200,
+            -32600,
+            "INVALID_REQUEST",
+        ),
+        (
+            "text/plain",
+            "{}",
+            415,
+            -32005,
+            "CONTENT_TYPE_NOT_SUPPORTED",
+        ),
+    ];
+    for (content_type, body, http, code, reason) in raw {
+        let (status, response) = server
+            .post_raw(Some(V1), content_type, body.as_bytes().to_vec())
+            .await;
+        assert_eq!(status, http, "{response}");
+        assert_eq!(response["error"]["code"], json!(code), "{response}");
+        assert_eq!(error_info(&response)["reason"], json!(reason), "{response}");
+    }
     server.stop().await;
 }

@@ -383,7 +383,7 @@ fn cases() -> Vec<Case> {
             content_type: "text/plain",
             body: b"{}".to_vec(),
             http: 415,
-            code: -32600,
+            code: -32005,
             mentions: "Content-Type",
         },
     ]
@@ -518,5 +518,39 @@ async fn every_limit_gives_a_clear_error_and_the_server_keeps_serving() {
         artifact_text(task_of(&ok)),
         "echo: still fine (turn 2; previously: \"hello\")"
     );
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_body_that_is_not_json_by_its_content_type_gets_415_and_content_type_not_supported() {
+    let server = start_echo().await;
+    let body = send(
+        V1,
+        json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "x"}]}),
+    );
+    for content_type in [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data",
+    ] {
+        for version in [None, Some(V1)] {
+            let (status, answer) = server
+                .post_raw(version, content_type, body.to_string().into_bytes())
+                .await;
+            assert_eq!(status, 415, "{content_type} {version:?}: {answer}");
+            assert_eq!(answer["error"]["code"], json!(-32005), "{answer}");
+            assert_eq!(answer["id"], Value::Null, "{answer}");
+        }
+    }
+    // JSON under its A2A media type is JSON.
+    let (status, answer) = server
+        .post_raw(
+            Some(V1),
+            "application/a2a+json",
+            body.to_string().into_bytes(),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["result"]["task"]["id"].is_string(), "{answer}");
     server.stop().await;
 }

@@ -449,8 +449,9 @@ struct SdkServer {
     url: String,
 }
 
-/// Starts `script` from the interop kit with the venv's python (created on first use).
-async fn sdk_server(venv: &str, script: &str) -> Option<SdkServer> {
+/// Starts `script` from the interop kit with the venv's python (created on first use), with
+/// `args` after its port.
+async fn sdk_server_with(venv: &str, script: &str, args: &[&str]) -> Option<SdkServer> {
     let python = common::sdk_python(venv);
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -463,6 +464,7 @@ async fn sdk_server(venv: &str, script: &str) -> Option<SdkServer> {
         .arg(script)
         .arg("--port")
         .arg(port.to_string())
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
@@ -483,7 +485,11 @@ async fn sdk_server(venv: &str, script: &str) -> Option<SdkServer> {
 }
 
 async fn sdk_conversation(venv: &str, script: &str, version: &str) {
-    let Some(mut server) = sdk_server(venv, script).await else {
+    sdk_conversation_with(venv, script, &[], version).await;
+}
+
+async fn sdk_conversation_with(venv: &str, script: &str, args: &[&str], version: &str) {
+    let Some(mut server) = sdk_server_with(venv, script, args).await else {
         return;
     };
     let cli = Cli::new(&[("sdk", &server.url, None)]);
@@ -533,6 +539,12 @@ async fn python_sdk_03_server_two_turns_and_streaming() {
 #[actix_rt::test]
 async fn python_sdk_1x_server_two_turns_and_streaming() {
     sdk_conversation("sdk1", "sdk_server1.py", "1.0").await;
+}
+
+/// A peer whose card offers only the HTTP+JSON binding: `send` speaks it.
+#[actix_rt::test]
+async fn python_sdk_1x_http_json_only_server_two_turns_and_streaming() {
+    sdk_conversation_with("sdk1", "sdk_server1.py", &["--rest-only"], "1.0").await;
 }
 
 #[actix_rt::test]

@@ -1,0 +1,330 @@
+//! The HTTP+JSON binding of A2A v1.0: resource URLs onto the same method handlers as JSON-RPC.
+//!
+//! A route only gathers the method's params (the path's task id, the query of a GET, the JSON
+//! body of a POST) and hands them to [`methods::dispatch`] through [`rpc::call`]; results are
+//! the JSON-RPC results without the envelope, streams carry bare `StreamResponse` events, and an
+//! error is a `google.rpc.Status` body with the HTTP status the specification pairs with it.
+//! Paths are the ones the released v1.0 SDKs use (`/message:send`, no `/v1` prefix).
+
+use super::methods::Reply;
+use super::rpc::{self, BodyError};
+use super::sse;
+use super::state::AppState;
+use crate::protocol::{Method, RpcError, WireVersion, protojson};
+use actix_web::http::StatusCode;
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde_json::{Map, Value};
+use std::time::Instant;
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/message:send", web::post().to(send_message))
+        .route("/message:stream", web::post().to(send_streaming_message))
+        .route("/tasks", web::get().to(list_tasks))
+        .route("/tasks/{task}", web::get().to(task_get))
+        .route("/tasks/{task}", web::post().to(task_post))
+        .route(
+            "/tasks/{task}/pushNotificationConfigs",
+            web::route().to(push_configs),
+        )
+        .route(
+            "/tasks/{task}/pushNotificationConfigs/{config}",
+            web::route().to(push_configs),
+        )
+        .route("/extendedAgentCard", web::get().to(extended_card));
+}
+
+/// What a route takes from the request body.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Body {
+    /// The body is the method's params (a JSON object; may be empty for an action).
+    Params,
+    /// No body expected; none is read.
+    Unread,
+}
+
+/// `/tasks/{id}` and its custom methods `/tasks/{id}:cancel`, `/tasks/{id}:subscribe`.
+fn task_target(segment: &str) -> (&str, Option<&str>) {
+    match segment.rsplit_once(':') {
+        Some((id, action @ ("cancel" | "subscribe"))) if !id.is_empty() => (id, Some(action)),
+        _ => (segment, None),
+    }
+}
+
+async fn send_message(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    serve(
+        &req,
+        payload,
+        &state,
+        Method::SendMessage,
+        Map::new(),
+        Body::Params,
+    )
+    .await
+}
+
+async fn send_streaming_message(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let method = Method::SendStreamingMessage;
+    serve(&req, payload, &state, method, Map::new(), Body::Params).await
+}
+
+async fn list_tasks(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    match query_params(&req) {
+        Ok(params) => {
+            serve(
+                &req,
+                payload,
+                &state,
+                Method::ListTasks,
+                params,
+                Body::Unread,
+            )
+            .await
+        }
+        Err(error) => error_response(&error, None),
+    }
+}
+
+/// `GET /tasks/{id}` (GetTask) and `GET /tasks/{id}:subscribe` (SubscribeToTask).
+async fn task_get(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> HttpResponse {
+    let (id, action) = task_target(&path);
+    let method = match action {
+        None => Method::GetTask,
+        Some("subscribe") => Method::SubscribeToTask,
+        Some(_) => return not_found(&req),
+    };
+    let mut params = match query_params(&req) {
+        Ok(params) => params,
+        Err(error) => return error_response(&error, None),
+    };
+    params.insert("id".into(), Value::String(id.to_owned()));
+    serve(&req, payload, &state, method, params, Body::Unread).await
+}
+
+/// `POST /tasks/{id}:cancel` (CancelTask) and `POST /tasks/{id}:subscribe` (SubscribeToTask).
+async fn task_post(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> HttpResponse {
+    let (id, action) = task_target(&path);
+    let method = match action {
+        Some("cancel") => Method::CancelTask,
+        Some("subscribe") => Method::SubscribeToTask,
+        _ => return not_found(&req),
+    };
+    let params = Map::from_iter([("id".to_owned(), Value::String(id.to_owned()))]);
+    serve(&req, payload, &state, method, params, Body::Params).await
+}
+
+/// `/tasks/{task}/pushNotificationConfigs[/{config}]`: create (POST), list or get (GET), delete.
+async fn push_configs(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let task = req.match_info().get("task").unwrap_or_default().to_owned();
+    let config = req.match_info().get("config").map(str::to_owned);
+    let method = match (req.method().as_str(), &config) {
+        ("POST", None) => Method::CreatePushConfig,
+        ("GET", None) => Method::ListPushConfigs,
+        ("GET", Some(_)) => Method::GetPushConfig,
+        ("DELETE", Some(_)) => Method::DeletePushConfig,
+        _ => return not_found(&req),
+    };
+    let mut params = Map::from_iter([("taskId".to_owned(), Value::String(task))]);
+    if let Some(config) = config {
+        params.insert("id".to_owned(), Value::String(config));
+    }
+    let body = match method {
+        Method::CreatePushConfig => Body::Params,
+        _ => Body::Unread,
+    };
+    serve(&req, payload, &state, method, params, body).await
+}
+
+async fn extended_card(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let method = Method::GetExtendedAgentCard;
+    serve(&req, payload, &state, method, Map::new(), Body::Unread).await
+}
+
+fn not_found(req: &HttpRequest) -> HttpResponse {
+    let error = RpcError::MethodNotFound(format!(
+        "no HTTP+JSON method at {} {}",
+        req.method(),
+        req.path()
+    ));
+    error_response(&error, None)
+}
+
+/// Query parameters as params: strings, except the one boolean field, so the handlers' checks
+/// (numbers may come as decimal strings, as ProtoJSON allows) apply as they do to JSON bodies.
+fn query_params(req: &HttpRequest) -> Result<Map<String, Value>, RpcError> {
+    let pairs = web::Query::<Vec<(String, String)>>::from_query(req.query_string())
+        .map_err(|e| RpcError::InvalidRequest(format!("the query string: {e}")))?
+        .into_inner();
+    let mut params = Map::new();
+    for (name, text) in pairs {
+        if name.eq_ignore_ascii_case(rpc::VERSION_HEADER) {
+            continue;
+        }
+        let value = match (protojson::json_name(&name).as_str(), text.as_str()) {
+            ("includeArtifacts", "true") => Value::Bool(true),
+            ("includeArtifacts", "false") => Value::Bool(false),
+            _ => Value::String(text),
+        };
+        params.insert(name, value);
+    }
+    Ok(params)
+}
+
+/// The HTTP+JSON binding here is v1.0; no `A2A-Version` means that too.
+fn check_version(req: &HttpRequest) -> Result<(), RpcError> {
+    let requested = rpc::requested_version(req);
+    match WireVersion::parse(requested.as_deref())? {
+        WireVersion::V1 => Ok(()),
+        WireVersion::V03 if requested.is_none() => Ok(()),
+        WireVersion::V03 => Err(RpcError::VersionNotSupported(requested.unwrap_or_default())),
+    }
+}
+
+fn has_body(req: &HttpRequest) -> bool {
+    let headers = req.headers();
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0")
+}
+
+async fn serve(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+    method: Method,
+    path_params: Map<String, Value>,
+    body: Body,
+) -> HttpResponse {
+    let started = Instant::now();
+    if let Err(error) = check_version(req) {
+        rpc::record("invalid", error.code(), started);
+        return error_response(&error, None);
+    }
+    if body == Body::Params && has_body(req) && !rpc::is_json(req) {
+        let error = RpcError::ContentTypeNotSupported(
+            "the request's Content-Type must be application/json".into(),
+        );
+        return error_response(&error, None);
+    }
+    let principal = match rpc::authenticate(req, state) {
+        Ok(principal) => principal,
+        Err(error) => return error_response(&error, None),
+    };
+    let params = match body {
+        Body::Unread => path_params,
+        Body::Params => match read_params(req, payload, state, path_params).await {
+            Ok(params) => params,
+            Err((status, error)) => {
+                rpc::record("invalid", error.code(), started);
+                return error_response(&error, status);
+            }
+        },
+    };
+    let params = Value::Object(params);
+    match rpc::call(state, WireVersion::V1, method, &principal, params, started).await {
+        Ok(Reply::Json(result)) => HttpResponse::Ok().json(result),
+        Ok(Reply::Stream(stream)) => sse::respond(stream, sse::Framing::Rest),
+        Err(error) => error_response(&error, None),
+    }
+}
+
+/// The body's JSON object, with the path's params laid over it (the path names the resource).
+async fn read_params(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+    path_params: Map<String, Value>,
+) -> Result<Map<String, Value>, (Option<StatusCode>, RpcError)> {
+    let body = rpc::read_limited_body(req, payload, state)
+        .await
+        .map_err(|e: BodyError| (Some(e.status()), RpcError::InvalidRequest(e.to_string())))?;
+    let mut params = if body.iter().all(u8::is_ascii_whitespace) {
+        Map::new()
+    } else {
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(Value::Object(map)) => map,
+            Ok(_) => {
+                let error = RpcError::InvalidRequest("the body must be a JSON object".into());
+                return Err((None, error));
+            }
+            Err(e) => {
+                let error = RpcError::Parse(format!("the body is not valid JSON: {e}"));
+                return Err((None, error));
+            }
+        }
+    };
+    params.extend(path_params);
+    Ok(params)
+}
+
+/// The binding's error: `{"error": {code, status, message, details: [ErrorInfo]}}` with the
+/// HTTP status of the error's spelling (or `status`, for body limits).
+pub fn error_response(error: &RpcError, status: Option<StatusCode>) -> HttpResponse {
+    let status = status.unwrap_or_else(|| {
+        StatusCode::from_u16(error.spelling().http_status)
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    });
+    let mut body = error.to_rest_json();
+    body["error"]["code"] = Value::from(status.as_u16());
+    let mut response = HttpResponse::build(status).json(body);
+    let headers = response.headers_mut();
+    match error {
+        RpcError::Unauthenticated(_) => {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        RpcError::Overloaded { retry_after_ms } => {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_ms.div_ceil(1000).max(1)),
+            );
+        }
+        _ => {}
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::task_target;
+
+    #[test]
+    fn task_paths_split_into_id_and_custom_method() {
+        assert_eq!(task_target("abc"), ("abc", None));
+        assert_eq!(task_target("abc:cancel"), ("abc", Some("cancel")));
+        assert_eq!(task_target("abc:subscribe"), ("abc", Some("subscribe")));
+        assert_eq!(task_target("a:b"), ("a:b", None));
+        assert_eq!(task_target(":cancel"), (":cancel", None));
+    }
+}

@@ -1,0 +1,365 @@
+//! The HTTP+JSON binding (v1.0) beside JSON-RPC on the same port: resource URLs, bare results,
+//! SSE without the JSON-RPC envelope, `google.rpc.Status` errors with the HTTP status the
+//! specification pairs with each error, the same auth, and the card declaring the interface.
+
+use crate::common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+struct Rest<'a> {
+    server: &'a TestServer,
+}
+
+impl Rest<'_> {
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.server.url.trim_end_matches('/'), path)
+    }
+
+    async fn answer(response: reqwest::Response) -> (u16, Value) {
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let request = self.server.client.post(self.url(path)).json(&body);
+        Self::answer(request.send().await.expect("sent")).await
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let request = self.server.client.get(self.url(path));
+        Self::answer(request.send().await.expect("sent")).await
+    }
+
+    async fn send(&self, text: &str, context_id: Option<&str>) -> Value {
+        let (status, body) = self
+            .post(
+                "/message:send",
+                json!({"message": user_message(V1, text, context_id, None)}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+}
+
+/// The error body: a `google.rpc.Status` whose one ErrorInfo has the spec's domain; its reason.
+fn reason(status: u16, body: &Value) -> String {
+    let error = &body["error"];
+    assert_eq!(error["code"], json!(status), "{body}");
+    assert!(error["status"].is_string(), "{body}");
+    assert!(error["message"].is_string(), "{body}");
+    let info = &error["details"][0];
+    assert_eq!(
+        info["@type"],
+        json!("type.googleapis.com/google.rpc.ErrorInfo"),
+        "{body}"
+    );
+    assert_eq!(info["domain"], json!("a2a-protocol.org"), "{body}");
+    info["reason"].as_str().unwrap_or_default().to_owned()
+}
+
+#[actix_rt::test]
+async fn a_multi_turn_conversation_get_list_and_cancel_over_http_json() {
+    let server = start_echo().await;
+    let rest = Rest { server: &server };
+    let first = rest.send("hello", None).await;
+    assert!(
+        first.get("jsonrpc").is_none(),
+        "no JSON-RPC envelope: {first}"
+    );
+    let task = &first["task"];
+    let context_id = task["contextId"].as_str().unwrap().to_owned();
+    assert_eq!(task["status"]["state"], json!("TASK_STATE_COMPLETED"));
+    let second = rest.send("again", Some(&context_id)).await;
+    let task2 = &second["task"];
+    assert_eq!(task2["contextId"], json!(context_id));
+    assert_eq!(
+        artifact_text(task2),
+        "echo: again (turn 2; previously: \"hello\")"
+    );
+    let task_id = task2["id"].as_str().unwrap().to_owned();
+
+    let (status, got) = rest.get(&format!("/tasks/{task_id}?historyLength=1")).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["id"], json!(task_id));
+    assert_eq!(got["history"].as_array().map(Vec::len), Some(1), "{got}");
+    let (_, proto_named) = rest
+        .get(&format!("/tasks/{task_id}?history_length=1"))
+        .await;
+    assert_eq!(proto_named["history"].as_array().map(Vec::len), Some(1));
+
+    rest.send("elsewhere", Some("rest-other")).await;
+    let (status, listed) = rest
+        .get(&format!(
+            "/tasks?contextId={context_id}&pageSize=1&includeArtifacts=true"
+        ))
+        .await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["totalSize"], json!(2), "{listed}");
+    assert_eq!(listed["tasks"].as_array().map(Vec::len), Some(1));
+    assert_eq!(listed["tasks"][0]["id"], json!(task_id), "newest first");
+    assert!(listed["tasks"][0]["artifacts"].is_array(), "{listed}");
+    let token = listed["nextPageToken"].as_str().unwrap().to_owned();
+    let (_, page2) = rest
+        .get(&format!(
+            "/tasks?contextId={context_id}&pageSize=1&pageToken={token}"
+        ))
+        .await;
+    assert_eq!(page2["tasks"][0]["id"], task["id"]);
+    assert!(page2["tasks"][0].get("artifacts").is_none(), "{page2}");
+    assert_eq!(page2["nextPageToken"], json!(""));
+
+    let (status, body) = rest
+        .post(&format!("/tasks/{task_id}:cancel"), json!({}))
+        .await;
+    assert_eq!(reason(status, &body), "TASK_NOT_CANCELABLE");
+    assert_eq!(status, 409);
+    let (status, body) = rest.get("/tasks/no-such-task").await;
+    assert_eq!(reason(status, &body), "TASK_NOT_FOUND");
+    assert_eq!(status, 404);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn streaming_and_subscribing_carry_bare_stream_responses() {
+    let server = start_scripted(|_| {}).await;
+    let rest = Rest { server: &server };
+    let response = server
+        .client
+        .post(rest.url("/message:stream"))
+        .json(&json!({"message": user_message(V1, "drip 5 2: abcdef", Some("rest-stream"), None)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let events = sse_events(response).await;
+    assert!(
+        events
+            .iter()
+            .all(|e| e.get("jsonrpc").is_none() && e.get("result").is_none())
+    );
+    let task_id = events[0]["task"]["id"]
+        .as_str()
+        .expect("the task first")
+        .to_owned();
+    let chunks: String = events
+        .iter()
+        .filter_map(|e| e["artifactUpdate"]["artifact"]["parts"][0]["text"].as_str())
+        .collect();
+    assert_eq!(chunks, "abcdef");
+    let last = events.last().unwrap();
+    assert_eq!(
+        last["statusUpdate"]["status"]["state"],
+        json!("TASK_STATE_COMPLETED")
+    );
+
+    // A running task: subscribe (GET or POST) follows it to the end.
+    let (_, started) = rest
+        .post(
+            "/message:send",
+            json!({"message": user_message(V1, "drip 100 1: xyz", Some("rest-sub"), None),
+                   "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let running = started["task"]["id"].as_str().unwrap().to_owned();
+    let subscribed = server
+        .client
+        .post(rest.url(&format!("/tasks/{running}:subscribe")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(subscribed.status().as_u16(), 200);
+    let events = tokio::time::timeout(Duration::from_secs(10), sse_events(subscribed))
+        .await
+        .expect("the stream ends with the task");
+    assert_eq!(events[0]["task"]["id"], json!(running));
+    assert_eq!(
+        events.last().unwrap()["statusUpdate"]["status"]["state"],
+        json!("TASK_STATE_COMPLETED")
+    );
+    // A finished task: an error, as JSON with its status, not a stream.
+    let (status, body) = rest.get(&format!("/tasks/{task_id}:subscribe")).await;
+    assert_eq!(reason(status, &body), "UNSUPPORTED_OPERATION");
+    assert_eq!(status, 400);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_busy_context_and_the_other_errors_get_their_statuses() {
+    let server = start_scripted(|_| {}).await;
+    let rest = Rest { server: &server };
+    let (_, slow) = rest
+        .post(
+            "/message:send",
+            json!({"message": user_message(V1, "slow 1500", Some("rest-busy"), None),
+                   "configuration": {"return_immediately": true}}),
+        )
+        .await;
+    let running = slow["task"]["id"].as_str().unwrap().to_owned();
+    let (status, body) = rest
+        .post(
+            "/message:send",
+            json!({"message": user_message(V1, "me too", Some("rest-busy"), None)}),
+        )
+        .await;
+    assert_eq!(reason(status, &body), "CONTEXT_BUSY");
+    assert_eq!(status, 409);
+    let metadata = &body["error"]["details"][0]["metadata"];
+    assert_eq!(metadata["contextId"], json!("rest-busy"));
+    assert_eq!(metadata["taskId"], json!(running));
+
+    let (status, body) = rest.get("/extendedAgentCard").await;
+    assert_eq!(reason(status, &body), "EXTENDED_AGENT_CARD_NOT_CONFIGURED");
+    // Push configs are served on this binding too: a webhook at a private address is refused.
+    let (status, body) = rest
+        .post(
+            &format!("/tasks/{running}/pushNotificationConfigs"),
+            json!({"url": "http://127.0.0.1:1/"}),
+        )
+        .await;
+    assert_eq!(reason(status, &body), "INVALID_PARAMS");
+    assert_eq!(status, 400);
+    let (status, body) = rest
+        .get("/tasks/no-such-task/pushNotificationConfigs")
+        .await;
+    assert_eq!(reason(status, &body), "TASK_NOT_FOUND");
+    assert_eq!(status, 404);
+    let (status, body) = rest
+        .post("/message:send", json!({"message": {"role": "ROLE_USER"}}))
+        .await;
+    assert_eq!(reason(status, &body), "INVALID_PARAMS");
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("message.messageId"),
+        "{body}"
+    );
+
+    let raw = |content_type: &'static str, version: Option<&'static str>, body: &'static str| {
+        let mut request = server
+            .client
+            .post(rest.url("/message:send"))
+            .header("Content-Type", content_type)
+            .body(body);
+        if let Some(version) = version {
+            request = request.header("A2A-Version", version);
+        }
+        async move { Rest::answer(request.send().await.unwrap()).await }
+    };
+    let (status, body) = raw("text/plain", None, "{}").await;
+    assert_eq!(reason(status, &body), "CONTENT_TYPE_NOT_SUPPORTED");
+    assert_eq!(status, 415);
+    let (status, body) = raw("application/json", None, "{nope").await;
+    assert_eq!(reason(status, &body), "PARSE_ERROR");
+    assert_eq!(status, 400);
+    let (status, body) = raw("application/json", Some("0.3"), "{}").await;
+    assert_eq!(reason(status, &body), "VERSION_NOT_SUPPORTED");
+    assert_eq!(status, 400);
+    let (status, body) = rest.post("/tasks/x:frobnicate", json!({})).await;
+    assert_eq!(reason(status, &body), "METHOD_NOT_FOUND");
+    assert_eq!(status, 404);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn the_same_auth_guards_both_bindings_and_the_card_lists_both() {
+    let server = start_with(
+        std::sync::Arc::new(colloquy::agent::EchoAgent::default()),
+        |c| {
+            c.auth.tokens.insert("alice".into(), "alice-secret".into());
+            c.auth.tokens.insert("bob".into(), "bob-secret".into());
+        },
+    )
+    .await;
+    let rest = Rest { server: &server };
+    let response = server.client.get(rest.url("/tasks")).send().await.unwrap();
+    assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    let (status, body) = Rest::answer(response).await;
+    assert_eq!(reason(status, &body), "UNAUTHENTICATED");
+    assert_eq!(status, 401);
+    let send = |token: &'static str, path: String, body: Option<Value>| {
+        let request = match body {
+            Some(body) => server.client.post(rest.url(&path)).json(&body),
+            None => server.client.get(rest.url(&path)),
+        };
+        async move { Rest::answer(request.bearer_auth(token).send().await.unwrap()).await }
+    };
+    let message = json!({"message": user_message(V1, "mine", Some("rest-auth"), None)});
+    let (status, sent) = send("alice-secret", "/message:send".into(), Some(message)).await;
+    assert_eq!(status, 200, "{sent}");
+    let task_id = sent["task"]["id"].as_str().unwrap().to_owned();
+    let (status, _) = send("alice-secret", format!("/tasks/{task_id}"), None).await;
+    assert_eq!(status, 200);
+    let (status, body) = send("bob-secret", format!("/tasks/{task_id}"), None).await;
+    assert_eq!(
+        reason(status, &body),
+        "TASK_NOT_FOUND",
+        "another principal's task"
+    );
+
+    let card = server.card(&[]).await;
+    let interfaces = card["supportedInterfaces"].as_array().unwrap();
+    let rest_interface = interfaces
+        .iter()
+        .find(|i| i["protocolBinding"] == "HTTP+JSON")
+        .expect("the card lists HTTP+JSON");
+    assert_eq!(rest_interface["protocolVersion"], json!("1.0"));
+    assert_eq!(rest_interface["url"], interfaces[0]["url"]);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_slow_subscriber_gets_an_error_event_with_the_error_body() {
+    use futures_util::StreamExt;
+    let server = start_scripted(|c| c.streaming.subscriber_buffer = 16).await;
+    let rest = Rest { server: &server };
+    let (count, size) = (1500, 16 * 1024);
+    let message = user_message(V1, &format!("flood {count} {size}"), None, None);
+    let fast = server
+        .client
+        .post(rest.url("/message:stream"))
+        .json(&json!({"message": message}))
+        .send()
+        .await
+        .unwrap();
+    let mut fast = LiveStream::new(fast);
+    let task_id = fast.next_event().await.unwrap()["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let slow = server
+        .client
+        .get(rest.url(&format!("/tasks/{task_id}:subscribe")))
+        .send()
+        .await
+        .unwrap();
+    let fast_events = tokio::spawn(fast.rest());
+    // The slow subscriber reads nothing until the agent is done.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let events: Vec<_> = eventsource_stream::Eventsource::eventsource(slow.bytes_stream())
+        .filter_map(|e| async move { e.ok() })
+        .collect()
+        .await;
+    fast_events.await.unwrap();
+    let last = events.last().expect("events");
+    assert_eq!(last.event, "error", "the last event is named error");
+    let body: Value = serde_json::from_str(&last.data).unwrap();
+    assert_eq!(reason(429, &body), "SUBSCRIBER_TOO_SLOW");
+    assert!(
+        events[..events.len() - 1]
+            .iter()
+            .all(|e| e.event == "message"),
+        "the others are plain data events"
+    );
+    server.stop().await;
+}
