@@ -10,7 +10,8 @@ use crate::engine::{Engine, EngineConfig};
 use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
 use crate::store::embedded::{EmbeddedStore, SledOptions};
-use crate::store::{SharedStore, StoreError};
+use crate::store::postgres::{PgOptions, PgStore};
+use crate::store::{ConversationStore, SharedStore, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,10 +35,16 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     crate::telemetry::register_series(agent.kind());
     let auth = load_auth(&config)?;
     let store = open_store_async(&config).await?;
+    if config.store.database_url().is_some() {
+        actix_rt::spawn(sweep_expired_leases(
+            Arc::downgrade(&store),
+            lease_duration(&config) / 3,
+        ));
+    }
     let engine = start_engine(store, agent, &config)
         .await
         .map_err(|error| StartError::Store {
-            path: config.data.display().to_string(),
+            path: store_location(&config),
             error,
         })?;
     let metrics_token = config
@@ -88,12 +95,68 @@ pub fn open_store(
     EmbeddedStore::open(data, &sled_options(config))
 }
 
-/// [`open_store`] on the configured data folder, off the async threads.
+/// Where the store is, for messages: the data folder, or the database (never its URL, which
+/// may hold a password).
+fn store_location(config: &Config) -> String {
+    match config.store.database_url() {
+        Some(_) => "the PostgreSQL database of store.url".into(),
+        None => config.data.display().to_string(),
+    }
+}
+
+/// How long a turn's lease lasts unless renewed.
+fn lease_duration(config: &Config) -> Duration {
+    Duration::from_secs(config.cluster.lease_secs.max(1))
+}
+
+/// The PostgreSQL store's settings, if `store.url` names one.
+pub fn postgres_options(config: &Config) -> Option<PgOptions> {
+    let url = config.store.database_url()?;
+    Some(PgOptions {
+        url: url.to_owned(),
+        pool_size: config.store.pool_size,
+        lease: lease_duration(config),
+        holder: format!(
+            "{}/{}/{:08x}",
+            config.listen,
+            std::process::id(),
+            rand::random::<u32>()
+        ),
+    })
+}
+
+/// Fails, every `period`, the tasks whose nodes stopped renewing their leases (every node runs
+/// one; they agree through the database). Ends when the store is gone.
+async fn sweep_expired_leases(store: std::sync::Weak<dyn ConversationStore>, period: Duration) {
+    let mut tick = tokio::time::interval(period.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(store) = store.upgrade() else { return };
+        match store.fail_interrupted_turns().await {
+            Ok(0) => {}
+            Ok(failed) => tracing::warn!(
+                tasks = failed,
+                "marked failed the tasks whose nodes stopped renewing their leases"
+            ),
+            Err(e) => tracing::warn!(error = %e, "sweeping expired leases"),
+        }
+    }
+}
+
+/// The configured store: PostgreSQL when `store.url` is set, else sled in `data` (opened off
+/// the async threads).
 async fn open_store_async(config: &Config) -> Result<SharedStore, StartError> {
     let failed = |error: String| StartError::Store {
-        path: config.data.display().to_string(),
+        path: store_location(config),
         error,
     };
+    if let Some(options) = postgres_options(config) {
+        return PgStore::connect(&options)
+            .await
+            .map(|store| Arc::new(store) as SharedStore)
+            .map_err(|e| failed(e.to_string()));
+    }
     let data = config.data.clone();
     let store_config = config.store.clone();
     actix_rt::task::spawn_blocking(move || open_store(&data, &store_config))
@@ -153,6 +216,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         },
         max_resident: config.contexts.max_resident.max(1),
         response_bytes: config.limits.response_bytes,
+        lease: lease_duration(config),
     }
 }
 
@@ -214,5 +278,6 @@ mod tests {
         assert_eq!(mapped.max_running_turns, defaults.max_running_turns);
         assert_eq!(mapped.message, defaults.message);
         assert_eq!(mapped.max_resident, defaults.max_resident);
+        assert_eq!(mapped.lease, defaults.lease);
     }
 }

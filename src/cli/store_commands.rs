@@ -31,6 +31,12 @@ pub struct HistoryArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct MigrateArgs {
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Debug)]
 pub struct DeleteArgs {
     #[command(flatten)]
     store: StoreArgs,
@@ -130,5 +136,24 @@ pub fn delete(args: DeleteArgs) -> Result<ExitCode, String> {
     let (store, key, _) = find(&args.store, &args.context_id)?;
     wait(store.delete_conversation(key))?;
     println!("deleted conversation {}", args.context_id);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn migrate(args: MigrateArgs) -> Result<ExitCode, String> {
+    let config =
+        Config::load(args.config.as_deref(), serde_json::json!({})).map_err(|e| e.to_string())?;
+    let options = crate::app::postgres_options(&config).ok_or_else(|| {
+        "store.url is not set (COLLOQUY_STORE__URL): the embedded store needs no migration"
+            .to_owned()
+    })?;
+    let migrated = wait(crate::store::postgres::PgStore::migrate(&options))?;
+    if migrated.from == migrated.to {
+        println!("the schema is at version {}: nothing to do", migrated.to);
+    } else {
+        println!(
+            "migrated the schema from version {} to {}",
+            migrated.from, migrated.to
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -6,11 +6,13 @@
 //! the store operation itself, atomically with the write, so the contract holds when several
 //! processes share one database. Every write resolves only once it is durable.
 //!
-//! Implementations: [`embedded::EmbeddedStore`] (sled behind colloquy's write-ahead log, the default). The
+//! Implementations: [`embedded::EmbeddedStore`] (sled behind colloquy's write-ahead log, the
+//! default) and [`postgres::PgStore`] (one PostgreSQL database shared by several nodes). The
 //! conformance suite in `tests/it/store_conformance.rs` runs against each.
 
 pub mod embedded;
 mod key;
+pub mod postgres;
 
 pub use key::{ConversationKey, KEY_LEN, NAMESPACE_VERSION, PrincipalKey};
 
@@ -61,6 +63,10 @@ pub trait ConversationStore: Send + Sync + 'static {
         lease: &Lease,
         status: TaskStatus,
     ) -> BoxFuture<'static, StoreResult<()>>;
+
+    /// Extends the turn's hold on its conversation (a shared database's lease expires unless its
+    /// holder renews it). Refused with [`StoreError::StaleToken`] once the token moved on.
+    fn renew_lease(&self, lease: &Lease) -> BoxFuture<'static, StoreResult<()>>;
 
     /// Stores the turn's reply and final state and releases the conversation.
     fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>>;

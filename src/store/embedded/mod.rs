@@ -156,6 +156,12 @@ impl ConversationStore for EmbeddedStore {
         self.write(move |records, live| ops::record_status(records, live, &lease, status))
     }
 
+    fn renew_lease(&self, lease: &Lease) -> BoxFuture<'static, StoreResult<()>> {
+        // A read: the lease lives in this process, so renewing it writes nothing.
+        let (lease, live) = (lease.clone(), self.live.clone());
+        self.read(move |records| ops::renew(records, &live, &lease))
+    }
+
     fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>> {
         self.write(move |records, live| ops::finish(records, live, end))
     }

@@ -128,6 +128,11 @@ fn held(
     Ok((meta, record))
 }
 
+/// A lease of this process holds while its turn is live: nothing to extend, only to check.
+pub fn renew(records: &Records, live: &LiveTurns, lease: &Lease) -> StoreResult<()> {
+    held(records, live, lease).map(|_| ())
+}
+
 pub fn record_status(
     records: &Records,
     live: &LiveTurns,

@@ -1,0 +1,219 @@
+//! Throwaway PostgreSQL for tests: one cluster per test process, started from Debian's
+//! `postgresql` binaries (initdb, pg_ctl) in a temp folder on a free loopback port, as `nobody`
+//! when the tests run as root; a fresh database per test. Stopped when the process exits.
+//!
+//! Without the binaries a test that needs PostgreSQL skips and says so, except under `CI=true`,
+//! where it fails: CI installs them (`.ci/run`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+struct Cluster {
+    bin: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    /// Who runs the server's commands (root may not).
+    user: Option<String>,
+}
+
+enum Unavailable {
+    /// No PostgreSQL binaries here: skip (unless under CI).
+    Missing(String),
+    /// The binaries are here but the cluster did not start: always a failure.
+    Failed(String),
+}
+
+static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+static STOP: OnceLock<(PathBuf, PathBuf, Option<String>)> = OnceLock::new();
+static DATABASES: AtomicU64 = AtomicU64::new(1);
+
+/// The URL of a fresh, empty database, or None (said on stderr) where PostgreSQL is not
+/// installed and `CI` is not `true`.
+pub fn database(test: &str) -> Option<String> {
+    let cluster = CLUSTER.get_or_init(|| match start() {
+        Ok(cluster) => Ok(cluster),
+        Err(Unavailable::Missing(why)) => Err(why),
+        Err(Unavailable::Failed(why)) => panic!("the test PostgreSQL did not start: {why}"),
+    });
+    match cluster {
+        Ok(cluster) => Some(cluster.create_database()),
+        Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("{test} needs PostgreSQL and CI=true: {why}")
+        }
+        Err(why) => {
+            eprintln!("skipping {test}: {why} (install Debian's postgresql package to run it)");
+            None
+        }
+    }
+}
+
+/// The folder holding initdb and pg_ctl: on PATH, else Debian's newest under /usr/lib/postgresql.
+fn binaries() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("initdb"))
+            .find(|initdb| initdb.is_file())
+    });
+    if let Some(initdb) = on_path {
+        let real = std::fs::canonicalize(&initdb).unwrap_or(initdb);
+        return real.parent().map(Path::to_path_buf);
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let version = entry.file_name().to_str()?.parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("initdb").is_file().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin)
+}
+
+fn start() -> Result<Cluster, Unavailable> {
+    let bin = binaries().ok_or_else(|| {
+        Unavailable::Missing("no PostgreSQL binaries (initdb, pg_ctl) found".into())
+    })?;
+    let failed =
+        |what: &str, e: &dyn std::fmt::Display| Unavailable::Failed(format!("{what}: {e}"));
+    let dir = tempfile::Builder::new()
+        .prefix("colloquy-pg-")
+        .tempdir()
+        .map_err(|e| failed("temp dir", &e))?
+        .keep();
+    // PostgreSQL refuses to run as root: the cluster belongs to nobody.
+    let user = (unsafe { libc::geteuid() } == 0).then(|| "nobody".to_owned());
+    if let Some(user) = &user {
+        chown_to(&dir, user).map_err(|e| failed("chown", &e))?;
+    }
+    let port = super::free_port();
+    let cluster = Cluster {
+        bin,
+        dir,
+        port,
+        user,
+    };
+    let data = cluster.dir.join("data");
+    cluster
+        .run(
+            "initdb",
+            &[
+                "-D",
+                path_str(&data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "-N",
+            ],
+        )
+        .map_err(Unavailable::Failed)?;
+    let options = format!(
+        "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
+        path_str(&cluster.dir)
+    );
+    let log = cluster.dir.join("log");
+    cluster
+        .run(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&data),
+                "-l",
+                path_str(&log),
+                "-o",
+                &options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        )
+        .map_err(|e| {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            Unavailable::Failed(format!("{e}\n{log}"))
+        })?;
+    let _ = STOP.set((
+        cluster.bin.clone(),
+        cluster.dir.clone(),
+        cluster.user.clone(),
+    ));
+    unsafe { libc::atexit(stop_at_exit) };
+    Ok(cluster)
+}
+
+extern "C" fn stop_at_exit() {
+    if let Some((bin, dir, user)) = STOP.get() {
+        let cluster = Cluster {
+            bin: bin.clone(),
+            dir: dir.clone(),
+            port: 0,
+            user: user.clone(),
+        };
+        let data = dir.join("data");
+        let _ = cluster.run(
+            "pg_ctl",
+            &["-D", path_str(&data), "-m", "immediate", "-w", "stop"],
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().unwrap_or_default()
+}
+
+fn chown_to(dir: &Path, user: &str) -> std::io::Result<()> {
+    let name = std::ffi::CString::new(user)?;
+    let entry = unsafe { libc::getpwnam(name.as_ptr()) };
+    if entry.is_null() {
+        return Err(std::io::Error::other(format!("no user {user}")));
+    }
+    let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
+    std::os::unix::fs::chown(dir, Some(uid), Some(gid))
+}
+
+impl Cluster {
+    /// Runs one of the cluster's programs (as its user); its output on failure.
+    fn run(&self, program: &str, args: &[&str]) -> Result<(), String> {
+        let program = self.bin.join(program);
+        let mut command = match &self.user {
+            Some(user) => {
+                let mut command = Command::new("runuser");
+                command.args(["-u", user, "--"]).arg(&program);
+                command
+            }
+            None => Command::new(&program),
+        };
+        let output = command
+            .args(args)
+            .current_dir(&self.dir)
+            .output()
+            .map_err(|e| format!("{}: {e}", program.display()))?;
+        if !output.status.success() {
+            return Err(format!(
+                "{} {args:?}: {}\n{}",
+                program.display(),
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        Ok(())
+    }
+
+    fn create_database(&self) -> String {
+        let name = format!("t{}", DATABASES.fetch_add(1, Ordering::Relaxed));
+        let port = self.port.to_string();
+        self.run(
+            "createdb",
+            &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", &name],
+        )
+        .expect("a fresh database");
+        format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
+    }
+}
