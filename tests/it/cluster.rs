@@ -436,3 +436,44 @@ async fn a_paused_node_writes_nothing_after_losing_its_lease() {
     assert_eq!(state_of(&stored["result"]), "TASK_STATE_FAILED", "{stored}");
     other.stop().await;
 }
+
+/// Runs the colloquy binary with `args` on the database `url`; its stdout.
+fn colloquy_on(url: &str, args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_colloquy"))
+        .args(args)
+        .env("COLLOQUY_STORE__URL", url)
+        .output()
+        .expect("colloquy runs");
+    assert!(
+        output.status.success(),
+        "colloquy {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[actix_rt::test]
+async fn migrate_and_the_store_commands_work_on_the_database() {
+    let Some(url) = pg::database("cluster::migrate_and_the_store_commands") else {
+        return;
+    };
+    let first = colloquy_on(&url, &["migrate"]);
+    assert!(first.contains("from version 0 to"), "{first}");
+    let again = colloquy_on(&url, &["migrate"]);
+    assert!(again.contains("nothing to do"), "{again}");
+    let server = node(&url, 30).await;
+    server
+        .send_text(V1, "kept in postgres", Some("cli"), None)
+        .await;
+    let listed = colloquy_on(&url, &["conversations"]);
+    assert!(listed.contains("cli"), "{listed}");
+    let history = colloquy_on(&url, &["history", "cli"]);
+    assert!(history.contains("user: kept in postgres"), "{history}");
+    assert!(
+        history.contains("agent: echo: kept in postgres"),
+        "{history}"
+    );
+    colloquy_on(&url, &["delete", "cli"]);
+    assert!(server.stored_messages(V1, "cli").await.is_empty());
+    server.stop().await;
+}
