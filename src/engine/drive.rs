@@ -218,6 +218,7 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
             },
             _ = renew.tick() => {
                 if let Err(text) = keep_lease(store, lease, lease_length, &mut renewed_at).await {
+                    metrics::counter!("colloquy_leases_lost_total").increment(1);
                     stopped = Some((TaskState::Failed, text));
                     break;
                 }

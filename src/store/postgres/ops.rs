@@ -161,7 +161,9 @@ impl Ops {
                     }
                     .into());
                 }
-                fail_abandoned_task(&tx, &running).await?;
+                if fail_abandoned_task(&tx, &running).await? {
+                    metrics::counter!("colloquy_leases_expired_total").increment(1);
+                }
             }
             let next_seq: i64 = row.try_get("next_seq")?;
             let first = next_seq.saturating_sub(turn.history_limit.min(i64::MAX as usize) as i64);
@@ -232,6 +234,7 @@ impl Ops {
         task.history = messages_at(&tx, &key, earlier).await?.0;
         task.history.push(turn.message.clone());
         tx.commit().await?;
+        metrics::counter!("colloquy_leases_taken_total").increment(1);
         Ok(TurnBegun {
             lease: Lease {
                 key,
@@ -461,6 +464,7 @@ impl Ops {
             .await?;
         }
         tx.commit().await?;
+        metrics::counter!("colloquy_leases_expired_total").increment(failed as u64);
         Ok(failed)
     }
 
@@ -476,7 +480,9 @@ impl Ops {
             )
             .await?;
         if abandoned.is_some() {
-            fail_abandoned_task(&tx, task_id).await?;
+            if fail_abandoned_task(&tx, task_id).await? {
+                metrics::counter!("colloquy_leases_expired_total").increment(1);
+            }
             release(&tx, key).await?;
         }
         tx.commit().await?;
