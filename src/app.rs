@@ -34,8 +34,8 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let metrics = crate::telemetry::recorder();
     crate::telemetry::register_series(agent.kind());
     let auth = load_auth(&config)?;
-    let store = open_store_async(&config).await?;
-    if config.store.database_url().is_some() {
+    let (store, database) = open_store_async(&config).await?;
+    if database.is_some() {
         actix_rt::spawn(sweep_expired_leases(
             Arc::downgrade(&store),
             lease_duration(&config) / 3,
@@ -52,6 +52,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         .token
         .as_deref()
         .map(|t| token_digest(t.trim()));
+    let advertise_url = config.cluster.advertise_url.clone();
     let state = AppState {
         engine,
         config: Arc::new(config),
@@ -59,7 +60,23 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         metrics,
         metrics_token,
     };
-    Ok(crate::http::serve(state)?)
+    let server = crate::http::serve(state)?;
+    if let Some(database) = database {
+        database.set_holder(advertised_url(advertise_url, &server));
+    }
+    Ok(server)
+}
+
+/// The address other nodes forward requests for this node's tasks to.
+fn advertised_url(configured: Option<String>, server: &RunningServer) -> String {
+    let url = configured
+        .filter(|url| !url.trim().is_empty())
+        .unwrap_or_else(|| server.url());
+    if url.ends_with('/') {
+        url
+    } else {
+        format!("{url}/")
+    }
 }
 
 /// The tokens, and the refusal to serve a non-loopback address without any.
@@ -146,23 +163,29 @@ async fn sweep_expired_leases(store: std::sync::Weak<dyn ConversationStore>, per
 
 /// The configured store: PostgreSQL when `store.url` is set, else sled in `data` (opened off
 /// the async threads).
-async fn open_store_async(config: &Config) -> Result<SharedStore, StartError> {
+async fn open_store_async(config: &Config) -> Result<(SharedStore, Option<PgStore>), StartError> {
     let failed = |error: String| StartError::Store {
         path: store_location(config),
         error,
     };
     if let Some(options) = postgres_options(config) {
-        return PgStore::connect(&options)
+        let store = PgStore::connect(&options)
             .await
-            .map(|store| Arc::new(store) as SharedStore)
-            .map_err(|e| failed(e.to_string()));
+            .map_err(|e| failed(e.to_string()))?;
+        if config.cluster.secret().is_none() {
+            tracing::warn!(
+                "cluster.secret is not set: streams, live reads and cancels of a task another \
+                 node runs are answered from the database, not forwarded to that node"
+            );
+        }
+        return Ok((Arc::new(store.clone()), Some(store)));
     }
     let data = config.data.clone();
     let store_config = config.store.clone();
     actix_rt::task::spawn_blocking(move || open_store(&data, &store_config))
         .await
         .map_err(|e| failed(e.to_string()))?
-        .map(|store| Arc::new(store) as SharedStore)
+        .map(|store| (Arc::new(store) as SharedStore, None))
         .map_err(|e| failed(e.to_string()))
 }
 

@@ -331,11 +331,28 @@ pub struct ClusterConfig {
     /// every third of that while the agent works). A node that stops holds it this long at
     /// most.
     pub lease_secs: u64,
+    /// The URL other nodes reach this one at, for requests that follow a task it runs
+    /// (streams, live reads, cancels); default: `http://` + the address it listens on.
+    pub advertise_url: Option<String>,
+    /// Shared by every node: authenticates requests forwarded between them. Unset: nothing is
+    /// forwarded (a node answers from the database alone).
+    pub secret: Option<String>,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        ClusterConfig { lease_secs: 30 }
+        ClusterConfig {
+            lease_secs: 30,
+            advertise_url: None,
+            secret: None,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The shared secret, unless unset or empty.
+    pub fn secret(&self) -> Option<&str> {
+        self.secret.as_deref().filter(|s| !s.trim().is_empty())
     }
 }
 

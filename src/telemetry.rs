@@ -94,6 +94,7 @@ const SERIES: &[Series] = &[
     series("colloquy_store_size_bytes", Kind::Gauge, BYTES, "store size on disk"),
     series("colloquy_leases_taken_total", Kind::Counter, None, "conversation leases this node took in a shared database (turns started)"),
     series("colloquy_leases_expired_total", Kind::Counter, None, "expired leases of stopped nodes whose tasks this node failed"),
+    series("colloquy_forwarded_requests_total", Kind::Counter, None, "requests passed on to the node that runs their task"),
     series("colloquy_leases_lost_total", Kind::Counter, None, "turns stopped because their lease could not be renewed"),
     series("colloquy_history_render_seconds", Kind::Histogram, SECONDS, "history load and render latency"),
     series("colloquy_history_messages_rendered_total", Kind::Counter, None, "earlier messages rendered into prompts"),

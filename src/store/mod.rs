@@ -122,6 +122,16 @@ pub trait ConversationStore: Send + Sync + 'static {
     /// A durable write of a probe record: shows the store takes writes (readiness).
     fn probe(&self) -> BoxFuture<'static, StoreResult<()>>;
 
+    /// The address of another node whose live lease runs `task_id` (the principal's), where
+    /// requests that follow the task are forwarded. None on a store one process owns.
+    fn running_holder(
+        &self,
+        _principal: &str,
+        _task_id: &str,
+    ) -> BoxFuture<'static, StoreResult<Option<String>>> {
+        Box::pin(async { Ok(None) })
+    }
+
     /// Resolves once everything written before the call is durable (shutdown).
     fn flush(&self) -> BoxFuture<'static, StoreResult<()>>;
 

@@ -477,3 +477,98 @@ async fn migrate_and_the_store_commands_work_on_the_database() {
     assert!(server.stored_messages(V1, "cli").await.is_empty());
     server.stop().await;
 }
+
+/// An in-process node on `url` that forwards requests for other nodes' tasks.
+async fn forwarding_node(url: &str) -> TestServer {
+    start_with(Arc::new(ScriptedAgent), |config| {
+        config.store.url = url.to_owned();
+        config.cluster.secret = Some("shared between the nodes".into());
+    })
+    .await
+}
+
+#[actix_rt::test]
+async fn streams_live_reads_and_cancels_follow_the_task_to_its_node() {
+    let Some(url) = pg::database("cluster::streams_live_reads_and_cancels_follow") else {
+        return;
+    };
+    let a = forwarding_node(&url).await;
+    let b = forwarding_node(&url).await;
+    let text = "followed across the nodes, every character once: é€😀 and the end";
+    let message = user_message(V1, &format!("drip 40 3: {text}"), Some("followed"), None);
+    let sent = a
+        .rpc(
+            V1,
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let task_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // A live read through B: the reply so far, from A.
+    let live = b.rpc(V1, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(state_of(&live["result"]), "TASK_STATE_WORKING", "{live}");
+    let so_far = artifact_text(&live["result"]);
+    assert!(
+        !so_far.is_empty() && text.starts_with(&so_far),
+        "{so_far:?}"
+    );
+    // A stream through B: the task so far, then every chunk, to the end.
+    let events = sse_events(
+        b.stream(V1, "SubscribeToTask", json!({"id": task_id}))
+            .await,
+    )
+    .await;
+    let first = &events[0]["result"];
+    let snapshot = first.get("task").unwrap_or(first);
+    let streamed = format!("{}{}", artifact_text(snapshot), streamed_text(&events[1..]));
+    assert_eq!(streamed, text, "snapshot + later chunks == the reply");
+    let stored = a.rpc(V1, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(state_of(&stored["result"]), "TASK_STATE_COMPLETED");
+    assert_eq!(artifact_text(&stored["result"]), text);
+
+    // A cancel through B stops the turn A runs.
+    let slow = user_message(V1, "slow 30000", Some("canceled"), None);
+    let sent = a
+        .rpc(
+            V1,
+            "SendMessage",
+            json!({"message": slow, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let slow_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
+    let started = Instant::now();
+    let canceled = b.rpc(V1, "CancelTask", json!({"id": slow_id})).await;
+    assert_eq!(
+        state_of(&canceled["result"]),
+        "TASK_STATE_CANCELED",
+        "{canceled}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let after = b.send_text(V1, "free again", Some("canceled"), None).await;
+    assert_eq!(state_of(task_of(&after)), "TASK_STATE_COMPLETED", "{after}");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_forwarded_request_needs_the_cluster_secret() {
+    let Some(url) = pg::database("cluster::a_forwarded_request_needs_the_secret") else {
+        return;
+    };
+    let a = forwarding_node(&url).await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {}});
+    for secret in [None, Some("wrong")] {
+        let mut request = reqwest::Client::new()
+            .post(format!("{}_colloquy/forward", a.url))
+            .header("A2A-Version", V1)
+            .header("X-Colloquy-Principal", hex::encode("someone"))
+            .json(&body);
+        if let Some(secret) = secret {
+            request = request.header("X-Colloquy-Cluster-Secret", secret);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 401, "secret {secret:?}");
+    }
+    a.stop().await;
+}

@@ -58,7 +58,8 @@ pub struct PgStore {
 pub(crate) struct Ops {
     pool: Pool,
     lease_secs: f64,
-    holder: String,
+    /// This node's address in the leases it takes (see [`PgStore::set_holder`]).
+    holder: parking_lot::RwLock<String>,
 }
 
 /// The store's runtime, shut down without blocking when the last handle goes (which may be
@@ -188,10 +189,16 @@ impl PgStore {
             ops: Arc::new(Ops {
                 pool,
                 lease_secs: options.lease.as_secs_f64(),
-                holder: options.holder.clone(),
+                holder: parking_lot::RwLock::new(options.holder.clone()),
             }),
             runtime: Arc::new(OwnedRuntime(Some(runtime))),
         })
+    }
+
+    /// Names this node in the leases it takes from now on: the address other nodes forward
+    /// requests for its running tasks to (known once it listens).
+    pub fn set_holder(&self, holder: String) {
+        *self.ops.holder.write() = holder;
     }
 
     /// Runs an operation on the store's runtime.
@@ -303,6 +310,15 @@ impl ConversationStore for PgStore {
 
     fn probe(&self) -> BoxFuture<'static, StoreResult<()>> {
         self.run(|ops| async move { retrying(|| ops.probe()).await })
+    }
+
+    fn running_holder(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, StoreResult<Option<String>>> {
+        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
+        self.run(|ops| async move { retrying(|| ops.running_holder(&principal, &task_id)).await })
     }
 
     /// Every acknowledged write is already committed.

@@ -257,6 +257,7 @@ impl Ops {
         key: &ConversationKey,
     ) -> Result<Option<Taken>, Failure> {
         let now = crate::model::now();
+        let holder = self.holder.read().clone();
         let row = tx
             .query_opt(
                 "INSERT INTO colloquy_conversations (conv_key, principal_key, principal, \
@@ -284,7 +285,7 @@ impl Ops {
                     &now.timestamp_millis(),
                     &turn.task_id.as_bytes(),
                     &self.lease_secs,
-                    &self.holder,
+                    &holder,
                 ],
             )
             .await?;
@@ -760,6 +761,31 @@ impl Ops {
         }
         tx.commit().await?;
         Ok(true)
+    }
+
+    /// The holder of the live lease running the principal's task, unless it is this node.
+    pub(super) async fn running_holder(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> Result<Option<String>, Failure> {
+        let Some(task) = self.owned_task(principal, task_id).await? else {
+            return Ok(None);
+        };
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT lease_holder FROM colloquy_conversations WHERE conv_key = $1 \
+                 AND running_task = $2 AND lease_expires > now()",
+                &[&task.key.as_bytes().as_slice(), &task_id.as_bytes()],
+            )
+            .await?;
+        let holder: Option<String> = match row {
+            Some(row) => row.try_get("lease_holder")?,
+            None => None,
+        };
+        let me = self.holder.read().clone();
+        Ok(holder.filter(|holder| *holder != me))
     }
 
     pub(super) async fn probe(&self) -> Result<(), Failure> {
