@@ -34,6 +34,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let metrics = crate::telemetry::recorder();
     crate::telemetry::register_series(agent.kind());
     let auth = load_auth(&config)?;
+    check_cluster_secret(&config)?;
     let (store, database) = open_store_async(&config).await?;
     if database.is_some() {
         actix_rt::spawn(sweep_expired_leases(
@@ -93,6 +94,39 @@ fn load_auth(config: &Config) -> Result<Auth, StartError> {
         )));
     }
     Ok(auth)
+}
+
+/// Nodes that other machines can reach must authenticate what they pass between them: with a
+/// PostgreSQL store, `cluster.secret` is required unless every address is loopback.
+fn check_cluster_secret(config: &Config) -> Result<(), StartError> {
+    if config.store.database_url().is_none() || config.cluster.secret().is_some() {
+        return Ok(());
+    }
+    let advertised_loopback = config
+        .cluster
+        .advertise_url
+        .as_deref()
+        .is_none_or(url_is_loopback);
+    if is_loopback(&config.listen) && advertised_loopback {
+        return Ok(());
+    }
+    Err(StartError::Config(
+        "cluster.secret (COLLOQUY_CLUSTER__SECRET) is required with store.url when a node \
+         listens or advertises beyond loopback: every node sharing the database must have the same"
+            .into(),
+    ))
+}
+
+fn url_is_loopback(url: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(url) else {
+        return false;
+    };
+    let host = url.host_str().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn is_loopback(listen: &str) -> bool {
@@ -302,5 +336,23 @@ mod tests {
         assert_eq!(mapped.message, defaults.message);
         assert_eq!(mapped.max_resident, defaults.max_resident);
         assert_eq!(mapped.lease, defaults.lease);
+    }
+
+    #[test]
+    fn a_shared_database_beyond_loopback_needs_the_cluster_secret() {
+        let mut config = Config::default();
+        config.store.url = "postgres://db/colloquy".into();
+        assert!(check_cluster_secret(&config).is_ok(), "loopback only");
+        config.cluster.advertise_url = Some("http://10.0.0.5:8080/".into());
+        assert!(check_cluster_secret(&config).is_err());
+        config.cluster.advertise_url = Some("http://[::1]:8080/".into());
+        assert!(check_cluster_secret(&config).is_ok());
+        config.listen = "0.0.0.0:8080".into();
+        assert!(check_cluster_secret(&config).is_err());
+        config.cluster.secret = Some("s".into());
+        assert!(check_cluster_secret(&config).is_ok());
+        config.store.url = String::new();
+        config.cluster.secret = None;
+        assert!(check_cluster_secret(&config).is_ok(), "sled needs none");
     }
 }
