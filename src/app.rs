@@ -167,6 +167,7 @@ pub fn postgres_options(config: &Config) -> Option<PgOptions> {
         url: url.to_owned(),
         pool_size: config.store.pool_size,
         lease: lease_duration(config),
+        tls_ca_file: config.store.tls_ca_file.clone(),
         holder: format!(
             "{}/{}/{:08x}",
             config.listen,

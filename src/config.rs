@@ -299,6 +299,9 @@ pub struct StoreConfig {
     pub url: String,
     /// PostgreSQL: connections this node keeps open at most.
     pub pool_size: usize,
+    /// PostgreSQL: PEM file of the authorities the database's certificate may come from
+    /// (besides the public ones); set, or with `sslmode=require` in the URL, TLS is used.
+    pub tls_ca_file: Option<PathBuf>,
     /// sled's page cache.
     pub cache_bytes: u64,
     /// Milliseconds between checkpoints of the write-ahead log into sled.
@@ -310,6 +313,7 @@ impl Default for StoreConfig {
         StoreConfig {
             url: String::new(),
             pool_size: 16,
+            tls_ca_file: None,
             cache_bytes: 64 * 1024 * 1024,
             checkpoint_interval_ms: DEFAULT_CHECKPOINT_EVERY.as_millis() as u64,
         }

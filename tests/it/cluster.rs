@@ -21,6 +21,7 @@ fn options(url: &str, lease: Duration, holder: &str) -> PgOptions {
         pool_size: 4,
         lease,
         holder: holder.to_owned(),
+        tls_ca_file: None,
     }
 }
 
@@ -571,4 +572,35 @@ async fn a_forwarded_request_needs_the_cluster_secret() {
         assert_eq!(response.status(), 401, "secret {secret:?}");
     }
     a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_the_database_verifies_its_certificate() {
+    let Some(url) = pg::database("cluster::tls_to_the_database") else {
+        return;
+    };
+    let Some(certificate) = pg::certificate() else {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "CI's test PostgreSQL serves TLS (openssl comes with Debian's postgresql)"
+        );
+        eprintln!("skipping cluster::tls_to_the_database: no openssl to make a certificate");
+        return;
+    };
+    let url = format!("{url}?sslmode=require");
+    let mut trusted = options(&url, Duration::from_secs(30), "tls");
+    trusted.tls_ca_file = Some(certificate);
+    let store = PgStore::connect(&trusted).await.expect("TLS with the CA");
+    store
+        .begin_turn(begin_request("p", "tls", "over TLS"))
+        .await
+        .expect("a turn over TLS");
+    // Only the public authorities: the self-signed certificate is refused.
+    let untrusted = options(&url, Duration::from_secs(30), "tls");
+    let refused = PgStore::connect(&untrusted).await.err().expect("refused");
+    assert!(
+        refused.to_string().to_lowercase().contains("certificate"),
+        "{refused}"
+    );
 }

@@ -34,6 +34,7 @@ pub fn postgres() -> Option<Fixture> {
         pool_size: 8,
         lease: std::time::Duration::from_secs(30),
         holder: "conformance".into(),
+        tls_ca_file: None,
     };
     // The fixture is built inside the test's runtime: connect on a thread of its own.
     let store = std::thread::spawn(move || {

@@ -40,6 +40,42 @@ pub struct PgOptions {
     pub lease: Duration,
     /// Who holds the leases this node takes (shown in the conversation's row).
     pub holder: String,
+    /// PEM certificates of the authorities the database's certificate may come from, besides
+    /// the public ones. Set, or with `sslmode=require` in the URL, connections use TLS.
+    pub tls_ca_file: Option<std::path::PathBuf>,
+}
+
+/// A TLS connector (rustls) if the URL's `sslmode` requires TLS or a CA file is given; else
+/// plain connections (`sslmode=prefer`, the default, then connects without TLS).
+fn tls_connector(
+    config: &tokio_postgres::Config,
+    ca_file: Option<&std::path::Path>,
+) -> StoreResult<Option<tokio_postgres_rustls::MakeRustlsConnect>> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    use tokio_postgres::config::SslMode;
+    let required = !matches!(config.get_ssl_mode(), SslMode::Disable | SslMode::Prefer);
+    if !required && ca_file.is_none() {
+        return Ok(None);
+    }
+    let tls_error = |e: &dyn std::fmt::Display| StoreError::Backend(format!("store TLS: {e}"));
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(file) = ca_file {
+        let certificates = CertificateDer::pem_file_iter(file).map_err(|e| tls_error(&e))?;
+        for certificate in certificates {
+            roots
+                .add(certificate.map_err(|e| tls_error(&e))?)
+                .map_err(|e| tls_error(&e))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_error(&e))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Some(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
 }
 
 /// Whether `url` names a PostgreSQL database.
@@ -165,13 +201,13 @@ impl PgStore {
             .url
             .parse()
             .map_err(|e| StoreError::Backend(format!("store.url: {e}")))?;
-        let manager = Manager::from_config(
-            config,
-            tokio_postgres::NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = || ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match tls_connector(&config, options.tls_ca_file.as_deref())? {
+            Some(tls) => Manager::from_config(config, tls, manager_config()),
+            None => Manager::from_config(config, tokio_postgres::NoTls, manager_config()),
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("colloquy-pg")

@@ -121,6 +121,18 @@ fn seq_of_page_token(token: &str) -> Result<u64, Failure> {
         .ok_or_else(|| StoreError::BadPageToken.into())
 }
 
+/// An error with the chain of its causes (a TLS handshake's reason, say).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
+}
+
 fn failed_status(task: &Task, text: &str) -> TaskStatus {
     TaskStatus::new(
         TaskState::Failed,
@@ -133,7 +145,7 @@ impl Ops {
         self.pool
             .get()
             .await
-            .map_err(|e| Failure::Pool(e.to_string()))
+            .map_err(|e| Failure::Pool(with_causes(&e)))
     }
 
     /// Stores the caller's message and the task as working, and takes the conversation's

@@ -16,6 +16,9 @@ struct Cluster {
     port: u16,
     /// Who runs the server's commands (root may not).
     user: Option<String>,
+    /// The authority that signed the server's certificate, when it serves TLS (openssl made
+    /// them).
+    certificate: Option<PathBuf>,
 }
 
 enum Unavailable {
@@ -90,11 +93,13 @@ fn start() -> Result<Cluster, Unavailable> {
         chown_to(&dir, user).map_err(|e| failed("chown", &e))?;
     }
     let port = super::free_port();
+    let certificate = self_signed_certificate(&dir, user.as_deref());
     let cluster = Cluster {
         bin,
         dir,
         port,
         user,
+        certificate,
     };
     let data = cluster.dir.join("data");
     cluster
@@ -113,10 +118,21 @@ fn start() -> Result<Cluster, Unavailable> {
             ],
         )
         .map_err(Unavailable::Failed)?;
-    let options = format!(
+    let mut options = format!(
         "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
         path_str(&cluster.dir)
     );
+    if cluster.certificate.is_some() {
+        let (certificate, key) = (
+            cluster.dir.join("server.crt"),
+            cluster.dir.join("server.key"),
+        );
+        options.push_str(&format!(
+            " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+            path_str(&certificate),
+            path_str(&key)
+        ));
+    }
     let log = cluster.dir.join("log");
     cluster
         .run(
@@ -136,6 +152,7 @@ fn start() -> Result<Cluster, Unavailable> {
         )
         .map_err(|e| {
             let log = std::fs::read_to_string(&log).unwrap_or_default();
+            let _ = std::fs::remove_dir_all(&cluster.dir);
             Unavailable::Failed(format!("{e}\n{log}"))
         })?;
     let _ = STOP.set((
@@ -147,6 +164,85 @@ fn start() -> Result<Cluster, Unavailable> {
     Ok(cluster)
 }
 
+/// A test authority (`ca.crt`) and a certificate for 127.0.0.1 it signed, with its key, in `dir`
+/// (owned by `user`), if openssl is here. Returns the authority's certificate.
+fn self_signed_certificate(dir: &Path, user: Option<&str>) -> Option<PathBuf> {
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .ok()?;
+    let steps: [&[&str]; 3] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=colloquy test authority",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+        ],
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.crt",
+        ],
+    ];
+    for args in steps {
+        let made = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .ok()?;
+        if !made.status.success() {
+            return None;
+        }
+    }
+    let key = dir.join("server.key");
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).ok()?;
+    if let Some(user) = user {
+        chown_to(&key, user).ok()?;
+        chown_to(&dir.join("server.crt"), user).ok()?;
+    }
+    Some(dir.join("ca.crt"))
+}
+
+/// The authority of the certificate the test PostgreSQL serves TLS with (after [`database`]
+/// started it); None where it serves none.
+pub fn certificate() -> Option<PathBuf> {
+    CLUSTER.get()?.as_ref().ok()?.certificate.clone()
+}
+
 extern "C" fn stop_at_exit() {
     if let Some((bin, dir, user)) = STOP.get() {
         let cluster = Cluster {
@@ -154,6 +250,7 @@ extern "C" fn stop_at_exit() {
             dir: dir.clone(),
             port: 0,
             user: user.clone(),
+            certificate: None,
         };
         let data = dir.join("data");
         let _ = cluster.run(
