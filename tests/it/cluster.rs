@@ -231,6 +231,64 @@ async fn a_conversation_continues_across_nodes_with_its_whole_history() {
     b.stop().await;
 }
 
+/// One JSON-RPC call to `server` as the principal whose bearer token is `token`.
+async fn rpc_as(server: &TestServer, token: &str, method: &str, params: Value) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": next_id(), "method": method, "params": params});
+    server
+        .client
+        .post(&server.url)
+        .header("A2A-Version", V1)
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .expect("request sent")
+        .json()
+        .await
+        .expect("JSON response")
+}
+
+#[actix_rt::test]
+async fn two_principals_with_one_context_id_stay_apart_across_nodes() {
+    let Some(url) = pg::database("cluster::two_principals_with_one_context_id") else {
+        return;
+    };
+    let with_tokens = |config: &mut colloquy::config::Config| {
+        config.store.url = url.clone();
+        config
+            .auth
+            .tokens
+            .insert("alice".into(), "alice-token".into());
+        config.auth.tokens.insert("bob".into(), "bob-token".into());
+    };
+    let a = start_with(Arc::new(ScriptedAgent), with_tokens).await;
+    let b = start_with(Arc::new(ScriptedAgent), with_tokens).await;
+    let send = |text: &str| json!({"message": user_message(V1, text, Some("same-id"), None)});
+    rpc_as(&a, "alice-token", "SendMessage", send("alice on a")).await;
+    rpc_as(&b, "bob-token", "SendMessage", send("bob on b")).await;
+    let alice_on_b = rpc_as(&b, "alice-token", "SendMessage", send("alice on b")).await;
+    assert_eq!(
+        reply_of(&alice_on_b),
+        "echo: alice on b (turn 2; previously: \"alice on a\")",
+        "alice's own history only"
+    );
+    let bob_on_a = rpc_as(&a, "bob-token", "SendMessage", send("bob on a")).await;
+    assert_eq!(
+        reply_of(&bob_on_a),
+        "echo: bob on a (turn 2; previously: \"bob on b\")"
+    );
+    for (server, token) in [(&a, "alice-token"), (&b, "bob-token")] {
+        let listed = rpc_as(server, token, "colloquy/listConversations", json!({})).await;
+        let listed = listed["result"]["conversations"].as_array().cloned();
+        assert_eq!(listed.map(|c| c.len()), Some(1), "one conversation each");
+    }
+    let alice_task = task_of(&alice_on_b)["id"].as_str().unwrap().to_owned();
+    let stolen = rpc_as(&a, "bob-token", "GetTask", json!({"id": alice_task})).await;
+    assert_eq!(stolen["error"]["code"], json!(-32001), "{stolen}");
+    a.stop().await;
+    b.stop().await;
+}
+
 async fn task_ids(server: &TestServer, context_id: &str) -> Vec<String> {
     let listed = server
         .rpc(V1, "ListTasks", json!({"contextId": context_id}))
@@ -250,11 +308,11 @@ async fn concurrent_sends_through_two_nodes_run_one_turn() {
     };
     let a = node(&url, 30).await;
     let b = node(&url, 30).await;
-    for round in 0..20 {
+    for round in 0..50 {
         let context_id = format!("race-{round}");
         let (from_a, from_b) = tokio::join!(
-            a.send_text(V1, "slow 200", Some(&context_id), None),
-            b.send_text(V1, "slow 200", Some(&context_id), None),
+            a.send_text(V1, "slow 100", Some(&context_id), None),
+            b.send_text(V1, "slow 100", Some(&context_id), None),
         );
         let (won, lost) = match (from_a.get("result"), from_b.get("result")) {
             (Some(_), None) => (&from_a, &from_b),
@@ -268,6 +326,38 @@ async fn concurrent_sends_through_two_nodes_run_one_turn() {
         let stored = a.stored_messages(V1, &context_id).await;
         assert_eq!(stored.len(), 2, "only the winner's message and reply");
     }
+    a.stop().await;
+    b.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_turn_longer_than_its_lease_keeps_it_by_renewing() {
+    let Some(url) = pg::database("cluster::a_turn_longer_than_its_lease") else {
+        return;
+    };
+    let a = node(&url, 1).await;
+    let b = node(&url, 1).await;
+    let long = user_message(V1, "slow 3500", Some("long"), None);
+    let sent = a
+        .rpc(
+            V1,
+            "SendMessage",
+            json!({"message": long, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let task_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
+    // Three lease lengths in, the turn still holds its conversation.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let busy = b.send_text(V1, "too soon", Some("long"), None).await;
+    assert_eq!(busy["error"]["code"], json!(-32010), "{busy}");
+    assert_eq!(
+        busy["error"]["data"][0]["metadata"]["taskId"],
+        json!(task_id)
+    );
+    let accepted = send_until_accepted(&b, "after it", "long").await;
+    assert!(accepted < Duration::from_secs(10));
+    let done = a.rpc(V1, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(state_of(&done["result"]), "TASK_STATE_COMPLETED", "{done}");
     a.stop().await;
     b.stop().await;
 }
