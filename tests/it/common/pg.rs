@@ -82,13 +82,16 @@ fn start() -> Result<Cluster, Unavailable> {
     })?;
     let failed =
         |what: &str, e: &dyn std::fmt::Display| Unavailable::Failed(format!("{what}: {e}"));
+    // PostgreSQL refuses to run as root: the cluster belongs to nobody.
+    let user = (unsafe { libc::geteuid() } == 0).then(|| "nobody".to_owned());
+    stop_orphans(&bin, user.as_deref());
     let dir = tempfile::Builder::new()
-        .prefix("colloquy-pg-")
+        .prefix(CLUSTER_PREFIX)
         .tempdir()
         .map_err(|e| failed("temp dir", &e))?
         .keep();
-    // PostgreSQL refuses to run as root: the cluster belongs to nobody.
-    let user = (unsafe { libc::geteuid() } == 0).then(|| "nobody".to_owned());
+    std::fs::write(dir.join(OWNER_FILE), std::process::id().to_string())
+        .map_err(|e| failed("owner file", &e))?;
     if let Some(user) = &user {
         chown_to(&dir, user).map_err(|e| failed("chown", &e))?;
     }
@@ -241,6 +244,48 @@ fn self_signed_certificate(dir: &Path, user: Option<&str>) -> Option<PathBuf> {
 /// started it); None where it serves none.
 pub fn certificate() -> Option<PathBuf> {
     CLUSTER.get()?.as_ref().ok()?.certificate.clone()
+}
+
+const CLUSTER_PREFIX: &str = "colloquy-pg-";
+/// The pid of the test process a cluster belongs to.
+const OWNER_FILE: &str = "owner.pid";
+
+/// Stops and removes the clusters of test processes that died without stopping theirs (killed,
+/// say), so none outlives a run by more than the next one.
+fn stop_orphans(bin: &Path, user: Option<&str>) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let ours = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(CLUSTER_PREFIX));
+        let owner = std::fs::read_to_string(dir.join(OWNER_FILE))
+            .ok()
+            .and_then(|pid| pid.trim().parse::<libc::pid_t>().ok());
+        let Some(owner) = owner.filter(|_| ours) else {
+            continue;
+        };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let alive = unsafe { libc::kill(owner, 0) } == 0;
+        if !alive {
+            let orphan = Cluster {
+                bin: bin.to_path_buf(),
+                dir: dir.clone(),
+                port: 0,
+                user: user.map(str::to_owned),
+                certificate: None,
+            };
+            let data = dir.join("data");
+            let _ = orphan.run(
+                "pg_ctl",
+                &["-D", path_str(&data), "-m", "immediate", "-w", "stop"],
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
 }
 
 extern "C" fn stop_at_exit() {
