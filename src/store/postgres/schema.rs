@@ -79,8 +79,22 @@ pub struct Migrated {
 }
 
 impl Ops {
-    /// The schema version the database is at (0: none).
+    /// The schema version the database is at (0: none). Creating the version table can race
+    /// with another node doing the same (PostgreSQL's `IF NOT EXISTS` is not atomic): retried.
     async fn schema_version(&self) -> Result<i64, Failure> {
+        let mut attempt = 0;
+        loop {
+            match self.read_schema_version().await {
+                Err(_) if attempt < 3 => {
+                    attempt += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn read_schema_version(&self) -> Result<i64, Failure> {
         let client = self.client().await?;
         client.batch_execute(VERSION_TABLE).await?;
         let row = client
