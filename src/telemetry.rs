@@ -92,6 +92,8 @@ const SERIES: &[Series] = &[
     series("colloquy_store_checkpoint_seconds", Kind::Histogram, SECONDS, "time to move a memtable into sled and flush it"),
     series("colloquy_store_checkpoint_writes_total", Kind::Counter, None, "key writes moved from the memtables into sled"),
     series("colloquy_store_size_bytes", Kind::Gauge, BYTES, "store size on disk"),
+    series("colloquy_store_pool_in_use", Kind::Gauge, None, "PostgreSQL connections in use"),
+    series("colloquy_store_pool_waiting", Kind::Gauge, None, "requests waiting for a PostgreSQL connection"),
     series("colloquy_leases_taken_total", Kind::Counter, None, "conversation leases this node took in a shared database (turns started)"),
     series("colloquy_leases_expired_total", Kind::Counter, None, "expired leases of stopped nodes whose tasks this node failed"),
     series("colloquy_forwarded_requests_total", Kind::Counter, None, "requests passed on to the node that runs their task"),

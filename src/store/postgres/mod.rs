@@ -221,6 +221,7 @@ impl PgStore {
             .create_timeout(Some(Duration::from_secs(10)))
             .build()
             .map_err(|e| StoreError::Backend(format!("connection pool: {e}")))?;
+        runtime.spawn(report_pool_use(pool.clone()));
         Ok(PgStore {
             ops: Arc::new(Ops {
                 pool,
@@ -253,6 +254,19 @@ impl PgStore {
                 .await
                 .map_err(|e| StoreError::Backend(format!("store operation: {e}")))?
         })
+    }
+}
+
+/// Publishes the pool's use once a second (the metrics endpoint), until the store's runtime
+/// stops.
+async fn report_pool_use(pool: Pool) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let status = pool.status();
+        metrics::gauge!("colloquy_store_pool_in_use")
+            .set(status.size.saturating_sub(status.available) as f64);
+        metrics::gauge!("colloquy_store_pool_waiting").set(status.waiting as f64);
     }
 }
 
