@@ -154,78 +154,11 @@ impl Ops {
         let key = ConversationKey::new(&turn.principal, &turn.context_id);
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let current = tx
-            .query_opt(
-                "SELECT running_task, lease_expires <= now() AS expired, next_seq \
-                 FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE",
-                &[&key.as_bytes().as_slice()],
-            )
-            .await?;
-        let mut recent = Vec::new();
-        if let Some(row) = &current {
-            let running = opt_text(row, "running_task")?;
-            let expired: Option<bool> = row.try_get("expired")?;
-            if let Some(running) = running {
-                if expired != Some(true) {
-                    return Err(StoreError::Busy {
-                        context_id: turn.context_id.clone(),
-                        task_id: running,
-                    }
-                    .into());
-                }
-                if fail_abandoned_task(&tx, &running).await? {
-                    metrics::counter!("colloquy_leases_expired_total").increment(1);
-                }
-            }
-            let next_seq: i64 = row.try_get("next_seq")?;
-            let first = next_seq.saturating_sub(turn.history_limit.min(i64::MAX as usize) as i64);
-            recent = messages_between(&tx, &key, first, next_seq).await?;
-        }
-        let mut stored = if turn.continuing {
-            let row = load_task(&tx, &turn.task_id, true)
-                .await?
-                .filter(|r| r.principal == turn.principal && r.key == key)
-                .ok_or_else(|| StoreError::TaskNotFound(turn.task_id.clone()))?;
-            let state = row.stored.task.status.state;
-            if state.is_terminal() {
-                return Err(StoreError::TaskTerminal {
-                    task_id: turn.task_id.clone(),
-                    state,
-                }
-                .into());
-            }
-            row.stored
-        } else {
-            StoredTask {
-                task: Task {
-                    id: turn.task_id.clone(),
-                    context_id: turn.context_id.clone(),
-                    status: TaskStatus::new(TaskState::Submitted, None),
-                    artifacts: Vec::new(),
-                    history: Vec::new(),
-                    metadata: None,
-                },
-                history_seqs: Vec::new(),
-            }
-        };
-        let taken = self.take(&tx, turn, &key).await?;
-        let Some(taken) = taken else {
+        let recent = free_for(&tx, turn, &key).await?;
+        let mut stored = task_to_run(&tx, turn, &key).await?;
+        let Some(taken) = self.take(&tx, turn, &key).await? else {
             // Taken by another node between our read and our write.
-            let running = tx
-                .query_opt(
-                    "SELECT running_task FROM colloquy_conversations WHERE conv_key = $1",
-                    &[&key.as_bytes().as_slice()],
-                )
-                .await?
-                .map(|row| opt_text(&row, "running_task"))
-                .transpose()?
-                .flatten()
-                .unwrap_or_default();
-            return Err(StoreError::Busy {
-                context_id: turn.context_id.clone(),
-                task_id: running,
-            }
-            .into());
+            return Err(busy(&tx, turn, &key).await?.into());
         };
         let seq = taken.next_seq - 1;
         tx.execute(
@@ -653,7 +586,7 @@ impl Ops {
             )
             .await?;
         let mut next_page_token = String::new();
-        let mut listed = Vec::with_capacity(rows.len());
+        let mut listed: Vec<(TaskRow, String)> = Vec::with_capacity(rows.len());
         for (i, row) in rows.iter().enumerate() {
             let status_ms: i64 = row.try_get("status_ms")?;
             let task_id: Vec<u8> = row.try_get("task_id")?;
@@ -661,7 +594,7 @@ impl Ops {
             if i == query.page_size {
                 next_page_token = listed
                     .last()
-                    .map(|(_, token): &(TaskRow, String)| token.clone())
+                    .map(|(_, token)| token.clone())
                     .unwrap_or_default();
                 break;
             }
@@ -835,6 +768,99 @@ fn stale(lease: &Lease) -> StoreError {
     StoreError::StaleToken {
         task_id: lease.task_id.clone(),
     }
+}
+
+/// Locks the conversation and checks no live lease holds it (failing the task of an expired
+/// one); returns its latest messages for the agent's history.
+async fn free_for(
+    tx: &impl GenericClient,
+    turn: &BeginTurn,
+    key: &ConversationKey,
+) -> Result<Vec<Message>, Failure> {
+    let current = tx
+        .query_opt(
+            "SELECT running_task, lease_expires <= now() AS expired, next_seq \
+             FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE",
+            &[&key.as_bytes().as_slice()],
+        )
+        .await?;
+    // A conversation never stored has no messages to read.
+    let Some(row) = current else {
+        return Ok(Vec::new());
+    };
+    if let Some(running) = opt_text(&row, "running_task")? {
+        let expired: Option<bool> = row.try_get("expired")?;
+        if expired != Some(true) {
+            return Err(StoreError::Busy {
+                context_id: turn.context_id.clone(),
+                task_id: running,
+            }
+            .into());
+        }
+        if fail_abandoned_task(tx, &running).await? {
+            metrics::counter!("colloquy_leases_expired_total").increment(1);
+        }
+    }
+    let next_seq: i64 = row.try_get("next_seq")?;
+    let first = next_seq.saturating_sub(turn.history_limit.min(i64::MAX as usize) as i64);
+    messages_between(tx, key, first, next_seq).await
+}
+
+/// The task the turn runs: the principal's task waiting for input in this conversation, or a
+/// new one.
+async fn task_to_run(
+    tx: &impl GenericClient,
+    turn: &BeginTurn,
+    key: &ConversationKey,
+) -> Result<StoredTask, Failure> {
+    if !turn.continuing {
+        return Ok(StoredTask {
+            task: Task {
+                id: turn.task_id.clone(),
+                context_id: turn.context_id.clone(),
+                status: TaskStatus::new(TaskState::Submitted, None),
+                artifacts: Vec::new(),
+                history: Vec::new(),
+                metadata: None,
+            },
+            history_seqs: Vec::new(),
+        });
+    }
+    let row = load_task(tx, &turn.task_id, true)
+        .await?
+        .filter(|r| r.principal == turn.principal && r.key == *key)
+        .ok_or_else(|| StoreError::TaskNotFound(turn.task_id.clone()))?;
+    let state = row.stored.task.status.state;
+    if state.is_terminal() {
+        return Err(StoreError::TaskTerminal {
+            task_id: turn.task_id.clone(),
+            state,
+        }
+        .into());
+    }
+    Ok(row.stored)
+}
+
+/// The refusal of a turn whose conversation another turn took first.
+async fn busy(
+    tx: &impl GenericClient,
+    turn: &BeginTurn,
+    key: &ConversationKey,
+) -> Result<StoreError, Failure> {
+    let running = tx
+        .query_opt(
+            "SELECT running_task FROM colloquy_conversations WHERE conv_key = $1",
+            &[&key.as_bytes().as_slice()],
+        )
+        .await?
+        .map(|row| opt_text(&row, "running_task"))
+        .transpose()?
+        .flatten()
+        .unwrap_or_default();
+    Ok(StoreError::Busy {
+        context_id: turn.context_id.clone(),
+        task_id: running,
+    })
 }
 
 /// Locks the conversation if the lease still holds it; returns its next sequence number.
