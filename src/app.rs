@@ -70,9 +70,15 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
 
 /// The address other nodes forward requests for this node's tasks to.
 fn advertised_url(configured: Option<String>, server: &RunningServer) -> String {
-    let url = configured
-        .filter(|url| !url.trim().is_empty())
-        .unwrap_or_else(|| server.url());
+    let configured = configured.filter(|url| !url.trim().is_empty());
+    if configured.is_none() && server.addr.ip().is_unspecified() {
+        tracing::warn!(
+            addr = %server.addr,
+            "cluster.advertise_url is not set and this node listens on every address: other \
+             nodes cannot forward requests for its tasks to it; set cluster.advertise_url"
+        );
+    }
+    let url = configured.unwrap_or_else(|| server.url());
     if url.ends_with('/') {
         url
     } else {
