@@ -13,7 +13,8 @@ use crate::push::deliver::DeliveryOptions;
 use crate::push::sign::{DEFAULT_KEY_FILE, Signer};
 use crate::push::{PushConfigs, TargetPolicy};
 use crate::store::embedded::{EmbeddedStore, SledOptions};
-use crate::store::{SharedPushStore, SharedStore, StoreError};
+use crate::store::postgres::{PgOptions, PgStore};
+use crate::store::{ConversationStore, SharedPushStore, SharedStore, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,21 +37,35 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let metrics = crate::telemetry::recorder();
     crate::telemetry::register_series(agent.kind());
     let auth = load_auth(&config)?;
-    let (store, push_store) = open_store_async(&config).await?;
-    let push = push_configs(push_store.clone(), &config);
-    let signer = load_signer(&config).await?;
-    let push_jwks = signer.jwks();
-    crate::push::deliver::start(
-        push_store,
-        Arc::new(target_policy(&config)),
-        Some(signer),
-        delivery_options(&config),
-    )
-    .map_err(StartError::Config)?;
+    check_cluster_secret(&config)?;
+    let opened = open_store_async(&config).await?;
+    let store = opened.store;
+    if opened.database.is_some() {
+        actix_rt::spawn(sweep_expired_leases(
+            Arc::downgrade(&store),
+            lease_duration(&config) / 3,
+        ));
+    }
+    let (push, push_jwks) = match opened.push {
+        Some(push_store) => {
+            let signer = load_signer(&config).await?;
+            let jwks = signer.jwks();
+            crate::push::deliver::start(
+                push_store.clone(),
+                Arc::new(target_policy(&config)),
+                Some(signer),
+                delivery_options(&config),
+            )
+            .map_err(StartError::Config)?;
+            (Some(push_configs(push_store, &config)), jwks)
+        }
+        None => (None, serde_json::json!({"keys": []})),
+    };
+    let database = opened.database;
     let engine = start_engine(store, agent, &config)
         .await
         .map_err(|error| StartError::Store {
-            path: config.data.display().to_string(),
+            path: store_location(&config),
             error,
         })?;
     let metrics_token = config
@@ -58,6 +73,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         .token
         .as_deref()
         .map(|t| token_digest(t.trim()));
+    let advertise_url = config.cluster.advertise_url.clone();
     let state = AppState {
         engine,
         config: Arc::new(config),
@@ -67,7 +83,29 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         push,
         push_jwks,
     };
-    Ok(crate::http::serve(state)?)
+    let server = crate::http::serve(state)?;
+    if let Some(database) = database {
+        database.set_holder(advertised_url(advertise_url, &server));
+    }
+    Ok(server)
+}
+
+/// The address other nodes forward requests for this node's tasks to.
+fn advertised_url(configured: Option<String>, server: &RunningServer) -> String {
+    let configured = configured.filter(|url| !url.trim().is_empty());
+    if configured.is_none() && server.addr.ip().is_unspecified() {
+        tracing::warn!(
+            addr = %server.addr,
+            "cluster.advertise_url is not set and this node listens on every address: other \
+             nodes cannot forward requests for its tasks to it; set cluster.advertise_url"
+        );
+    }
+    let url = configured.unwrap_or_else(|| server.url());
+    if url.ends_with('/') {
+        url
+    } else {
+        format!("{url}/")
+    }
 }
 
 /// The tokens, and the refusal to serve a non-loopback address without any.
@@ -84,6 +122,39 @@ fn load_auth(config: &Config) -> Result<Auth, StartError> {
         )));
     }
     Ok(auth)
+}
+
+/// Nodes that other machines can reach must authenticate what they pass between them: with a
+/// PostgreSQL store, `cluster.secret` is required unless every address is loopback.
+fn check_cluster_secret(config: &Config) -> Result<(), StartError> {
+    if config.store.database_url().is_none() || config.cluster.secret().is_some() {
+        return Ok(());
+    }
+    let advertised_loopback = config
+        .cluster
+        .advertise_url
+        .as_deref()
+        .is_none_or(url_is_loopback);
+    if is_loopback(&config.listen) && advertised_loopback {
+        return Ok(());
+    }
+    Err(StartError::Config(
+        "cluster.secret (COLLOQUY_CLUSTER__SECRET) is required with store.url when a node \
+         listens or advertises beyond loopback: every node sharing the database must have the same"
+            .into(),
+    ))
+}
+
+fn url_is_loopback(url: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(url) else {
+        return false;
+    };
+    let host = url.host_str().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn is_loopback(listen: &str) -> bool {
@@ -144,13 +215,87 @@ fn target_policy(config: &Config) -> TargetPolicy {
     }
 }
 
-/// [`open_store`] on the configured data folder, off the async threads: the store, and its
-/// push-notification side.
-async fn open_store_async(config: &Config) -> Result<(SharedStore, SharedPushStore), StartError> {
+/// Where the store is, for messages: the data folder, or the database (never its URL, which
+/// may hold a password).
+fn store_location(config: &Config) -> String {
+    match config.store.database_url() {
+        Some(_) => "the PostgreSQL database of store.url".into(),
+        None => config.data.display().to_string(),
+    }
+}
+
+/// How long a turn's lease lasts unless renewed.
+fn lease_duration(config: &Config) -> Duration {
+    Duration::from_secs(config.cluster.lease_secs.max(1))
+}
+
+/// The PostgreSQL store's settings, if `store.url` names one.
+pub fn postgres_options(config: &Config) -> Option<PgOptions> {
+    let url = config.store.database_url()?;
+    Some(PgOptions {
+        url: url.to_owned(),
+        pool_size: config.store.pool_size,
+        lease: lease_duration(config),
+        tls_ca_file: config.store.tls_ca_file.clone(),
+        holder: format!(
+            "{}/{}/{:08x}",
+            config.listen,
+            std::process::id(),
+            rand::random::<u32>()
+        ),
+    })
+}
+
+/// Fails, every `period`, the tasks whose nodes stopped renewing their leases (every node runs
+/// one; they agree through the database). Ends when the store is gone.
+async fn sweep_expired_leases(store: std::sync::Weak<dyn ConversationStore>, period: Duration) {
+    let mut tick = tokio::time::interval(period.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(store) = store.upgrade() else { return };
+        match store.fail_interrupted_turns().await {
+            Ok(0) => {}
+            Ok(failed) => tracing::warn!(
+                tasks = failed,
+                "marked failed the tasks whose nodes stopped renewing their leases"
+            ),
+            Err(e) => tracing::warn!(error = %e, "sweeping expired leases"),
+        }
+    }
+}
+
+/// What opening the configured store gives: the store, its push-notification side (the embedded
+/// store has one; on PostgreSQL push notifications are not served yet), and the database.
+struct OpenedStore {
+    store: SharedStore,
+    push: Option<SharedPushStore>,
+    database: Option<PgStore>,
+}
+
+/// The configured store: PostgreSQL when `store.url` is set, else sled in `data` (opened off
+/// the async threads).
+async fn open_store_async(config: &Config) -> Result<OpenedStore, StartError> {
     let failed = |error: String| StartError::Store {
-        path: config.data.display().to_string(),
+        path: store_location(config),
         error,
     };
+    if let Some(options) = postgres_options(config) {
+        let store = PgStore::connect(&options)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        if config.cluster.secret().is_none() {
+            tracing::warn!(
+                "cluster.secret is not set: streams, live reads and cancels of a task another \
+                 node runs are answered from the database, not forwarded to that node"
+            );
+        }
+        return Ok(OpenedStore {
+            store: Arc::new(store.clone()),
+            push: None,
+            database: Some(store),
+        });
+    }
     let data = config.data.clone();
     let store_config = config.store.clone();
     actix_rt::task::spawn_blocking(move || open_store(&data, &store_config))
@@ -158,7 +303,11 @@ async fn open_store_async(config: &Config) -> Result<(SharedStore, SharedPushSto
         .map_err(|e| failed(e.to_string()))?
         .map(|store| {
             let store = Arc::new(store);
-            (store.clone() as SharedStore, store as SharedPushStore)
+            OpenedStore {
+                store: store.clone(),
+                push: Some(store),
+                database: None,
+            }
         })
         .map_err(|e| failed(e.to_string()))
 }
@@ -221,6 +370,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         },
         max_resident: resident_limit(&config.contexts, crate::container::memory_limit()),
         response_bytes: config.limits.response_bytes,
+        lease: lease_duration(config),
     }
 }
 
@@ -325,5 +475,24 @@ mod tests {
         assert_eq!(mapped.max_running_turns, defaults.max_running_turns);
         assert_eq!(mapped.message, defaults.message);
         assert_eq!(mapped.max_resident, defaults.max_resident);
+        assert_eq!(mapped.lease, defaults.lease);
+    }
+
+    #[test]
+    fn a_shared_database_beyond_loopback_needs_the_cluster_secret() {
+        let mut config = Config::default();
+        config.store.url = "postgres://db/colloquy".into();
+        assert!(check_cluster_secret(&config).is_ok(), "loopback only");
+        config.cluster.advertise_url = Some("http://10.0.0.5:8080/".into());
+        assert!(check_cluster_secret(&config).is_err());
+        config.cluster.advertise_url = Some("http://[::1]:8080/".into());
+        assert!(check_cluster_secret(&config).is_ok());
+        config.listen = "0.0.0.0:8080".into();
+        assert!(check_cluster_secret(&config).is_err());
+        config.cluster.secret = Some("s".into());
+        assert!(check_cluster_secret(&config).is_ok());
+        config.store.url = String::new();
+        config.cluster.secret = None;
+        assert!(check_cluster_secret(&config).is_ok(), "sled needs none");
     }
 }

@@ -49,6 +49,7 @@ pub struct Config {
     pub card: CardConfig,
     pub streaming: StreamingConfig,
     pub store: StoreConfig,
+    pub cluster: ClusterConfig,
     pub shutdown: ShutdownConfig,
     pub auth: AuthConfig,
     pub push: PushSettings,
@@ -73,6 +74,7 @@ impl Default for Config {
             card: CardConfig::default(),
             streaming: StreamingConfig::default(),
             store: StoreConfig::default(),
+            cluster: ClusterConfig::default(),
             shutdown: ShutdownConfig::default(),
             auth: AuthConfig::default(),
             push: PushSettings::default(),
@@ -298,6 +300,14 @@ impl Default for StreamingConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
+    /// A PostgreSQL database shared by every node (`postgres://…` or `postgresql://…`); empty:
+    /// the embedded sled store in `data`.
+    pub url: String,
+    /// PostgreSQL: connections this node keeps open at most.
+    pub pool_size: usize,
+    /// PostgreSQL: PEM file of the authorities the database's certificate may come from
+    /// (besides the public ones); set, or with `sslmode=require` in the URL, TLS is used.
+    pub tls_ca_file: Option<PathBuf>,
     /// sled's page cache.
     pub cache_bytes: u64,
     /// Milliseconds between checkpoints of the write-ahead log into sled.
@@ -307,9 +317,52 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
+            url: String::new(),
+            pool_size: 16,
+            tls_ca_file: None,
             cache_bytes: 64 * 1024 * 1024,
             checkpoint_interval_ms: DEFAULT_CHECKPOINT_EVERY.as_millis() as u64,
         }
+    }
+}
+
+impl StoreConfig {
+    /// The PostgreSQL URL, unless the embedded store is configured.
+    pub fn database_url(&self) -> Option<&str> {
+        Some(self.url.trim()).filter(|url| !url.is_empty())
+    }
+}
+
+/// Several nodes on one database (a PostgreSQL store).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Seconds a turn's lease on its conversation lasts unless renewed (its node renews it
+    /// every third of that while the agent works). A node that stops holds it this long at
+    /// most.
+    pub lease_secs: u64,
+    /// The URL other nodes reach this one at, for requests that follow a task it runs
+    /// (streams, live reads, cancels); default: `http://` + the address it listens on.
+    pub advertise_url: Option<String>,
+    /// Shared by every node: authenticates requests forwarded between them. Unset: nothing is
+    /// forwarded (a node answers from the database alone).
+    pub secret: Option<String>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            lease_secs: 30,
+            advertise_url: None,
+            secret: None,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The shared secret, unless unset or empty.
+    pub fn secret(&self) -> Option<&str> {
+        self.secret.as_deref().filter(|s| !s.trim().is_empty())
     }
 }
 
@@ -466,6 +519,20 @@ impl Config {
         if self.store.checkpoint_interval_ms == 0 {
             return Err(ConfigError::Invalid(
                 "store.checkpoint_interval_ms must be positive".into(),
+            ));
+        }
+        if let Some(url) = self.store.database_url()
+            && !crate::store::postgres::is_postgres_url(url)
+        {
+            return Err(ConfigError::Invalid(
+                "store.url must start with postgres:// or postgresql:// (or be empty for the \
+                 embedded store)"
+                    .into(),
+            ));
+        }
+        if self.cluster.lease_secs == 0 || self.store.pool_size == 0 {
+            return Err(ConfigError::Invalid(
+                "cluster.lease_secs and store.pool_size must be positive".into(),
             ));
         }
         if self.admin_listen() == Some(self.listen.trim()) {

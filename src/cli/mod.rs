@@ -35,6 +35,8 @@ enum Command {
     History(store_commands::HistoryArgs),
     /// Delete one conversation and its tasks.
     Delete(store_commands::DeleteArgs),
+    /// Create or upgrade the PostgreSQL schema of store.url (servers also do it at start).
+    Migrate(store_commands::MigrateArgs),
     /// Send a message to an A2A agent: a configured peer, a2a:NAME, a URL or a ctx-... session.
     ///
     /// Exit status: 0 answered (completed or waiting for input), 1 local error, 2 target or usage
@@ -66,6 +68,7 @@ pub fn run() -> ExitCode {
         Some(Command::Conversations(args)) => store_commands::list(args),
         Some(Command::History(args)) => store_commands::history(args),
         Some(Command::Delete(args)) => store_commands::delete(args),
+        Some(Command::Migrate(args)) => store_commands::migrate(args),
         Some(Command::Send(args)) => send::run(args),
         Some(Command::Loadgen(args)) => loadgen::run(args),
     };

@@ -1,12 +1,15 @@
-//! `colloquy conversations | history | delete`: the store, read directly (server stopped).
+//! `colloquy conversations | history | delete`: the store, read directly (a sled folder of a
+//! stopped server, or the PostgreSQL database of `store.url`, servers running or not);
+//! `colloquy migrate`: the PostgreSQL schema.
 
 use super::StoreArgs;
 use crate::config::Config;
 use crate::model::{Role, format_time};
-use crate::store::embedded::EmbeddedStore;
-use crate::store::{ConversationKey, ConversationMeta, ConversationStore, StoreResult};
+use crate::store::postgres::PgStore;
+use crate::store::{ConversationKey, ConversationMeta, MessagesFrom, SharedStore, StoreResult};
 use clap::Args;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(Args, Debug)]
 pub struct ListArgs {
@@ -31,25 +34,36 @@ pub struct HistoryArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct MigrateArgs {
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Debug)]
 pub struct DeleteArgs {
     #[command(flatten)]
     store: StoreArgs,
     context_id: String,
 }
 
-fn open(args: &StoreArgs) -> Result<EmbeddedStore, String> {
+fn open(args: &StoreArgs) -> Result<SharedStore, String> {
     let config =
         Config::load(args.config.as_deref(), serde_json::json!({})).map_err(|e| e.to_string())?;
+    if let Some(options) = crate::app::postgres_options(&config) {
+        let store = wait(PgStore::connect(&options))?;
+        return Ok(Arc::new(store));
+    }
     let data = args.data.clone().unwrap_or(config.data);
     if !data.exists() {
         return Err(format!("no data folder at {}", data.display()));
     }
-    crate::app::open_store(&data, &config.store).map_err(|e| {
+    let store = crate::app::open_store(&data, &config.store).map_err(|e| {
         format!(
             "opening {}: {e} (is a server running on it? use the colloquy/* JSON-RPC methods then)",
             data.display()
         )
-    })
+    })?;
+    Ok(Arc::new(store))
 }
 
 /// Runs a store future to its end on a runtime of its own (the commands are synchronous).
@@ -91,7 +105,7 @@ pub fn list(args: ListArgs) -> Result<ExitCode, String> {
 fn find(
     args: &StoreArgs,
     context_id: &str,
-) -> Result<(EmbeddedStore, ConversationKey, ConversationMeta), String> {
+) -> Result<(SharedStore, ConversationKey, ConversationMeta), String> {
     let store = open(args)?;
     let key = ConversationKey::new(&args.principal, context_id);
     match wait(store.conversation(key))? {
@@ -111,7 +125,9 @@ pub fn history(args: HistoryArgs) -> Result<ExitCode, String> {
         meta.turns,
         format_time(&meta.updated_at)
     );
-    for message in wait(store.recent_messages(key, args.limit))? {
+    let page = wait(store.conversation_page(key, MessagesFrom::Latest(args.limit), usize::MAX))?
+        .ok_or_else(|| format!("conversation {:?} is gone", args.context_id))?;
+    for message in page.messages {
         let role = match message.role {
             Role::User => "user",
             Role::Agent => "agent",
@@ -130,5 +146,24 @@ pub fn delete(args: DeleteArgs) -> Result<ExitCode, String> {
     let (store, key, _) = find(&args.store, &args.context_id)?;
     wait(store.delete_conversation(key))?;
     println!("deleted conversation {}", args.context_id);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn migrate(args: MigrateArgs) -> Result<ExitCode, String> {
+    let config =
+        Config::load(args.config.as_deref(), serde_json::json!({})).map_err(|e| e.to_string())?;
+    let options = crate::app::postgres_options(&config).ok_or_else(|| {
+        "store.url is not set (COLLOQUY_STORE__URL): the embedded store needs no migration"
+            .to_owned()
+    })?;
+    let migrated = wait(crate::store::postgres::PgStore::migrate(&options))?;
+    if migrated.from == migrated.to {
+        println!("the schema is at version {}: nothing to do", migrated.to);
+    } else {
+        println!(
+            "migrated the schema from version {} to {}",
+            migrated.from, migrated.to
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

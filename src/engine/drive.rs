@@ -6,7 +6,7 @@
 use super::hub::TaskHub;
 use crate::agent::{AgentEvent, AgentRequest, AgentSink, SharedAgent};
 use crate::model::{Message, TaskState, TaskStatus};
-use crate::store::{Lease, SharedStore};
+use crate::store::{Lease, SharedStore, StoreError};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
@@ -35,6 +35,36 @@ pub struct Drive<'a> {
     /// Where statuses the task passes through are recorded, under the turn's lease.
     pub store: &'a SharedStore,
     pub lease: &'a Lease,
+    /// How long the lease lasts unless renewed: renewed every third of it while the agent works.
+    pub lease_length: Duration,
+}
+
+/// Renews the turn's lease; says why the turn must stop if it cannot keep it.
+async fn keep_lease(
+    store: &SharedStore,
+    lease: &Lease,
+    length: Duration,
+    renewed_at: &mut tokio::time::Instant,
+) -> Result<(), String> {
+    let left = length.saturating_sub(renewed_at.elapsed());
+    let attempt = tokio::time::Instant::now();
+    match tokio::time::timeout(left, store.renew_lease(lease)).await {
+        Ok(Ok(())) => {
+            *renewed_at = attempt;
+            Ok(())
+        }
+        Ok(Err(StoreError::StaleToken { .. })) => {
+            Err("the turn lost its conversation: another turn took it over".into())
+        }
+        Ok(Err(e)) if renewed_at.elapsed() < length => {
+            tracing::warn!(error = %e, task_id = %lease.task_id, "could not renew a turn's lease; retrying");
+            Ok(())
+        }
+        Ok(Err(_)) | Err(_) => Err(format!(
+            "the turn's lease could not be renewed within {} s",
+            length.as_secs_f64()
+        )),
+    }
 }
 
 /// Holds back an incomplete UTF-8 sequence at the end of a byte chunk until the next one.
@@ -134,7 +164,12 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
         timeout,
         store,
         lease,
+        lease_length,
     } = turn;
+    let renew_every = lease_length / 3;
+    let mut renewed_at = tokio::time::Instant::now();
+    let mut renew = tokio::time::interval_at(renewed_at + renew_every, renew_every);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let kind = agent.kind();
     let started = Instant::now();
     let (sink, mut events) = AgentSink::channel(64);
@@ -180,6 +215,13 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
                 };
                 stopped = Some((state, text.to_owned()));
                 break;
+            },
+            _ = renew.tick() => {
+                if let Err(text) = keep_lease(store, lease, lease_length, &mut renewed_at).await {
+                    metrics::counter!("colloquy_leases_lost_total").increment(1);
+                    stopped = Some((TaskState::Failed, text));
+                    break;
+                }
             },
             _ = &mut deadline => {
                 stopped = Some((

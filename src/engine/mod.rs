@@ -202,6 +202,11 @@ impl Engine {
             .ok_or_else(|| EngineError::TaskNotFound(task_id.to_owned()))
     }
 
+    /// Whether the principal's task runs on this node now.
+    pub fn runs_here(&self, principal: &str, task_id: &str) -> bool {
+        self.shared().live.get(principal, task_id).is_some()
+    }
+
     /// The task as it is now: live for a running task, else as stored.
     pub async fn get_task(&self, principal: &str, task_id: &str) -> EngineResult<Task> {
         if let Some(hub) = self.shared().live.get(principal, task_id) {

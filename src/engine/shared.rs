@@ -33,6 +33,9 @@ pub struct EngineConfig {
     /// What one listing page may hold, in bytes (estimated from stored sizes): a page stops
     /// early once it is reached, though a single larger record is still returned alone.
     pub response_bytes: usize,
+    /// How long a turn's lease on its conversation lasts unless renewed: the turn renews it
+    /// every third of this, and stops its agent if it cannot for this long.
+    pub lease: Duration,
 }
 
 /// The default of [`EngineConfig::response_bytes`].
@@ -50,6 +53,7 @@ impl Default for EngineConfig {
             message: MessageLimits::default(),
             max_resident: 1_000_000,
             response_bytes: DEFAULT_RESPONSE_BYTES,
+            lease: Duration::from_secs(30),
         }
     }
 }

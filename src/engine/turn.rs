@@ -311,6 +311,7 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
             timeout: shared.config.agent_timeout,
             store: &shared.store,
             lease: &begun.lease,
+            lease_length: shared.config.lease,
         },
     )
     .await;

@@ -42,7 +42,7 @@ pub fn card(state: &AppState, url: &str) -> Value {
         "capabilities".into(),
         json!({
             "streaming": true,
-            "pushNotifications": true,
+            "pushNotifications": state.push.is_some(),
             "extensions": [push_signature_extension(url)],
         }),
     );

@@ -9,6 +9,7 @@ mod auth;
 mod card;
 mod connections;
 mod errors;
+mod forward;
 mod methods;
 mod metrics_endpoint;
 mod push;
@@ -201,6 +202,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route(web::post().to(rpc::handle))
             .default_service(web::to(method_not_allowed)),
     )
+    .route(forward::PATH, web::post().to(rpc::handle_forwarded))
     .route(
         "/.well-known/agent-card.json",
         web::get().to(card::agent_card),

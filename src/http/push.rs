@@ -36,7 +36,7 @@ pub async fn handle(
     method: Method,
     params: &Obj<'_>,
 ) -> Result<Value, RpcError> {
-    let configs = &state.push;
+    let configs = state.push.as_ref().ok_or(RpcError::PushNotSupported)?;
     let action =
         action(method).ok_or_else(|| RpcError::MethodNotFound(method.label().to_owned()))?;
     // v1.0 names the task `taskId` and the config `id`; v0.3 the task `id` and the config
@@ -105,16 +105,16 @@ pub async fn send_config(
     let Some(mut config) = decode_send_config(version, configuration)? else {
         return Ok(Vec::new());
     };
+    let configs = state.push.as_ref().ok_or(RpcError::PushNotSupported)?;
     if let Some(task_id) = continued_task {
         config.task_id = task_id.to_owned();
-        state
-            .push
+        configs
             .create(principal, config)
             .await
             .map_err(push_error)?;
         return Ok(Vec::new());
     }
-    let config = state.push.checked(config).await.map_err(push_error)?;
+    let config = configs.checked(config).await.map_err(push_error)?;
     Ok(vec![config])
 }
 

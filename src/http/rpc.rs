@@ -1,5 +1,6 @@
 //! `POST /`: read and check the envelope, authenticate, pick the wire version, dispatch.
 
+use super::forward;
 use super::methods::{self, Reply};
 use super::sse;
 use super::state::AppState;
@@ -117,10 +118,51 @@ async fn collect_body(
     Ok(body)
 }
 
+/// Who sent a request: a client (authenticated by its bearer token), or another node passing
+/// on a client's request for a task this node runs (authenticated by the cluster secret).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    Client,
+    Node,
+}
+
 pub async fn handle(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
+) -> HttpResponse {
+    respond(req, payload, state, Caller::Client).await
+}
+
+/// `POST /_colloquy/forward`: a request another node forwarded here (see `forward.rs`).
+pub async fn handle_forwarded(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    respond(req, payload, state, Caller::Node).await
+}
+
+fn principal_of(req: &HttpRequest, state: &AppState, caller: Caller) -> Result<String, String> {
+    match caller {
+        Caller::Client => state
+            .auth
+            .principal(
+                req.headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok()),
+            )
+            .map(|principal| principal.to_string())
+            .map_err(|e| e.to_string()),
+        Caller::Node => forward::forwarded_principal(state, req).map_err(|e| e.to_string()),
+    }
+}
+
+async fn respond(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    caller: Caller,
 ) -> HttpResponse {
     let started = Instant::now();
     let version_requested = requested_version(&req);
@@ -137,9 +179,11 @@ pub async fn handle(
             version,
         );
     }
-    let principal = match authenticate(&req, &state) {
+    let principal = match principal_of(&req, &state, caller) {
         Ok(principal) => principal,
-        Err(error) => {
+        Err(e) => {
+            metrics::counter!("colloquy_auth_failures_total").increment(1);
+            let error = RpcError::Unauthenticated(e);
             return error_response(StatusCode::UNAUTHORIZED, &RequestId::Null, &error, version);
         }
     };
@@ -172,6 +216,14 @@ pub async fn handle(
             return error_response(StatusCode::OK, &request.id, &error, version);
         }
     };
+    // A task another node runs is served by that node (its lease names it).
+    if caller == Caller::Client
+        && let Some(response) =
+            forward::to_holder(&state, &req, &principal, method, &request, &body).await
+    {
+        record(method.label(), 0, started);
+        return response;
+    }
     let id = request.id.clone();
     match call(&state, version, method, &principal, request.params, started).await {
         Ok(Reply::Json(result)) => HttpResponse::Ok().json(success(&id, result)),

@@ -6,11 +6,13 @@
 //! the store operation itself, atomically with the write, so the contract holds when several
 //! processes share one database. Every write resolves only once it is durable.
 //!
-//! Implementations: [`embedded::EmbeddedStore`] (sled behind colloquy's write-ahead log, the default). The
+//! Implementations: [`embedded::EmbeddedStore`] (sled behind colloquy's write-ahead log, the
+//! default) and [`postgres::PgStore`] (one PostgreSQL database shared by several nodes). The
 //! conformance suite in `tests/it/store_conformance.rs` runs against each.
 
 pub mod embedded;
 mod key;
+pub mod postgres;
 
 pub use key::{ConversationKey, KEY_LEN, NAMESPACE_VERSION, PrincipalKey};
 
@@ -61,6 +63,10 @@ pub trait ConversationStore: Send + Sync + 'static {
         lease: &Lease,
         status: TaskStatus,
     ) -> BoxFuture<'static, StoreResult<()>>;
+
+    /// Extends the turn's hold on its conversation (a shared database's lease expires unless its
+    /// holder renews it). Refused with [`StoreError::StaleToken`] once the token moved on.
+    fn renew_lease(&self, lease: &Lease) -> BoxFuture<'static, StoreResult<()>>;
 
     /// Stores the turn's reply and final state and releases the conversation.
     fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>>;
@@ -115,6 +121,16 @@ pub trait ConversationStore: Send + Sync + 'static {
 
     /// A durable write of a probe record: shows the store takes writes (readiness).
     fn probe(&self) -> BoxFuture<'static, StoreResult<()>>;
+
+    /// The address of another node whose live lease runs `task_id` (the principal's), where
+    /// requests that follow the task are forwarded. None on a store one process owns.
+    fn running_holder(
+        &self,
+        _principal: &str,
+        _task_id: &str,
+    ) -> BoxFuture<'static, StoreResult<Option<String>>> {
+        Box::pin(async { Ok(None) })
+    }
 
     /// Resolves once everything written before the call is durable (shutdown).
     fn flush(&self) -> BoxFuture<'static, StoreResult<()>>;

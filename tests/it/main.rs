@@ -8,6 +8,7 @@ mod agent_exec;
 mod agent_openai;
 mod auth;
 mod cli_store;
+mod cluster;
 mod crash;
 mod engine;
 mod http_api;

@@ -4,6 +4,7 @@
 
 use colloquy::model::{Message, Part, Role, TaskState, TaskStatus};
 use colloquy::store::embedded::EmbeddedStore;
+use colloquy::store::postgres::{PgOptions, PgStore};
 use colloquy::store::{
     BeginTurn, ConversationKey, ConversationStore, FinishTurn, MessagesFrom, SharedStore,
     StoreError, TaskQuery, TurnBegun,
@@ -22,6 +23,50 @@ pub fn embedded() -> Fixture {
     Fixture {
         store: Arc::new(store),
         _keep: Box::new(dir),
+    }
+}
+
+/// A fresh database on the test PostgreSQL, or None (said) where it cannot run.
+pub fn postgres() -> Option<Fixture> {
+    let url = crate::common::pg::database("store_conformance::postgres")?;
+    let options = PgOptions {
+        url,
+        pool_size: 8,
+        lease: std::time::Duration::from_secs(30),
+        holder: "conformance".into(),
+        tls_ca_file: None,
+    };
+    // The fixture is built inside the test's runtime: connect on a thread of its own.
+    let store = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(PgStore::connect(&options))
+    })
+    .join()
+    .expect("connecting does not panic")
+    .expect("the store opens on a fresh database");
+    Some(Fixture {
+        store: Arc::new(store),
+        _keep: Box::new(()),
+    })
+}
+
+/// What a fixture constructor may return: a fixture, or None where the backend cannot run here.
+pub trait MaybeFixture {
+    fn fixture(self) -> Option<Fixture>;
+}
+
+impl MaybeFixture for Fixture {
+    fn fixture(self) -> Option<Fixture> {
+        Some(self)
+    }
+}
+
+impl MaybeFixture for Option<Fixture> {
+    fn fixture(self) -> Option<Fixture> {
+        self
     }
 }
 
@@ -467,10 +512,12 @@ macro_rules! conformance {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                super::$case($make).await;
+                let Some(fixture) = MaybeFixture::fixture($make) else { return };
+                super::$case(fixture).await;
             }
         )*
     };
 }
 
 conformance!(embedded_store, embedded());
+conformance!(postgres_store, postgres());

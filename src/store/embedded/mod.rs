@@ -177,6 +177,11 @@ impl ConversationStore for EmbeddedStore {
         self.status_write(move |records, live| ops::record_status(records, live, &lease, status))
     }
 
+    fn renew_lease(&self, lease: &Lease) -> BoxFuture<'static, StoreResult<()>> {
+        // The lease lives in this process: renewing it writes nothing, only checks it holds.
+        Box::pin(std::future::ready(ops::renew(&self.live, lease)))
+    }
+
     fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>> {
         self.status_write(move |records, live| ops::finish(records, live, end))
     }

@@ -1,5 +1,7 @@
 //! Shared test harness: a real server on port 0 with a real sled store in a temp folder.
 
+pub mod pg;
+
 use colloquy::agent::{EchoAgent, SharedAgent};
 use colloquy::config::Config;
 use colloquy::http::RunningServer;

@@ -1,0 +1,128 @@
+//! Requests that follow a task another node runs (`GetTask`, `CancelTask`, `SubscribeToTask`)
+//! go to that node: its address is in the conversation's lease. The request is passed on as it
+//! came (body and wire version) to the holder's internal endpoint, authenticated by the shared
+//! `cluster.secret` and carrying the caller's principal; the holder's answer, an SSE stream
+//! included, is passed back byte for byte. A holder that cannot be reached is answered from the
+//! database here (its lease expires, then its task reads failed).
+
+use super::state::AppState;
+use crate::protocol::{Method, RpcRequest};
+use actix_web::http::StatusCode;
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse};
+use futures_util::StreamExt;
+use std::time::Duration;
+use subtle::ConstantTimeEq;
+
+/// The internal endpoint a node serves forwarded requests on.
+pub const PATH: &str = "/_colloquy/forward";
+const SECRET_HEADER: &str = "X-Colloquy-Cluster-Secret";
+/// The caller's principal, hex-encoded (any string fits a header that way).
+const PRINCIPAL_HEADER: &str = "X-Colloquy-Principal";
+
+/// Why a forwarded request was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardRefused {
+    #[error("forwarding between nodes is off here (cluster.secret is not set)")]
+    Off,
+    #[error("the cluster secret is missing or wrong")]
+    BadSecret,
+    #[error("the forwarded principal is missing or malformed")]
+    BadPrincipal,
+}
+
+fn header_text<'r>(req: &'r HttpRequest, name: &str) -> Option<&'r str> {
+    req.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The principal a forwarded request acts for, once the caller proved it is a node.
+pub fn forwarded_principal(state: &AppState, req: &HttpRequest) -> Result<String, ForwardRefused> {
+    let secret = state.config.cluster.secret().ok_or(ForwardRefused::Off)?;
+    let given = header_text(req, SECRET_HEADER).unwrap_or_default();
+    if !bool::from(given.as_bytes().ct_eq(secret.as_bytes())) {
+        return Err(ForwardRefused::BadSecret);
+    }
+    let encoded = header_text(req, PRINCIPAL_HEADER).ok_or(ForwardRefused::BadPrincipal)?;
+    hex::decode(encoded)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .ok_or(ForwardRefused::BadPrincipal)
+}
+
+thread_local! {
+    /// One client per worker thread: its connections live on that thread's runtime.
+    static CLIENT: reqwest::Client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap_or_default();
+}
+
+/// The holder's answer, if the request follows a task another node runs and that node answered.
+pub async fn to_holder(
+    state: &AppState,
+    req: &HttpRequest,
+    principal: &str,
+    method: Method,
+    request: &RpcRequest,
+    body: &[u8],
+) -> Option<HttpResponse> {
+    let secret = state.config.cluster.secret()?;
+    if !matches!(
+        method,
+        Method::GetTask | Method::CancelTask | Method::SubscribeToTask
+    ) {
+        return None;
+    }
+    let task_id = request.params.get("id")?.as_str()?;
+    if state.engine.runs_here(principal, task_id) {
+        return None;
+    }
+    let holder = match state
+        .engine
+        .store()
+        .running_holder(principal, task_id)
+        .await
+    {
+        Ok(holder) => holder?,
+        Err(e) => {
+            tracing::warn!(error = %e, %task_id, "finding the node that runs a task");
+            return None;
+        }
+    };
+    let mut url = format!("{}{}", holder.trim_end_matches('/'), PATH);
+    if !req.query_string().is_empty() {
+        url = format!("{url}?{}", req.query_string());
+    }
+    let mut forward = CLIENT
+        .with(Clone::clone)
+        .post(url)
+        .header(header::CONTENT_TYPE.as_str(), "application/json")
+        .header(SECRET_HEADER, secret)
+        .header(PRINCIPAL_HEADER, hex::encode(principal))
+        .body(body.to_vec());
+    if let Some(version) = header_text(req, super::rpc::VERSION_HEADER) {
+        forward = forward.header(super::rpc::VERSION_HEADER, version);
+    }
+    let answer = match forward.send().await {
+        Ok(answer) => answer,
+        Err(e) => {
+            tracing::warn!(error = %e, %holder, %task_id, "the node running a task did not answer; answering from the database");
+            return None;
+        }
+    };
+    metrics::counter!("colloquy_forwarded_requests_total").increment(1);
+    let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut response = HttpResponse::build(status);
+    for name in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
+        if let Some(value) = answer.headers().get(name.as_str()) {
+            response.insert_header((name, value.as_bytes()));
+        }
+    }
+    Some(
+        response.streaming(
+            answer
+                .bytes_stream()
+                .map(|chunk| chunk.map_err(std::io::Error::other)),
+        ),
+    )
+}

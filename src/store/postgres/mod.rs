@@ -1,0 +1,382 @@
+//! The PostgreSQL store: any number of colloquy nodes on one database.
+//!
+//! A conversation's lease lives in its row: `running_task`, `token` (incremented at every take)
+//! and `lease_expires`, judged by the database's clock. Starting a turn takes the lease with a
+//! conditional insert-or-update in the transaction that stores the caller's message; every
+//! later write of the turn is conditional on the token, so a node that lost its lease (paused,
+//! partitioned) never writes again. A lease its holder stopped renewing expires; its task is
+//! then failed by the next turn, by the sweeper every node runs, or on the next read of it.
+//!
+//! Operations run on a small runtime of the store's own, so connections never live on (and
+//! stall with) an actor's thread. Every commit is durable when PostgreSQL acknowledges it.
+
+mod ops;
+mod schema;
+
+pub use schema::{Migrated, SCHEMA_VERSION};
+
+use super::{
+    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationStore, FinishTurn,
+    Lease, MessagesFrom, Page, StoreError, StoreResult, TaskQuery, TurnBegun,
+};
+use crate::model::{Task, TaskStatus};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures_util::future::BoxFuture;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a task cut off by a node that stopped says when it is marked failed.
+pub const ABANDONED_TASK_TEXT: &str = "the node running this turn stopped";
+
+/// How to reach the database and how long a lease lasts.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// `postgres://…` or `postgresql://…` (also multi-host, `target_session_attrs=read-write`).
+    pub url: String,
+    /// Connections this node keeps at most.
+    pub pool_size: usize,
+    /// How long a turn's lease lasts unless renewed.
+    pub lease: Duration,
+    /// Who holds the leases this node takes (shown in the conversation's row).
+    pub holder: String,
+    /// PEM certificates of the authorities the database's certificate may come from, besides
+    /// the public ones. Set, or with `sslmode=require` in the URL, connections use TLS.
+    pub tls_ca_file: Option<std::path::PathBuf>,
+}
+
+/// A TLS connector (rustls) if the URL's `sslmode` requires TLS or a CA file is given; else
+/// plain connections (`sslmode=prefer`, the default, then connects without TLS).
+fn tls_connector(
+    config: &tokio_postgres::Config,
+    ca_file: Option<&std::path::Path>,
+) -> StoreResult<Option<tokio_postgres_rustls::MakeRustlsConnect>> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    use tokio_postgres::config::SslMode;
+    let required = !matches!(config.get_ssl_mode(), SslMode::Disable | SslMode::Prefer);
+    if !required && ca_file.is_none() {
+        return Ok(None);
+    }
+    let tls_error = |e: &dyn std::fmt::Display| StoreError::Backend(format!("store TLS: {e}"));
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(file) = ca_file {
+        let certificates = CertificateDer::pem_file_iter(file).map_err(|e| tls_error(&e))?;
+        for certificate in certificates {
+            roots
+                .add(certificate.map_err(|e| tls_error(&e))?)
+                .map_err(|e| tls_error(&e))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_error(&e))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Some(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
+}
+
+/// Whether `url` names a PostgreSQL database.
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The store. Cheap to clone.
+#[derive(Clone)]
+pub struct PgStore {
+    ops: Arc<Ops>,
+    runtime: Arc<OwnedRuntime>,
+}
+
+/// The connection pool and the lease settings every operation uses.
+pub(crate) struct Ops {
+    pool: Pool,
+    lease_secs: f64,
+    /// This node's address in the leases it takes (see [`PgStore::set_holder`]).
+    holder: parking_lot::RwLock<String>,
+}
+
+/// The store's runtime, shut down without blocking when the last handle goes (which may be
+/// inside another runtime).
+struct OwnedRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnedRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl OwnedRuntime {
+    fn handle(&self) -> Option<tokio::runtime::Handle> {
+        self.0.as_ref().map(|r| r.handle().clone())
+    }
+}
+
+/// Why one database operation failed, before it becomes a [`StoreError`].
+pub(crate) enum Failure {
+    Db(tokio_postgres::Error),
+    Pool(String),
+    Store(StoreError),
+}
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Failure::Db(e)
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Store(e)
+    }
+}
+
+impl Failure {
+    /// A conflict the database asks us to retry (serialization failure, deadlock).
+    fn is_retryable(&self) -> bool {
+        use tokio_postgres::error::SqlState;
+        match self {
+            Failure::Db(e) => e.code().is_some_and(|code| {
+                *code == SqlState::T_R_SERIALIZATION_FAILURE
+                    || *code == SqlState::T_R_DEADLOCK_DETECTED
+            }),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn into_store(self) -> StoreError {
+        match self {
+            Failure::Store(e) => e,
+            Failure::Pool(e) => StoreError::Backend(format!("database connection: {e}")),
+            Failure::Db(e) => StoreError::Backend(match e.as_db_error() {
+                Some(db) => format!("database: {} ({})", db.message(), db.code().code()),
+                None => format!("database: {e}"),
+            }),
+        }
+    }
+}
+
+/// Runs `attempt` again while it fails with a conflict the database asks to retry, with a
+/// growing, jittered pause.
+async fn retrying<T, F, Fut>(mut attempt: F) -> StoreResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Failure>>,
+{
+    let mut pause = Duration::from_millis(5);
+    for _ in 0..8 {
+        match attempt().await {
+            Err(failure) if failure.is_retryable() => {
+                let jitter = rand::random::<u64>() % (pause.as_millis() as u64 + 1);
+                tokio::time::sleep(pause + Duration::from_millis(jitter)).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            other => return other.map_err(Failure::into_store),
+        }
+    }
+    attempt().await.map_err(Failure::into_store)
+}
+
+impl PgStore {
+    /// Connects, applies the migrations the database lacks and refuses a schema newer than
+    /// this build knows.
+    pub async fn connect(options: &PgOptions) -> StoreResult<PgStore> {
+        let store = PgStore::pool(options)?;
+        store.run(|ops| async move { ops.migrate().await }).await?;
+        Ok(store)
+    }
+
+    /// Connects and applies the migrations the database lacks (`colloquy migrate`).
+    pub async fn migrate(options: &PgOptions) -> StoreResult<Migrated> {
+        let store = PgStore::pool(options)?;
+        store.run(|ops| async move { ops.migrate().await }).await
+    }
+
+    fn pool(options: &PgOptions) -> StoreResult<PgStore> {
+        let config: tokio_postgres::Config = options
+            .url
+            .parse()
+            .map_err(|e| StoreError::Backend(format!("store.url: {e}")))?;
+        let manager_config = || ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match tls_connector(&config, options.tls_ca_file.as_deref())? {
+            Some(tls) => Manager::from_config(config, tls, manager_config()),
+            None => Manager::from_config(config, tokio_postgres::NoTls, manager_config()),
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("colloquy-pg")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Backend(format!("the store's runtime: {e}")))?;
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .create_timeout(Some(Duration::from_secs(10)))
+            .build()
+            .map_err(|e| StoreError::Backend(format!("connection pool: {e}")))?;
+        runtime.spawn(report_pool_use(pool.clone()));
+        Ok(PgStore {
+            ops: Arc::new(Ops {
+                pool,
+                lease_secs: options.lease.as_secs_f64(),
+                holder: parking_lot::RwLock::new(options.holder.clone()),
+            }),
+            runtime: Arc::new(OwnedRuntime(Some(runtime))),
+        })
+    }
+
+    /// Names this node in the leases it takes from now on: the address other nodes forward
+    /// requests for its running tasks to (known once it listens).
+    pub fn set_holder(&self, holder: String) {
+        *self.ops.holder.write() = holder;
+    }
+
+    /// Runs an operation on the store's runtime.
+    fn run<T, F, Fut>(&self, op: F) -> BoxFuture<'static, StoreResult<T>>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Ops>) -> Fut + Send + 'static,
+        Fut: Future<Output = StoreResult<T>> + Send + 'static,
+    {
+        let ops = self.ops.clone();
+        let handle = self.runtime.handle();
+        Box::pin(async move {
+            let handle = handle.ok_or_else(|| StoreError::Backend("the store is closed".into()))?;
+            handle
+                .spawn(op(ops))
+                .await
+                .map_err(|e| StoreError::Backend(format!("store operation: {e}")))?
+        })
+    }
+}
+
+/// Publishes the pool's use once a second (the metrics endpoint), until the store's runtime
+/// stops.
+async fn report_pool_use(pool: Pool) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let status = pool.status();
+        metrics::gauge!("colloquy_store_pool_in_use")
+            .set(status.size.saturating_sub(status.available) as f64);
+        metrics::gauge!("colloquy_store_pool_waiting").set(status.waiting as f64);
+    }
+}
+
+impl ConversationStore for PgStore {
+    fn begin_turn(&self, turn: BeginTurn) -> BoxFuture<'static, StoreResult<TurnBegun>> {
+        self.run(|ops| async move { retrying(|| ops.begin(&turn)).await })
+    }
+
+    fn record_status(
+        &self,
+        lease: &Lease,
+        status: TaskStatus,
+    ) -> BoxFuture<'static, StoreResult<()>> {
+        let lease = lease.clone();
+        self.run(|ops| async move { retrying(|| ops.record_status(&lease, &status)).await })
+    }
+
+    fn renew_lease(&self, lease: &Lease) -> BoxFuture<'static, StoreResult<()>> {
+        let lease = lease.clone();
+        self.run(|ops| async move { retrying(|| ops.renew(&lease)).await })
+    }
+
+    fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>> {
+        self.run(|ops| async move { retrying(|| ops.finish(&end)).await })
+    }
+
+    fn cancel_waiting(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, StoreResult<Task>> {
+        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
+        self.run(|ops| async move { retrying(|| ops.cancel_waiting(&principal, &task_id)).await })
+    }
+
+    fn fail_interrupted_turns(&self) -> BoxFuture<'static, StoreResult<usize>> {
+        self.run(|ops| async move { retrying(|| ops.fail_expired()).await })
+    }
+
+    fn conversation(
+        &self,
+        key: ConversationKey,
+    ) -> BoxFuture<'static, StoreResult<Option<ConversationMeta>>> {
+        self.run(move |ops| async move { retrying(|| ops.conversation(&key)).await })
+    }
+
+    fn conversation_page(
+        &self,
+        key: ConversationKey,
+        from: MessagesFrom,
+        max_bytes: usize,
+    ) -> BoxFuture<'static, StoreResult<Option<ConversationPage>>> {
+        self.run(move |ops| async move {
+            retrying(|| ops.conversation_page(&key, &from, max_bytes)).await
+        })
+    }
+
+    fn task(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, StoreResult<Option<Task>>> {
+        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
+        self.run(|ops| async move { retrying(|| ops.task(&principal, &task_id)).await })
+    }
+
+    fn list_tasks(
+        &self,
+        principal: &str,
+        query: TaskQuery,
+    ) -> BoxFuture<'static, StoreResult<Page<Task>>> {
+        let principal = principal.to_owned();
+        self.run(|ops| async move { retrying(|| ops.list_tasks(&principal, &query)).await })
+    }
+
+    fn list_conversations(
+        &self,
+        principal: &str,
+        page_size: usize,
+        page_token: Option<String>,
+    ) -> BoxFuture<'static, StoreResult<Page<ConversationMeta>>> {
+        let principal = principal.to_owned();
+        self.run(move |ops| async move {
+            retrying(|| ops.list_conversations(&principal, page_size, page_token.as_deref())).await
+        })
+    }
+
+    fn delete_conversation(&self, key: ConversationKey) -> BoxFuture<'static, StoreResult<bool>> {
+        self.run(move |ops| async move { retrying(|| ops.delete_conversation(&key)).await })
+    }
+
+    fn probe(&self) -> BoxFuture<'static, StoreResult<()>> {
+        self.run(|ops| async move { retrying(|| ops.probe()).await })
+    }
+
+    fn running_holder(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, StoreResult<Option<String>>> {
+        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
+        self.run(|ops| async move { retrying(|| ops.running_holder(&principal, &task_id)).await })
+    }
+
+    /// Every acknowledged write is already committed.
+    fn flush(&self) -> BoxFuture<'static, StoreResult<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn size_on_disk(&self) -> BoxFuture<'static, StoreResult<u64>> {
+        self.run(|ops| async move { retrying(|| ops.size_on_disk()).await })
+    }
+}

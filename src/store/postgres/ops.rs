@@ -1,0 +1,1032 @@
+//! The PostgreSQL store's operations: each one attempt of one transaction (the caller retries
+//! conflicts). They give the embedded store's answers (`store/embedded/ops.rs`); the lease is
+//! the conversation row's `running_task`, `token` and `lease_expires`.
+//!
+//! Locks are taken conversation row first, then task rows, in every operation.
+
+use super::{ABANDONED_TASK_TEXT, Failure, Ops};
+use crate::model::{Message, Task, TaskState, TaskStatus};
+use crate::store::{
+    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, FinishTurn, Lease,
+    MessagesFrom, Page, PrincipalKey, ResponseBudget, StoreError, TaskQuery, TurnBegun,
+};
+use deadpool_postgres::{GenericClient, Object};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use tokio_postgres::Row;
+
+/// A task as stored: its history lives in the conversation, referenced by sequence number.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredTask {
+    task: Task,
+    history_seqs: Vec<u64>,
+}
+
+/// A task row: the record and who owns it.
+struct TaskRow {
+    key: ConversationKey,
+    principal: String,
+    stored: StoredTask,
+    bytes: usize,
+}
+
+const META_COLUMNS: &str = "context_id, principal, created_at, updated_at, turns, next_seq, \
+                            running_task, token, agent_state";
+
+/// Messages read per query while filling a page.
+const MESSAGE_BATCH: i64 = 256;
+
+fn encode<T: Serialize>(value: &T) -> String {
+    // Serialising our own plain data types to JSON cannot fail (no maps with non-string keys).
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, Failure> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()).into())
+}
+
+/// An id column: its UTF-8 bytes.
+fn text(row: &Row, column: &str) -> Result<String, Failure> {
+    let bytes: Vec<u8> = row.try_get(column)?;
+    String::from_utf8(bytes).map_err(|e| StoreError::Corrupt(e.to_string()).into())
+}
+
+fn opt_text(row: &Row, column: &str) -> Result<Option<String>, Failure> {
+    let bytes: Option<Vec<u8>> = row.try_get(column)?;
+    bytes
+        .map(|b| String::from_utf8(b).map_err(|e| StoreError::Corrupt(e.to_string()).into()))
+        .transpose()
+}
+
+fn meta_of(row: &Row) -> Result<ConversationMeta, Failure> {
+    let agent_state: Option<String> = row.try_get("agent_state")?;
+    Ok(ConversationMeta {
+        context_id: text(row, "context_id")?,
+        principal: text(row, "principal")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        turns: row.try_get::<_, i64>("turns")? as u64,
+        next_seq: row.try_get::<_, i64>("next_seq")? as u64,
+        running_task: opt_text(row, "running_task")?,
+        token: row.try_get::<_, i64>("token")? as u64,
+        agent_state: agent_state.as_deref().map(decode).transpose()?,
+    })
+}
+
+fn task_row(row: &Row) -> Result<TaskRow, Failure> {
+    let key_bytes: Vec<u8> = row.try_get("conv_key")?;
+    let key = ConversationKey::from_bytes(&key_bytes).ok_or_else(|| {
+        StoreError::Corrupt("a task names a conversation key of another version".into())
+    })?;
+    let record: String = row.try_get("record")?;
+    Ok(TaskRow {
+        key,
+        principal: text(row, "principal")?,
+        stored: decode(&record)?,
+        bytes: record.len(),
+    })
+}
+
+/// A page token: `hex(i64 BE ++ tail)`, resuming after the row with that order key.
+fn resume_token(ordinal: i64, tail: &[u8]) -> String {
+    let mut bytes = ordinal.to_be_bytes().to_vec();
+    bytes.extend_from_slice(tail);
+    hex::encode(bytes)
+}
+
+fn parse_page_token(token: Option<&str>) -> Result<Option<(i64, Vec<u8>)>, Failure> {
+    let Some(token) = token.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    let bytes = hex::decode(token).map_err(|_| StoreError::BadPageToken)?;
+    if bytes.len() < 8 {
+        return Err(StoreError::BadPageToken.into());
+    }
+    let (ordinal, tail) = bytes.split_at(8);
+    let ordinal = i64::from_be_bytes(ordinal.try_into().map_err(|_| StoreError::BadPageToken)?);
+    Ok(Some((ordinal, tail.to_vec())))
+}
+
+/// The page token that resumes a conversation's messages at sequence number `seq` (the
+/// embedded store's format).
+fn message_page_token(seq: u64) -> String {
+    hex::encode(seq.to_be_bytes())
+}
+
+fn seq_of_page_token(token: &str) -> Result<u64, Failure> {
+    hex::decode(token)
+        .ok()
+        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+        .map(u64::from_be_bytes)
+        .ok_or_else(|| StoreError::BadPageToken.into())
+}
+
+/// An error with the chain of its causes (a TLS handshake's reason, say).
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
+}
+
+fn failed_status(task: &Task, text: &str) -> TaskStatus {
+    TaskStatus::new(
+        TaskState::Failed,
+        Some(Message::agent_text(text, &task.context_id, Some(&task.id))),
+    )
+}
+
+impl Ops {
+    pub(super) async fn client(&self) -> Result<Object, Failure> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| Failure::Pool(with_causes(&e)))
+    }
+
+    /// Stores the caller's message and the task as working, and takes the conversation's
+    /// lease, in one transaction, unless a live lease holds it.
+    pub(super) async fn begin(&self, turn: &BeginTurn) -> Result<TurnBegun, Failure> {
+        let key = ConversationKey::new(&turn.principal, &turn.context_id);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let recent = free_for(&tx, turn, &key).await?;
+        let mut stored = task_to_run(&tx, turn, &key).await?;
+        let Some(taken) = self.take(&tx, turn, &key).await? else {
+            // Taken by another node between our read and our write.
+            return Err(busy(&tx, turn, &key).await?.into());
+        };
+        let seq = taken.next_seq - 1;
+        tx.execute(
+            "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)",
+            &[
+                &key.as_bytes().as_slice(),
+                &(seq as i64),
+                &encode(&turn.message),
+            ],
+        )
+        .await?;
+        stored.history_seqs.push(seq);
+        stored.task.status = TaskStatus::new(TaskState::Working, None);
+        stored.task.artifacts.clear();
+        put_task(&tx, &key, &turn.principal, &stored).await?;
+        let mut task = stored.task.clone();
+        let earlier = &stored.history_seqs[..stored.history_seqs.len() - 1];
+        task.history = messages_at(&tx, &key, earlier).await?.0;
+        task.history.push(turn.message.clone());
+        tx.commit().await?;
+        metrics::counter!("colloquy_leases_taken_total").increment(1);
+        Ok(TurnBegun {
+            lease: Lease {
+                key,
+                task_id: turn.task_id.clone(),
+                token: taken.token,
+            },
+            task,
+            recent,
+            turn: taken.turns,
+            agent_state: taken.agent_state,
+        })
+    }
+
+    /// The lease itself: a conditional insert-or-update that succeeds only if no turn holds the
+    /// conversation or its holder's lease has expired by the database's clock. Moves the token.
+    async fn take(
+        &self,
+        tx: &impl GenericClient,
+        turn: &BeginTurn,
+        key: &ConversationKey,
+    ) -> Result<Option<Taken>, Failure> {
+        let now = crate::model::now();
+        let holder = self.holder.read().clone();
+        let row = tx
+            .query_opt(
+                "INSERT INTO colloquy_conversations (conv_key, principal_key, principal, \
+                     context_id, created_at, updated_at, updated_ms, turns, next_seq, token, \
+                     running_task, lease_expires, lease_holder, agent_state) \
+                 VALUES ($1, $2, $3, $4, $5, $5, $6, 1, 1, 1, $7, \
+                     now() + $8::FLOAT8 * INTERVAL '1 second', $9, NULL) \
+                 ON CONFLICT (conv_key) DO UPDATE SET \
+                     updated_at = excluded.updated_at, updated_ms = excluded.updated_ms, \
+                     turns = colloquy_conversations.turns + 1, \
+                     next_seq = colloquy_conversations.next_seq + 1, \
+                     token = colloquy_conversations.token + 1, \
+                     running_task = excluded.running_task, \
+                     lease_expires = excluded.lease_expires, \
+                     lease_holder = excluded.lease_holder \
+                 WHERE colloquy_conversations.running_task IS NULL \
+                     OR colloquy_conversations.lease_expires <= now() \
+                 RETURNING turns, next_seq, token, agent_state",
+                &[
+                    &key.as_bytes().as_slice(),
+                    &PrincipalKey::new(&turn.principal).as_bytes().as_slice(),
+                    &turn.principal.as_bytes(),
+                    &turn.context_id.as_bytes(),
+                    &now,
+                    &now.timestamp_millis(),
+                    &turn.task_id.as_bytes(),
+                    &self.lease_secs,
+                    &holder,
+                ],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let agent_state: Option<String> = row.try_get("agent_state")?;
+        Ok(Some(Taken {
+            turns: row.try_get::<_, i64>("turns")? as u64,
+            next_seq: row.try_get::<_, i64>("next_seq")? as u64,
+            token: row.try_get::<_, i64>("token")? as u64,
+            agent_state: agent_state.as_deref().map(decode).transpose()?,
+        }))
+    }
+
+    pub(super) async fn record_status(
+        &self,
+        lease: &Lease,
+        status: &TaskStatus,
+    ) -> Result<(), Failure> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        held(&tx, lease).await?;
+        let mut row = load_task(&tx, &lease.task_id, true)
+            .await?
+            .ok_or_else(|| stale(lease))?;
+        row.stored.task.status = status.clone();
+        put_task(&tx, &lease.key, &row.principal, &row.stored).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Extends the lease by the database's clock, if the token still holds it.
+    pub(super) async fn renew(&self, lease: &Lease) -> Result<(), Failure> {
+        let client = self.client().await?;
+        let renewed = client
+            .execute(
+                "UPDATE colloquy_conversations \
+                 SET lease_expires = now() + $4::FLOAT8 * INTERVAL '1 second' \
+                 WHERE conv_key = $1 AND token = $2 AND running_task = $3",
+                &[
+                    &lease.key.as_bytes().as_slice(),
+                    &(lease.token as i64),
+                    &lease.task_id.as_bytes(),
+                    &self.lease_secs,
+                ],
+            )
+            .await?;
+        if renewed == 0 {
+            return Err(stale(lease).into());
+        }
+        Ok(())
+    }
+
+    /// Appends the reply, stores the final state and releases the conversation.
+    pub(super) async fn finish(&self, end: &FinishTurn) -> Result<(), Failure> {
+        let lease = &end.lease;
+        let key = lease.key.as_bytes().as_slice();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let mut next_seq = held(&tx, lease).await?;
+        let mut row = load_task(&tx, &lease.task_id, true)
+            .await?
+            .ok_or_else(|| stale(lease))?;
+        if let Some(reply) = &end.reply {
+            tx.execute(
+                "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)",
+                &[&key, &next_seq, &encode(reply)],
+            )
+            .await?;
+            row.stored.history_seqs.push(next_seq as u64);
+            next_seq += 1;
+        }
+        row.stored.task.status = end.status.clone();
+        row.stored.task.artifacts = end.artifacts.clone();
+        put_task(&tx, &lease.key, &row.principal, &row.stored).await?;
+        let now = crate::model::now();
+        let agent_state = end.agent_state.as_ref().map(encode);
+        tx.execute(
+            "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
+                 lease_holder = NULL, next_seq = $2, updated_at = $3, updated_ms = $4, \
+                 agent_state = COALESCE($5, agent_state) \
+             WHERE conv_key = $1",
+            &[&key, &next_seq, &now, &now.timestamp_millis(), &agent_state],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Cancels a task that waits for input. A task whose holder's lease expired is released
+    /// (its token moved on) and canceled.
+    pub(super) async fn cancel_waiting(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> Result<Task, Failure> {
+        let not_found = || Failure::Store(StoreError::TaskNotFound(task_id.to_owned()));
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let found = load_task(&tx, task_id, false)
+            .await?
+            .filter(|r| r.principal == principal)
+            .ok_or_else(not_found)?;
+        let key = found.key;
+        let conversation = tx
+            .query_opt(
+                "SELECT running_task, lease_expires <= now() AS expired \
+                 FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE",
+                &[&key.as_bytes().as_slice()],
+            )
+            .await?;
+        let mut row = load_task(&tx, task_id, true).await?.ok_or_else(not_found)?;
+        let state = row.stored.task.status.state;
+        if state.is_terminal() {
+            return Err(StoreError::TaskNotCancelable {
+                task_id: task_id.to_owned(),
+                state,
+            }
+            .into());
+        }
+        if let Some(conversation) = conversation {
+            let running = opt_text(&conversation, "running_task")?;
+            let expired: Option<bool> = conversation.try_get("expired")?;
+            if running.as_deref() == Some(task_id) {
+                if expired != Some(true) {
+                    return Err(StoreError::Busy {
+                        context_id: row.stored.task.context_id.clone(),
+                        task_id: task_id.to_owned(),
+                    }
+                    .into());
+                }
+                release(&tx, &key).await?;
+            }
+        }
+        let context_id = row.stored.task.context_id.clone();
+        row.stored.task.status = TaskStatus::new(
+            TaskState::Canceled,
+            Some(Message::agent_text(
+                "canceled by the client",
+                &context_id,
+                Some(task_id),
+            )),
+        );
+        put_task(&tx, &key, principal, &row.stored).await?;
+        let mut task = row.stored.task.clone();
+        task.history = messages_at(&tx, &key, &row.stored.history_seqs).await?.0;
+        tx.commit().await?;
+        Ok(task)
+    }
+
+    /// The sweeper: fails the tasks whose holders' leases expired and releases their
+    /// conversations (moving the token, so a holder that wakes up can no longer write).
+    pub(super) async fn fail_expired(&self) -> Result<usize, Failure> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let expired = tx
+            .query(
+                "SELECT conv_key, running_task FROM colloquy_conversations \
+                 WHERE lease_expires <= now() AND running_task IS NOT NULL \
+                 ORDER BY conv_key LIMIT 1000 FOR UPDATE",
+                &[],
+            )
+            .await?;
+        let mut failed = 0;
+        for row in &expired {
+            let key_bytes: Vec<u8> = row.try_get("conv_key")?;
+            let task_id = text(row, "running_task")?;
+            if fail_abandoned_task(&tx, &task_id).await? {
+                failed += 1;
+            }
+            tx.execute(
+                "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
+                     lease_holder = NULL, token = token + 1 WHERE conv_key = $1",
+                &[&key_bytes],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        metrics::counter!("colloquy_leases_expired_total").increment(failed as u64);
+        Ok(failed)
+    }
+
+    /// Fails one conversation's task if its holder's lease expired (a read found it running).
+    async fn fail_if_abandoned(&self, key: &ConversationKey, task_id: &str) -> Result<(), Failure> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let abandoned = tx
+            .query_opt(
+                "SELECT 1 FROM colloquy_conversations WHERE conv_key = $1 \
+                 AND running_task = $2 AND lease_expires <= now() FOR UPDATE",
+                &[&key.as_bytes().as_slice(), &task_id.as_bytes()],
+            )
+            .await?;
+        if abandoned.is_some() {
+            if fail_abandoned_task(&tx, task_id).await? {
+                metrics::counter!("colloquy_leases_expired_total").increment(1);
+            }
+            release(&tx, key).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn conversation(
+        &self,
+        key: &ConversationKey,
+    ) -> Result<Option<ConversationMeta>, Failure> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!("SELECT {META_COLUMNS} FROM colloquy_conversations WHERE conv_key = $1"),
+                &[&key.as_bytes().as_slice()],
+            )
+            .await?;
+        row.as_ref().map(meta_of).transpose()
+    }
+
+    pub(super) async fn conversation_page(
+        &self,
+        key: &ConversationKey,
+        from: &MessagesFrom,
+        max_bytes: usize,
+    ) -> Result<Option<ConversationPage>, Failure> {
+        let Some(meta) = self.conversation(key).await? else {
+            return Ok(None);
+        };
+        let mut next = match from {
+            MessagesFrom::Latest(n) => meta.next_seq.saturating_sub(*n as u64),
+            MessagesFrom::PageToken(token) if token.is_empty() => 0,
+            MessagesFrom::PageToken(token) => seq_of_page_token(token)?,
+        } as i64;
+        let client = self.client().await?;
+        let mut budget = ResponseBudget::new(max_bytes);
+        let mut messages = Vec::new();
+        let mut next_page_token = String::new();
+        'pages: loop {
+            let rows = client
+                .query(
+                    "SELECT seq, body FROM colloquy_messages WHERE conv_key = $1 AND seq >= $2 \
+                     ORDER BY seq LIMIT $3",
+                    &[&key.as_bytes().as_slice(), &next, &MESSAGE_BATCH],
+                )
+                .await?;
+            for row in &rows {
+                let seq: i64 = row.try_get("seq")?;
+                let body: String = row.try_get("body")?;
+                if !budget.take(body.len()) {
+                    next_page_token = message_page_token(seq as u64);
+                    break 'pages;
+                }
+                messages.push(decode(&body)?);
+                next = seq + 1;
+            }
+            if (rows.len() as i64) < MESSAGE_BATCH {
+                break;
+            }
+        }
+        Ok(Some(ConversationPage {
+            meta,
+            messages,
+            next_page_token,
+        }))
+    }
+
+    /// The principal's task with its whole history. A task found running whose holder's lease
+    /// expired is failed first.
+    pub(super) async fn task(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> Result<Option<Task>, Failure> {
+        let mut row = self.owned_task(principal, task_id).await?;
+        if let Some(found) = row
+            .as_ref()
+            .filter(|r| !r.stored.task.status.state.ends_turn())
+        {
+            self.fail_if_abandoned(&found.key, task_id).await?;
+            row = self.owned_task(principal, task_id).await?;
+        }
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let client = self.client().await?;
+        let mut task = row.stored.task;
+        task.history = messages_at(&client, &row.key, &row.stored.history_seqs)
+            .await?
+            .0;
+        Ok(Some(task))
+    }
+
+    async fn owned_task(&self, principal: &str, task_id: &str) -> Result<Option<TaskRow>, Failure> {
+        let client = self.client().await?;
+        Ok(load_task(&client, task_id, false)
+            .await?
+            .filter(|r| r.principal == principal))
+    }
+
+    pub(super) async fn list_tasks(
+        &self,
+        principal: &str,
+        query: &TaskQuery,
+    ) -> Result<Page<Task>, Failure> {
+        let scope = match &query.context_id {
+            Some(context_id) => (
+                "conv_key",
+                ConversationKey::new(principal, context_id)
+                    .as_bytes()
+                    .to_vec(),
+            ),
+            None => (
+                "principal_key",
+                PrincipalKey::new(principal).as_bytes().to_vec(),
+            ),
+        };
+        let after = parse_page_token(query.page_token.as_deref())?;
+        let (after_ms, after_id) = match &after {
+            Some((ms, id)) => (Some(*ms), Some(id.clone())),
+            None => (None, None),
+        };
+        let state = query.state.map(|s| s.code() as i16);
+        let status_after = query.status_after.map(|t| t.timestamp_millis().max(0));
+        let filters = format!(
+            "{} = $1 AND ($2::SMALLINT IS NULL OR state = $2) \
+             AND ($3::BIGINT IS NULL OR status_ms > $3)",
+            scope.0
+        );
+        let client = self.client().await?;
+        let total: i64 = client
+            .query_one(
+                &format!("SELECT count(*) FROM colloquy_tasks WHERE {filters}"),
+                &[&scope.1, &state, &status_after],
+            )
+            .await?
+            .get(0);
+        let limit = query.page_size.min(i64::MAX as usize - 1) as i64 + 1;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT conv_key, principal, record, status_ms, task_id FROM colloquy_tasks \
+                     WHERE {filters} AND ($4::BIGINT IS NULL OR status_ms < $4 \
+                         OR (status_ms = $4 AND task_id > $5)) \
+                     ORDER BY status_ms DESC, task_id LIMIT $6"
+                ),
+                &[
+                    &scope.1,
+                    &state,
+                    &status_after,
+                    &after_ms,
+                    &after_id,
+                    &limit,
+                ],
+            )
+            .await?;
+        let mut next_page_token = String::new();
+        let mut listed: Vec<(TaskRow, String)> = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            let status_ms: i64 = row.try_get("status_ms")?;
+            let task_id: Vec<u8> = row.try_get("task_id")?;
+            let resume = resume_token(status_ms, &task_id);
+            if i == query.page_size {
+                next_page_token = listed
+                    .last()
+                    .map(|(_, token)| token.clone())
+                    .unwrap_or_default();
+                break;
+            }
+            listed.push((task_row(row)?, resume));
+        }
+        let mut budget = ResponseBudget::new(query.max_bytes);
+        let mut tasks = Vec::with_capacity(listed.len());
+        let mut resume_after: Option<&str> = None;
+        for (row, resume) in &listed {
+            let (task, bytes) = listed_task(&client, row, query).await?;
+            if !budget.take(bytes) {
+                next_page_token = resume_after.unwrap_or_default().to_owned();
+                break;
+            }
+            tasks.push(task);
+            resume_after = Some(resume);
+        }
+        Ok(Page {
+            items: tasks,
+            next_page_token,
+            total_size: total as usize,
+        })
+    }
+
+    pub(super) async fn list_conversations(
+        &self,
+        principal: &str,
+        page_size: usize,
+        page_token: Option<&str>,
+    ) -> Result<Page<ConversationMeta>, Failure> {
+        let principal_key = PrincipalKey::new(principal).as_bytes().to_vec();
+        let (after_ms, after_key) = match parse_page_token(page_token)? {
+            Some((ms, key)) => (Some(ms), Some(key)),
+            None => (None, None),
+        };
+        let client = self.client().await?;
+        let total: i64 = client
+            .query_one(
+                "SELECT count(*) FROM colloquy_conversations WHERE principal_key = $1",
+                &[&principal_key],
+            )
+            .await?
+            .get(0);
+        let limit = page_size.min(i64::MAX as usize - 1) as i64 + 1;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {META_COLUMNS}, updated_ms, conv_key FROM colloquy_conversations \
+                     WHERE principal_key = $1 AND ($2::BIGINT IS NULL OR updated_ms < $2 \
+                         OR (updated_ms = $2 AND conv_key > $3)) \
+                     ORDER BY updated_ms DESC, conv_key LIMIT $4"
+                ),
+                &[&principal_key, &after_ms, &after_key, &limit],
+            )
+            .await?;
+        let mut items = Vec::with_capacity(rows.len());
+        let mut next_page_token = String::new();
+        let mut last_token = String::new();
+        for (i, row) in rows.iter().enumerate() {
+            if i == page_size {
+                next_page_token = last_token;
+                break;
+            }
+            let updated_ms: i64 = row.try_get("updated_ms")?;
+            let conv_key: Vec<u8> = row.try_get("conv_key")?;
+            last_token = resume_token(updated_ms, &conv_key);
+            items.push(meta_of(row)?);
+        }
+        Ok(Page {
+            items,
+            next_page_token,
+            total_size: total as usize,
+        })
+    }
+
+    pub(super) async fn delete_conversation(&self, key: &ConversationKey) -> Result<bool, Failure> {
+        let key_bytes = key.as_bytes().as_slice();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let Some(row) = tx
+            .query_opt(
+                "SELECT context_id, running_task, lease_expires <= now() AS expired \
+                 FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE",
+                &[&key_bytes],
+            )
+            .await?
+        else {
+            return Ok(false);
+        };
+        let running = opt_text(&row, "running_task")?;
+        let expired: Option<bool> = row.try_get("expired")?;
+        if let Some(task_id) = running.filter(|_| expired != Some(true)) {
+            return Err(StoreError::Busy {
+                context_id: text(&row, "context_id")?,
+                task_id,
+            }
+            .into());
+        }
+        for table in [
+            "colloquy_messages",
+            "colloquy_tasks",
+            "colloquy_conversations",
+        ] {
+            tx.execute(
+                &format!("DELETE FROM {table} WHERE conv_key = $1"),
+                &[&key_bytes],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// The holder of the live lease running the principal's task, unless it is this node.
+    pub(super) async fn running_holder(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> Result<Option<String>, Failure> {
+        let Some(task) = self.owned_task(principal, task_id).await? else {
+            return Ok(None);
+        };
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT lease_holder FROM colloquy_conversations WHERE conv_key = $1 \
+                 AND running_task = $2 AND lease_expires > now()",
+                &[&task.key.as_bytes().as_slice(), &task_id.as_bytes()],
+            )
+            .await?;
+        let holder: Option<String> = match row {
+            Some(row) => row.try_get("lease_holder")?,
+            None => None,
+        };
+        let me = self.holder.read().clone();
+        Ok(holder.filter(|holder| *holder != me))
+    }
+
+    pub(super) async fn probe(&self) -> Result<(), Failure> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO colloquy_probe (id, at) VALUES (1, now()) \
+                 ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                &[],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The database's size (PostgreSQL's own function).
+    pub(super) async fn size_on_disk(&self) -> Result<u64, Failure> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT pg_database_size(current_database())", &[])
+            .await?;
+        Ok(row.try_get::<_, i64>(0)?.max(0) as u64)
+    }
+}
+
+/// What taking a conversation returned.
+struct Taken {
+    turns: u64,
+    /// The conversation's next sequence number after the caller's message.
+    next_seq: u64,
+    token: u64,
+    agent_state: Option<serde_json::Value>,
+}
+
+fn stale(lease: &Lease) -> StoreError {
+    StoreError::StaleToken {
+        task_id: lease.task_id.clone(),
+    }
+}
+
+/// Locks the conversation and checks no live lease holds it (failing the task of an expired
+/// one); returns its latest messages for the agent's history.
+async fn free_for(
+    tx: &impl GenericClient,
+    turn: &BeginTurn,
+    key: &ConversationKey,
+) -> Result<Vec<Message>, Failure> {
+    let current = tx
+        .query_opt(
+            "SELECT running_task, lease_expires <= now() AS expired, next_seq \
+             FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE",
+            &[&key.as_bytes().as_slice()],
+        )
+        .await?;
+    // A conversation never stored has no messages to read.
+    let Some(row) = current else {
+        return Ok(Vec::new());
+    };
+    if let Some(running) = opt_text(&row, "running_task")? {
+        let expired: Option<bool> = row.try_get("expired")?;
+        if expired != Some(true) {
+            return Err(StoreError::Busy {
+                context_id: turn.context_id.clone(),
+                task_id: running,
+            }
+            .into());
+        }
+        if fail_abandoned_task(tx, &running).await? {
+            metrics::counter!("colloquy_leases_expired_total").increment(1);
+        }
+    }
+    let next_seq: i64 = row.try_get("next_seq")?;
+    let first = next_seq.saturating_sub(turn.history_limit.min(i64::MAX as usize) as i64);
+    messages_between(tx, key, first, next_seq).await
+}
+
+/// The task the turn runs: the principal's task waiting for input in this conversation, or a
+/// new one.
+async fn task_to_run(
+    tx: &impl GenericClient,
+    turn: &BeginTurn,
+    key: &ConversationKey,
+) -> Result<StoredTask, Failure> {
+    if !turn.continuing {
+        return Ok(StoredTask {
+            task: Task {
+                id: turn.task_id.clone(),
+                context_id: turn.context_id.clone(),
+                status: TaskStatus::new(TaskState::Submitted, None),
+                artifacts: Vec::new(),
+                history: Vec::new(),
+                metadata: None,
+            },
+            history_seqs: Vec::new(),
+        });
+    }
+    let row = load_task(tx, &turn.task_id, true)
+        .await?
+        .filter(|r| r.principal == turn.principal && r.key == *key)
+        .ok_or_else(|| StoreError::TaskNotFound(turn.task_id.clone()))?;
+    let state = row.stored.task.status.state;
+    if state.is_terminal() {
+        return Err(StoreError::TaskTerminal {
+            task_id: turn.task_id.clone(),
+            state,
+        }
+        .into());
+    }
+    Ok(row.stored)
+}
+
+/// The refusal of a turn whose conversation another turn took first.
+async fn busy(
+    tx: &impl GenericClient,
+    turn: &BeginTurn,
+    key: &ConversationKey,
+) -> Result<StoreError, Failure> {
+    let running = tx
+        .query_opt(
+            "SELECT running_task FROM colloquy_conversations WHERE conv_key = $1",
+            &[&key.as_bytes().as_slice()],
+        )
+        .await?
+        .map(|row| opt_text(&row, "running_task"))
+        .transpose()?
+        .flatten()
+        .unwrap_or_default();
+    Ok(StoreError::Busy {
+        context_id: turn.context_id.clone(),
+        task_id: running,
+    })
+}
+
+/// Locks the conversation if the lease still holds it; returns its next sequence number.
+async fn held(tx: &impl GenericClient, lease: &Lease) -> Result<i64, Failure> {
+    let row = tx
+        .query_opt(
+            "SELECT next_seq FROM colloquy_conversations \
+             WHERE conv_key = $1 AND token = $2 AND running_task = $3 FOR UPDATE",
+            &[
+                &lease.key.as_bytes().as_slice(),
+                &(lease.token as i64),
+                &lease.task_id.as_bytes(),
+            ],
+        )
+        .await?
+        .ok_or_else(|| stale(lease))?;
+    Ok(row.try_get("next_seq")?)
+}
+
+/// Frees a conversation whose holder's lease expired, moving the token on.
+async fn release(tx: &impl GenericClient, key: &ConversationKey) -> Result<(), Failure> {
+    tx.execute(
+        "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
+             lease_holder = NULL, token = token + 1 WHERE conv_key = $1",
+        &[&key.as_bytes().as_slice()],
+    )
+    .await?;
+    Ok(())
+}
+
+async fn load_task(
+    client: &impl GenericClient,
+    task_id: &str,
+    lock: bool,
+) -> Result<Option<TaskRow>, Failure> {
+    let sql = if lock {
+        "SELECT conv_key, principal, record FROM colloquy_tasks WHERE task_id = $1 FOR UPDATE"
+    } else {
+        "SELECT conv_key, principal, record FROM colloquy_tasks WHERE task_id = $1"
+    };
+    let row = client.query_opt(sql, &[&task_id.as_bytes()]).await?;
+    row.as_ref().map(task_row).transpose()
+}
+
+async fn put_task(
+    client: &impl GenericClient,
+    key: &ConversationKey,
+    principal: &str,
+    stored: &StoredTask,
+) -> Result<(), Failure> {
+    let mut record = stored.clone();
+    record.task.history.clear();
+    let status = &record.task.status;
+    client
+        .execute(
+            "INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, state, \
+                 status_ms, record) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             ON CONFLICT (conv_key, task_id) DO UPDATE SET state = excluded.state, \
+                 status_ms = excluded.status_ms, record = excluded.record",
+            &[
+                &key.as_bytes().as_slice(),
+                &record.task.id.as_bytes(),
+                &PrincipalKey::new(principal).as_bytes().as_slice(),
+                &principal.as_bytes(),
+                &(status.state.code() as i16),
+                &status.timestamp.timestamp_millis().max(0),
+                &encode(&record),
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// A task left running by a node whose lease expired: it will never finish, so it failed.
+/// Returns whether it was still running.
+async fn fail_abandoned_task(tx: &impl GenericClient, task_id: &str) -> Result<bool, Failure> {
+    let Some(mut row) = load_task(tx, task_id, true).await? else {
+        return Ok(false);
+    };
+    if row.stored.task.status.state.ends_turn() {
+        return Ok(false);
+    }
+    row.stored.task.status = failed_status(&row.stored.task, ABANDONED_TASK_TEXT);
+    put_task(tx, &row.key, &row.principal, &row.stored).await?;
+    Ok(true)
+}
+
+/// Messages with sequence numbers in `[first, end)`, oldest first.
+async fn messages_between(
+    client: &impl GenericClient,
+    key: &ConversationKey,
+    first: i64,
+    end: i64,
+) -> Result<Vec<Message>, Failure> {
+    let rows = client
+        .query(
+            "SELECT body FROM colloquy_messages WHERE conv_key = $1 AND seq >= $2 AND seq < $3 \
+             ORDER BY seq",
+            &[&key.as_bytes().as_slice(), &first, &end],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| decode(&row.try_get::<_, String>("body")?))
+        .collect()
+}
+
+/// The messages at `seqs`, in that order, and their stored size in bytes.
+async fn messages_at(
+    client: &impl GenericClient,
+    key: &ConversationKey,
+    seqs: &[u64],
+) -> Result<(Vec<Message>, usize), Failure> {
+    if seqs.is_empty() {
+        return Ok((Vec::new(), 0));
+    }
+    let wanted: Vec<i64> = seqs.iter().map(|s| *s as i64).collect();
+    let rows = client
+        .query(
+            "SELECT seq, body FROM colloquy_messages WHERE conv_key = $1 AND seq = ANY($2)",
+            &[&key.as_bytes().as_slice(), &wanted],
+        )
+        .await?;
+    let mut bodies = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        bodies.insert(
+            row.try_get::<_, i64>("seq")?,
+            row.try_get::<_, String>("body")?,
+        );
+    }
+    let mut messages = Vec::with_capacity(seqs.len());
+    let mut bytes = 0;
+    for seq in &wanted {
+        if let Some(body) = bodies.get(seq) {
+            bytes += body.len();
+            messages.push(decode(body)?);
+        }
+    }
+    Ok((messages, bytes))
+}
+
+/// A listed task as the view shows it, and its estimated size (as the embedded store counts).
+async fn listed_task(
+    client: &impl GenericClient,
+    row: &TaskRow,
+    query: &TaskQuery,
+) -> Result<(Task, usize), Failure> {
+    let seqs = &row.stored.history_seqs;
+    let shown = query
+        .view
+        .history_length
+        .map_or(seqs.len(), |n| n.min(seqs.len()));
+    let (history, history_bytes) =
+        messages_at(client, &row.key, &seqs[seqs.len() - shown..]).await?;
+    let mut task = row.stored.task.clone();
+    task.history = history;
+    let mut bytes = row.bytes + history_bytes;
+    if !query.view.artifacts {
+        let left_out: usize = task
+            .artifacts
+            .iter()
+            .flat_map(|a| &a.parts)
+            .filter_map(|p| p.as_text())
+            .map(str::len)
+            .sum();
+        bytes = bytes.saturating_sub(left_out);
+        task.artifacts.clear();
+    }
+    Ok((task, bytes))
+}

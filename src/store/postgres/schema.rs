@@ -1,0 +1,142 @@
+//! The schema, created and upgraded by numbered migrations. Each migration runs in one
+//! transaction together with the row that records it, so nodes starting at once apply it once.
+//!
+//! Portable SQL only (PostgreSQL, CockroachDB, YugabyteDB): no sequences or SERIAL, no advisory
+//! locks, no PL/pgSQL, no LISTEN/NOTIFY. The conversation key (the 33-byte versioned SHA-256
+//! namespace key) leads every per-conversation primary key, so a conversation's rows sit
+//! together and its latest messages are one index range of `(conv_key, seq)`. Ids (principal,
+//! contextId, taskId) are stored as their UTF-8 bytes: TEXT cannot hold NUL, and bytes order
+//! the same on every engine and locale.
+
+use super::{Failure, Ops};
+use crate::store::StoreError;
+
+/// The migrations this build knows, in order: version `i + 1` is `MIGRATIONS[i]`.
+const MIGRATIONS: &[&str] = &[
+    // 1: conversations with their lease, messages, tasks, the readiness probe.
+    r#"
+    CREATE TABLE colloquy_conversations (
+        conv_key BYTEA PRIMARY KEY,
+        principal_key BYTEA NOT NULL,
+        principal BYTEA NOT NULL,
+        context_id BYTEA NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL,
+        updated_at TIMESTAMPTZ NOT NULL,
+        updated_ms BIGINT NOT NULL,
+        turns BIGINT NOT NULL,
+        next_seq BIGINT NOT NULL,
+        token BIGINT NOT NULL,
+        running_task BYTEA,
+        lease_expires TIMESTAMPTZ,
+        lease_holder TEXT,
+        agent_state TEXT
+    );
+    CREATE INDEX colloquy_conversations_by_principal
+        ON colloquy_conversations (principal_key, updated_ms DESC, conv_key);
+    CREATE INDEX colloquy_conversations_by_lease
+        ON colloquy_conversations (lease_expires);
+    CREATE TABLE colloquy_messages (
+        conv_key BYTEA NOT NULL,
+        seq BIGINT NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (conv_key, seq)
+    );
+    CREATE TABLE colloquy_tasks (
+        conv_key BYTEA NOT NULL,
+        task_id BYTEA NOT NULL,
+        principal_key BYTEA NOT NULL,
+        principal BYTEA NOT NULL,
+        state SMALLINT NOT NULL,
+        status_ms BIGINT NOT NULL,
+        record TEXT NOT NULL,
+        PRIMARY KEY (conv_key, task_id)
+    );
+    CREATE UNIQUE INDEX colloquy_tasks_by_id ON colloquy_tasks (task_id);
+    CREATE INDEX colloquy_tasks_by_principal
+        ON colloquy_tasks (principal_key, status_ms DESC, task_id);
+    CREATE INDEX colloquy_tasks_by_conversation
+        ON colloquy_tasks (conv_key, status_ms DESC, task_id);
+    CREATE TABLE colloquy_probe (
+        id INT PRIMARY KEY,
+        at TIMESTAMPTZ NOT NULL
+    );
+    "#,
+];
+
+/// The newest schema version this build knows.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS colloquy_schema (
+    version BIGINT PRIMARY KEY,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)";
+
+/// What [`migrate`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migrated {
+    pub from: i64,
+    pub to: i64,
+}
+
+impl Ops {
+    /// The schema version the database is at (0: none). Creating the version table can race
+    /// with another node doing the same (PostgreSQL's `IF NOT EXISTS` is not atomic): retried.
+    async fn schema_version(&self) -> Result<i64, Failure> {
+        let mut attempt = 0;
+        loop {
+            match self.read_schema_version().await {
+                Err(_) if attempt < 3 => {
+                    attempt += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn read_schema_version(&self) -> Result<i64, Failure> {
+        let client = self.client().await?;
+        client.batch_execute(VERSION_TABLE).await?;
+        let row = client
+            .query_one("SELECT COALESCE(MAX(version), 0) FROM colloquy_schema", &[])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// Applies the migrations the database lacks; refuses a schema newer than this build.
+    pub(super) async fn migrate(&self) -> Result<Migrated, StoreError> {
+        let from = self.schema_version().await.map_err(Failure::into_store)?;
+        if from > SCHEMA_VERSION {
+            return Err(StoreError::Backend(format!(
+                "the database's schema is version {from}, newer than this colloquy knows \
+                 ({SCHEMA_VERSION}): run a newer colloquy"
+            )));
+        }
+        for version in from + 1..=SCHEMA_VERSION {
+            match self.apply(version).await {
+                Ok(()) => tracing::info!(version, "applied a schema migration"),
+                // Another node applied it meanwhile (its version row came first).
+                Err(_) if self.schema_version().await.is_ok_and(|v| v >= version) => {}
+                Err(e) => return Err(e.into_store()),
+            }
+        }
+        Ok(Migrated {
+            from,
+            to: SCHEMA_VERSION,
+        })
+    }
+
+    async fn apply(&self, version: i64) -> Result<(), Failure> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        // First, so a node applying the same version at once waits on this row, then fails.
+        tx.execute(
+            "INSERT INTO colloquy_schema (version) VALUES ($1)",
+            &[&version],
+        )
+        .await?;
+        tx.batch_execute(MIGRATIONS[(version - 1) as usize]).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,696 @@
+//! Several nodes on one PostgreSQL database: leases judged by the database's clock, fencing by
+//! token, abandoned turns failed, conversations continued across nodes, one running turn per
+//! conversation across nodes, a node killed or paused mid-turn. Each test gets a fresh database
+//! on the test process's throwaway PostgreSQL (`common::pg`); without PostgreSQL they skip.
+
+use crate::common;
+use crate::store_conformance::{begin_request, finish_request};
+
+use colloquy::model::{TaskState, TaskStatus};
+use colloquy::store::postgres::{ABANDONED_TASK_TEXT, PgOptions, PgStore};
+use colloquy::store::{ConversationStore, StoreError};
+use common::*;
+use serde_json::{Value, json};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn options(url: &str, lease: Duration, holder: &str) -> PgOptions {
+    PgOptions {
+        url: url.to_owned(),
+        pool_size: 4,
+        lease,
+        holder: holder.to_owned(),
+        tls_ca_file: None,
+    }
+}
+
+/// A store node on `url` whose leases last `lease`.
+async fn store_node(url: &str, lease: Duration, holder: &str) -> PgStore {
+    PgStore::connect(&options(url, lease, holder))
+        .await
+        .expect("the store opens")
+}
+
+fn status_text(task: &colloquy::model::Task) -> String {
+    task.status
+        .message
+        .as_ref()
+        .map(colloquy::model::Message::text)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_is_taken_over_and_the_old_holder_is_fenced() {
+    let Some(url) = pg::database("cluster::an_expired_lease_is_taken_over") else {
+        return;
+    };
+    let lease = Duration::from_secs(1);
+    let a = store_node(&url, lease, "a").await;
+    let b = store_node(&url, lease, "b").await;
+    let first = a.begin_turn(begin_request("p", "c", "on a")).await.unwrap();
+    // Renewed, the lease holds past its length.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        a.renew_lease(&first.lease)
+            .await
+            .expect("the holder renews");
+        let refused = b
+            .begin_turn(begin_request("p", "c", "on b"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused,
+            StoreError::Busy {
+                context_id: "c".into(),
+                task_id: first.task.id.clone()
+            }
+        );
+    }
+    // Not renewed, it expires: the next turn takes the conversation and fails the old task.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let second = b
+        .begin_turn(begin_request("p", "c", "on b"))
+        .await
+        .expect("an expired lease is taken over");
+    assert!(second.lease.token > first.lease.token);
+    let old = b.task("p", &first.task.id).await.unwrap().unwrap();
+    assert_eq!(old.status.state, TaskState::Failed);
+    assert_eq!(status_text(&old), ABANDONED_TASK_TEXT);
+    // Whatever the old holder writes now is refused.
+    let late = a
+        .finish_turn(finish_request(&first, Some("late"), TaskState::Completed))
+        .await;
+    assert!(
+        matches!(late, Err(StoreError::StaleToken { .. })),
+        "{late:?}"
+    );
+    assert!(matches!(
+        a.renew_lease(&first.lease).await,
+        Err(StoreError::StaleToken { .. })
+    ));
+    assert!(matches!(
+        a.record_status(&first.lease, TaskStatus::new(TaskState::Working, None))
+            .await,
+        Err(StoreError::StaleToken { .. })
+    ));
+    b.finish_turn(finish_request(
+        &second,
+        Some("from b"),
+        TaskState::Completed,
+    ))
+    .await
+    .unwrap();
+    let recent: Vec<String> = b
+        .begin_turn(begin_request("p", "c", "third"))
+        .await
+        .unwrap()
+        .recent
+        .iter()
+        .map(colloquy::model::Message::text)
+        .collect();
+    assert_eq!(recent, ["on a", "on b", "from b"], "no late reply from a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_tasks_fail_on_the_sweep_or_the_next_read() {
+    let Some(url) = pg::database("cluster::abandoned_tasks_fail") else {
+        return;
+    };
+    let lease = Duration::from_secs(1);
+    let dead = store_node(&url, lease, "dead").await;
+    let alive = store_node(&url, lease, "alive").await;
+    let swept = dead
+        .begin_turn(begin_request("p", "swept", "x"))
+        .await
+        .unwrap();
+    let read = dead
+        .begin_turn(begin_request("p", "read", "y"))
+        .await
+        .unwrap();
+    assert_eq!(
+        alive.fail_interrupted_turns().await.unwrap(),
+        0,
+        "live leases stay"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A read of an abandoned task finds it failed.
+    let task = alive.task("p", &read.task.id).await.unwrap().unwrap();
+    assert_eq!(task.status.state, TaskState::Failed);
+    assert_eq!(status_text(&task), ABANDONED_TASK_TEXT);
+    // The sweeper fails the other one and frees its conversation.
+    assert_eq!(alive.fail_interrupted_turns().await.unwrap(), 1);
+    let task = alive.task("p", &swept.task.id).await.unwrap().unwrap();
+    assert_eq!(task.status.state, TaskState::Failed);
+    let meta = alive.conversation(swept.lease.key).await.unwrap().unwrap();
+    assert_eq!(meta.running_task, None);
+    assert!(matches!(
+        dead.finish_turn(finish_request(&swept, Some("late"), TaskState::Completed))
+            .await,
+        Err(StoreError::StaleToken { .. })
+    ));
+    assert!(
+        alive.delete_conversation(read.lease.key).await.unwrap(),
+        "an abandoned conversation can be deleted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_apply_once_and_a_newer_schema_is_refused() {
+    let Some(url) = pg::database("cluster::migrations") else {
+        return;
+    };
+    let options = options(&url, Duration::from_secs(30), "m");
+    // Nodes starting at once on an empty database: each migration is applied once.
+    let (first, second) = tokio::join!(PgStore::migrate(&options), PgStore::migrate(&options));
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert_eq!(first.to, colloquy::store::postgres::SCHEMA_VERSION);
+    assert_eq!(second.to, first.to);
+    let again = PgStore::migrate(&options).await.unwrap();
+    assert_eq!(again.from, again.to, "nothing left to apply");
+
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .execute("INSERT INTO colloquy_schema (version) VALUES (999)", &[])
+        .await
+        .unwrap();
+    let refused = PgStore::connect(&options).await.err().expect("refused");
+    assert!(refused.to_string().contains("newer"), "{refused}");
+}
+
+/// An in-process node on the database `url`, running the scripted agent.
+async fn node(url: &str, lease_secs: u64) -> TestServer {
+    start_with(Arc::new(ScriptedAgent), |config| {
+        config.store.url = url.to_owned();
+        config.cluster.lease_secs = lease_secs;
+    })
+    .await
+}
+
+fn reply_of(response: &Value) -> String {
+    artifact_text(task_of(response))
+}
+
+#[actix_rt::test]
+async fn a_conversation_continues_across_nodes_with_its_whole_history() {
+    let Some(url) = pg::database("cluster::a_conversation_continues_across_nodes") else {
+        return;
+    };
+    let a = node(&url, 30).await;
+    let b = node(&url, 30).await;
+    let one = a.send_text(V1, "one", Some("shared"), None).await;
+    assert_eq!(reply_of(&one), "echo: one (turn 1)", "{one}");
+    let two = b.send_text(V1, "two", Some("shared"), None).await;
+    assert_eq!(reply_of(&two), "echo: two (turn 2; previously: \"one\")");
+    let three = a.send_text(V1, "three", Some("shared"), None).await;
+    assert_eq!(
+        reply_of(&three),
+        "echo: three (turn 3; previously: \"two\")"
+    );
+    let on_a: Vec<String> = a
+        .stored_messages(V1, "shared")
+        .await
+        .iter()
+        .map(message_text)
+        .collect();
+    let on_b: Vec<String> = b
+        .stored_messages(V1, "shared")
+        .await
+        .iter()
+        .map(message_text)
+        .collect();
+    assert_eq!(on_a.len(), 6, "{on_a:?}");
+    assert_eq!(on_a, on_b, "both nodes read one conversation");
+    let (listed_a, listed_b) = (task_ids(&a, "shared").await, task_ids(&b, "shared").await);
+    assert_eq!(listed_a.len(), 3);
+    assert_eq!(listed_a, listed_b);
+    a.stop().await;
+    b.stop().await;
+}
+
+/// One JSON-RPC call to `server` as the principal whose bearer token is `token`.
+async fn rpc_as(server: &TestServer, token: &str, method: &str, params: Value) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": next_id(), "method": method, "params": params});
+    server
+        .client
+        .post(&server.url)
+        .header("A2A-Version", V1)
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .expect("request sent")
+        .json()
+        .await
+        .expect("JSON response")
+}
+
+#[actix_rt::test]
+async fn two_principals_with_one_context_id_stay_apart_across_nodes() {
+    let Some(url) = pg::database("cluster::two_principals_with_one_context_id") else {
+        return;
+    };
+    let with_tokens = |config: &mut colloquy::config::Config| {
+        config.store.url = url.clone();
+        config
+            .auth
+            .tokens
+            .insert("alice".into(), "alice-token".into());
+        config.auth.tokens.insert("bob".into(), "bob-token".into());
+    };
+    let a = start_with(Arc::new(ScriptedAgent), with_tokens).await;
+    let b = start_with(Arc::new(ScriptedAgent), with_tokens).await;
+    let send = |text: &str| json!({"message": user_message(V1, text, Some("same-id"), None)});
+    rpc_as(&a, "alice-token", "SendMessage", send("alice on a")).await;
+    rpc_as(&b, "bob-token", "SendMessage", send("bob on b")).await;
+    let alice_on_b = rpc_as(&b, "alice-token", "SendMessage", send("alice on b")).await;
+    assert_eq!(
+        reply_of(&alice_on_b),
+        "echo: alice on b (turn 2; previously: \"alice on a\")",
+        "alice's own history only"
+    );
+    let bob_on_a = rpc_as(&a, "bob-token", "SendMessage", send("bob on a")).await;
+    assert_eq!(
+        reply_of(&bob_on_a),
+        "echo: bob on a (turn 2; previously: \"bob on b\")"
+    );
+    for (server, token) in [(&a, "alice-token"), (&b, "bob-token")] {
+        let listed = rpc_as(server, token, "colloquy/listConversations", json!({})).await;
+        let listed = listed["result"]["conversations"].as_array().cloned();
+        assert_eq!(listed.map(|c| c.len()), Some(1), "one conversation each");
+    }
+    let alice_task = task_of(&alice_on_b)["id"].as_str().unwrap().to_owned();
+    let stolen = rpc_as(&a, "bob-token", "GetTask", json!({"id": alice_task})).await;
+    assert_eq!(stolen["error"]["code"], json!(-32001), "{stolen}");
+    a.stop().await;
+    b.stop().await;
+}
+
+async fn task_ids(server: &TestServer, context_id: &str) -> Vec<String> {
+    let listed = server
+        .rpc(V1, "ListTasks", json!({"contextId": context_id}))
+        .await;
+    listed["result"]["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .map(|t| t["id"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[actix_rt::test]
+async fn concurrent_sends_through_two_nodes_run_one_turn() {
+    let Some(url) = pg::database("cluster::concurrent_sends_through_two_nodes") else {
+        return;
+    };
+    let a = node(&url, 30).await;
+    let b = node(&url, 30).await;
+    for round in 0..50 {
+        let context_id = format!("race-{round}");
+        let (from_a, from_b) = tokio::join!(
+            a.send_text(V1, "slow 100", Some(&context_id), None),
+            b.send_text(V1, "slow 100", Some(&context_id), None),
+        );
+        let (won, lost) = match (from_a.get("result"), from_b.get("result")) {
+            (Some(_), None) => (&from_a, &from_b),
+            (None, Some(_)) => (&from_b, &from_a),
+            _ => panic!("exactly one runs:\n{from_a}\n{from_b}"),
+        };
+        assert_eq!(lost["error"]["code"], json!(-32010), "{lost}");
+        let winner = task_of(won)["id"].as_str().expect("the winner's task");
+        let metadata = &lost["error"]["data"][0]["metadata"];
+        assert_eq!(metadata["taskId"], json!(winner), "names the running task");
+        let stored = a.stored_messages(V1, &context_id).await;
+        assert_eq!(stored.len(), 2, "only the winner's message and reply");
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_turn_longer_than_its_lease_keeps_it_by_renewing() {
+    let Some(url) = pg::database("cluster::a_turn_longer_than_its_lease") else {
+        return;
+    };
+    let a = node(&url, 1).await;
+    let b = node(&url, 1).await;
+    let long = user_message(V1, "slow 3500", Some("long"), None);
+    let sent = a
+        .rpc(
+            V1,
+            "SendMessage",
+            json!({"message": long, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let task_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
+    // Three lease lengths in, the turn still holds its conversation.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let busy = b.send_text(V1, "too soon", Some("long"), None).await;
+    assert_eq!(busy["error"]["code"], json!(-32010), "{busy}");
+    assert_eq!(
+        busy["error"]["data"][0]["metadata"]["taskId"],
+        json!(task_id)
+    );
+    let accepted = send_until_accepted(&b, "after it", "long").await;
+    assert!(accepted < Duration::from_secs(10));
+    let done = a.rpc(V1, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(state_of(&done["result"]), "TASK_STATE_COMPLETED", "{done}");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// `colloquy serve` on the database `url` with the echo agent answering after `delay_ms`.
+struct ChildNode {
+    child: Child,
+    url: String,
+}
+
+impl ChildNode {
+    async fn start(database: &str, lease_secs: u64, delay_ms: u64) -> ChildNode {
+        let port = free_port();
+        let data = tempfile::tempdir().expect("temp dir");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_colloquy"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
+            .arg(data.path())
+            .args(["--echo-delay-ms", &delay_ms.to_string()])
+            .env("COLLOQUY_STORE__URL", database)
+            .env("COLLOQUY_CLUSTER__LEASE_SECS", lease_secs.to_string())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("colloquy starts");
+        let url = format!("http://127.0.0.1:{port}/");
+        let client = reqwest::Client::new();
+        for _ in 0..400 {
+            if client.get(format!("{url}healthz")).send().await.is_ok() {
+                return ChildNode { child, url };
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("colloquy did not come up");
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+    }
+
+    /// Starts a turn and returns its task id at once.
+    async fn send_immediately(&self, text: &str, context_id: &str) -> String {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+            "message": user_message(V1, text, Some(context_id), None),
+            "configuration": {"returnImmediately": true},
+        }});
+        let response = post_rpc(&reqwest::Client::new(), &self.url, V1, &body).await;
+        task_of(&response)["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a task: {response}"))
+            .to_owned()
+    }
+}
+
+impl Drop for ChildNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn state_of(task: &Value) -> String {
+    task["status"]["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Sends `text` to `server` until it is no longer refused as busy; how long that took.
+async fn send_until_accepted(server: &TestServer, text: &str, context_id: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        let response = server.send_text(V1, text, Some(context_id), None).await;
+        if response["error"]["code"] != json!(-32010) {
+            assert_eq!(
+                state_of(task_of(&response)),
+                "TASK_STATE_COMPLETED",
+                "{response}"
+            );
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "still busy after a minute: {response}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_node_killed_mid_turn_leaves_a_task_failed_once_its_lease_expires() {
+    let Some(url) = pg::database("cluster::a_node_killed_mid_turn") else {
+        return;
+    };
+    let mut doomed = ChildNode::start(&url, 3, 60_000).await;
+    let survivor = node(&url, 3).await;
+    let task_id = doomed.send_immediately("never answered", "killed").await;
+    doomed.signal(libc::SIGKILL);
+    let _ = doomed.child.wait();
+    let busy = survivor
+        .send_text(V1, "too soon", Some("killed"), None)
+        .await;
+    assert_eq!(busy["error"]["code"], json!(-32010), "{busy}");
+    assert_eq!(
+        busy["error"]["data"][0]["metadata"]["taskId"],
+        json!(task_id)
+    );
+    let waited = send_until_accepted(&survivor, "after the lease", "killed").await;
+    assert!(waited < Duration::from_secs(30), "{waited:?}");
+    let old = survivor.rpc(V1, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(state_of(&old["result"]), "TASK_STATE_FAILED", "{old}");
+    assert!(old.to_string().contains(ABANDONED_TASK_TEXT), "{old}");
+    let texts: Vec<String> = survivor
+        .stored_messages(V1, "killed")
+        .await
+        .iter()
+        .map(message_text)
+        .collect();
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    assert_eq!(texts[0], "never answered");
+    assert_eq!(texts[1], "after the lease");
+    survivor.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_paused_node_writes_nothing_after_losing_its_lease() {
+    let Some(url) = pg::database("cluster::a_paused_node_writes_nothing") else {
+        return;
+    };
+    // Its echo answers 5 s after the message: paused past its 2 s lease in between.
+    let paused = ChildNode::start(&url, 2, 5_000).await;
+    let other = node(&url, 2).await;
+    let task_id = paused
+        .send_immediately("from the paused node", "fenced")
+        .await;
+    paused.signal(libc::SIGSTOP);
+    send_until_accepted(&other, "taken over", "fenced").await;
+    paused.signal(libc::SIGCONT);
+    // The paused node's turn ends (its renewal or its end is refused) and it says so.
+    let started = Instant::now();
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}});
+    loop {
+        let got = post_rpc(&reqwest::Client::new(), &paused.url, V1, &body).await;
+        if state_of(&got["result"]) != "TASK_STATE_WORKING" {
+            assert_eq!(state_of(&got["result"]), "TASK_STATE_FAILED", "{got}");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{got}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Past the paused node's answer time: still nothing of it stored.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let texts: Vec<String> = other
+        .stored_messages(V1, "fenced")
+        .await
+        .iter()
+        .map(message_text)
+        .collect();
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    assert_eq!(texts[0], "from the paused node");
+    assert_eq!(texts[1], "taken over");
+    assert!(texts[2].starts_with("echo: taken over"), "{texts:?}");
+    let stored = other.rpc(V1, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(state_of(&stored["result"]), "TASK_STATE_FAILED", "{stored}");
+    other.stop().await;
+}
+
+/// Runs the colloquy binary with `args` on the database `url`; its stdout.
+fn colloquy_on(url: &str, args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_colloquy"))
+        .args(args)
+        .env("COLLOQUY_STORE__URL", url)
+        .output()
+        .expect("colloquy runs");
+    assert!(
+        output.status.success(),
+        "colloquy {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[actix_rt::test]
+async fn migrate_and_the_store_commands_work_on_the_database() {
+    let Some(url) = pg::database("cluster::migrate_and_the_store_commands") else {
+        return;
+    };
+    let first = colloquy_on(&url, &["migrate"]);
+    assert!(first.contains("from version 0 to"), "{first}");
+    let again = colloquy_on(&url, &["migrate"]);
+    assert!(again.contains("nothing to do"), "{again}");
+    let server = node(&url, 30).await;
+    server
+        .send_text(V1, "kept in postgres", Some("cli"), None)
+        .await;
+    let listed = colloquy_on(&url, &["conversations"]);
+    assert!(listed.contains("cli"), "{listed}");
+    let history = colloquy_on(&url, &["history", "cli"]);
+    assert!(history.contains("user: kept in postgres"), "{history}");
+    assert!(
+        history.contains("agent: echo: kept in postgres"),
+        "{history}"
+    );
+    colloquy_on(&url, &["delete", "cli"]);
+    assert!(server.stored_messages(V1, "cli").await.is_empty());
+    server.stop().await;
+}
+
+/// An in-process node on `url` that forwards requests for other nodes' tasks.
+async fn forwarding_node(url: &str) -> TestServer {
+    start_with(Arc::new(ScriptedAgent), |config| {
+        config.store.url = url.to_owned();
+        config.cluster.secret = Some("shared between the nodes".into());
+    })
+    .await
+}
+
+#[actix_rt::test]
+async fn streams_live_reads_and_cancels_follow_the_task_to_its_node() {
+    let Some(url) = pg::database("cluster::streams_live_reads_and_cancels_follow") else {
+        return;
+    };
+    let a = forwarding_node(&url).await;
+    let b = forwarding_node(&url).await;
+    let text = "followed across the nodes, every character once: é€😀 and the end";
+    let message = user_message(V1, &format!("drip 40 3: {text}"), Some("followed"), None);
+    let sent = a
+        .rpc(
+            V1,
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let task_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // A live read through B: the reply so far, from A.
+    let live = b.rpc(V1, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(state_of(&live["result"]), "TASK_STATE_WORKING", "{live}");
+    let so_far = artifact_text(&live["result"]);
+    assert!(
+        !so_far.is_empty() && text.starts_with(&so_far),
+        "{so_far:?}"
+    );
+    // A stream through B: the task so far, then every chunk, to the end.
+    let events = sse_events(
+        b.stream(V1, "SubscribeToTask", json!({"id": task_id}))
+            .await,
+    )
+    .await;
+    let first = &events[0]["result"];
+    let snapshot = first.get("task").unwrap_or(first);
+    let streamed = format!("{}{}", artifact_text(snapshot), streamed_text(&events[1..]));
+    assert_eq!(streamed, text, "snapshot + later chunks == the reply");
+    let stored = a.rpc(V1, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(state_of(&stored["result"]), "TASK_STATE_COMPLETED");
+    assert_eq!(artifact_text(&stored["result"]), text);
+
+    // A cancel through B stops the turn A runs.
+    let slow = user_message(V1, "slow 30000", Some("canceled"), None);
+    let sent = a
+        .rpc(
+            V1,
+            "SendMessage",
+            json!({"message": slow, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let slow_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
+    let started = Instant::now();
+    let canceled = b.rpc(V1, "CancelTask", json!({"id": slow_id})).await;
+    assert_eq!(
+        state_of(&canceled["result"]),
+        "TASK_STATE_CANCELED",
+        "{canceled}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let after = b.send_text(V1, "free again", Some("canceled"), None).await;
+    assert_eq!(state_of(task_of(&after)), "TASK_STATE_COMPLETED", "{after}");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_forwarded_request_needs_the_cluster_secret() {
+    let Some(url) = pg::database("cluster::a_forwarded_request_needs_the_secret") else {
+        return;
+    };
+    let a = forwarding_node(&url).await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {}});
+    for secret in [None, Some("wrong")] {
+        let mut request = reqwest::Client::new()
+            .post(format!("{}_colloquy/forward", a.url))
+            .header("A2A-Version", V1)
+            .header("X-Colloquy-Principal", hex::encode("someone"))
+            .json(&body);
+        if let Some(secret) = secret {
+            request = request.header("X-Colloquy-Cluster-Secret", secret);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 401, "secret {secret:?}");
+    }
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_the_database_verifies_its_certificate() {
+    let Some(url) = pg::database("cluster::tls_to_the_database") else {
+        return;
+    };
+    let Some(certificate) = pg::certificate() else {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "CI's test PostgreSQL serves TLS (openssl comes with Debian's postgresql)"
+        );
+        eprintln!("skipping cluster::tls_to_the_database: no openssl to make a certificate");
+        return;
+    };
+    let url = format!("{url}?sslmode=require");
+    let mut trusted = options(&url, Duration::from_secs(30), "tls");
+    trusted.tls_ca_file = Some(certificate);
+    let store = PgStore::connect(&trusted).await.expect("TLS with the CA");
+    store
+        .begin_turn(begin_request("p", "tls", "over TLS"))
+        .await
+        .expect("a turn over TLS");
+    // Only the public authorities: the self-signed certificate is refused.
+    let untrusted = options(&url, Duration::from_secs(30), "tls");
+    let refused = PgStore::connect(&untrusted).await.err().expect("refused");
+    assert!(
+        refused.to_string().to_lowercase().contains("certificate"),
+        "{refused}"
+    );
+}
