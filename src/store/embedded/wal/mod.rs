@@ -251,9 +251,11 @@ impl<B: KvBackend> Shared<B> {
         if !frozen.is_empty() {
             let started = Instant::now();
             let mut moved = 0;
+            let mut writes = frozen.writes().peekable();
             // One write at a time: sled's atomic batches lock its readers out. A crash part way
             // leaves the old position, and recovery replays every batch of the cut from the log.
-            for slice in frozen.writes(INNER_BATCH_OPS) {
+            while writes.peek().is_some() {
+                let slice: Vec<KvOp> = writes.by_ref().take(INNER_BATCH_OPS).collect();
                 moved += slice.len();
                 self.inner.apply_each(slice)?;
             }
