@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Push-notification delivery under load, with a slow receiver.
+
+    benches/push_delivery.py [--tasks 500] [--concurrency 32] [--delay-ms 50] [--binary target/release/colloquy]
+
+Starts `colloquy serve` (echo agent, a fresh data folder, webhooks to loopback allowed) and a
+receiver on loopback that answers every notification after --delay-ms. Sends --tasks messages,
+--concurrency at a time, each with an inline push config, then waits until every task's
+`completed` notification has arrived. Prints notifications received, delivery throughput, and
+latency from the task's status timestamp to the notification's arrival (p50/p90/p99/max),
+checking that each task's notifications came in order (working before completed) and that no
+notification id arrived twice without the same body.
+"""
+
+import argparse
+import json
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_time(text):
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def percentile(values, p):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, default=500)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--delay-ms", type=int, default=50)
+    parser.add_argument("--binary", default="target/release/colloquy")
+    args = parser.parse_args()
+
+    arrivals = queue.Queue()
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            arrived = time.time()
+            time.sleep(args.delay_ms / 1000)
+            arrivals.put((arrived, self.headers.get("X-Colloquy-Notification-Id"), body))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_):
+            pass
+
+    receiver = ThreadingHTTPServer(("127.0.0.1", free_port()), Receiver)
+    receiver.daemon_threads = True
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    hook = f"http://127.0.0.1:{receiver.server_port}/hook"
+
+    data = tempfile.mkdtemp()
+    port = free_port()
+    env = dict(os.environ, COLLOQUY_PUSH__ALLOW_PRIVATE_NETWORKS="true")
+    server = subprocess.Popen(
+        [args.binary, "serve", "--listen", f"127.0.0.1:{port}", "--data", data],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+
+        def send(i):
+            request = {
+                "jsonrpc": "2.0",
+                "id": i,
+                "method": "SendMessage",
+                "params": {
+                    "message": {
+                        "messageId": f"m{i}",
+                        "role": "ROLE_USER",
+                        "parts": [{"text": f"task {i}"}],
+                    },
+                    "configuration": {"taskPushNotificationConfig": {"url": hook, "token": "t"}},
+                },
+            }
+            req = urllib.request.Request(
+                url,
+                json.dumps(request).encode(),
+                {"Content-Type": "application/json", "A2A-Version": "1.0"},
+            )
+            reply = json.load(urllib.request.urlopen(req, timeout=60))
+            return reply["result"]["task"]["id"]
+
+        started = time.time()
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            task_ids = set(pool.map(send, range(args.tasks)))
+        sent_s = time.time() - started
+
+        seen = {}
+        latencies = []
+        completed = set()
+        ids = {}
+        deadline = time.time() + 300
+        while completed != task_ids and time.time() < deadline:
+            try:
+                arrived, note_id, body = arrivals.get(timeout=1)
+            except queue.Empty:
+                continue
+            task = json.loads(body)["task"]
+            if note_id in ids:
+                assert ids[note_id] == body, "a retried notification changed"
+                continue
+            ids[note_id] = body
+            state = task["status"]["state"]
+            seen.setdefault(task["id"], []).append(state)
+            latencies.append(arrived - parse_time(task["status"]["timestamp"]))
+            if state == "TASK_STATE_COMPLETED":
+                completed.add(task["id"])
+        elapsed = time.time() - started
+        in_order = all(states[-1] == "TASK_STATE_COMPLETED" and states[0] == "TASK_STATE_WORKING" for states in seen.values())
+        ms = [1000 * l for l in latencies]
+        print(
+            json.dumps(
+                {
+                    "tasks": args.tasks,
+                    "receiver_delay_ms": args.delay_ms,
+                    "sends_s": round(sent_s, 2),
+                    "notifications": len(ids),
+                    "tasks_completed_notified": len(completed),
+                    "all_delivered_s": round(elapsed, 2),
+                    "notifications_per_s": round(len(ids) / elapsed, 1),
+                    "latency_ms": {
+                        "p50": round(percentile(ms, 0.5), 1),
+                        "p90": round(percentile(ms, 0.9), 1),
+                        "p99": round(percentile(ms, 0.99), 1),
+                        "max": round(max(ms), 1),
+                    },
+                    "in_order": in_order,
+                }
+            )
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        receiver.shutdown()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
