@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 type Slot = Option<Vec<u8>>;
 
 /// A lock-free skiplist. (A B-tree behind a reader-writer lock was tried: 5% fewer instructions
-/// per turn, but with it sled failed to reopen after about one simulated power cut in six,
-/// panicking in its own recovery, where the skiplist passed 16 runs of 20 cuts each; why is not
+/// per turn, but with it sled failed to reopen in about one power-cut test run in five (20 cuts
+/// each), panicking in its own recovery, where the skiplist passed 16 runs; why is not
 /// understood, so the skiplist stays: docs/performance.md.)
 #[derive(Default)]
 pub(super) struct Memtable {
