@@ -226,15 +226,7 @@ impl Drop for Turn {
         let (Some(hub), Some(lease)) = (self.hub.take(), self.lease.take()) else {
             return;
         };
-        let mut task = hub.snapshot();
-        task.status = TaskStatus::new(
-            TaskState::Failed,
-            Some(Message::agent_text(
-                "the turn stopped unexpectedly",
-                &task.context_id,
-                Some(&task.id),
-            )),
-        );
+        let task = failed_snapshot(&hub, "the turn stopped unexpectedly".into());
         let end = FinishTurn {
             lease,
             reply: None,
@@ -405,16 +397,18 @@ fn conclude(
 
 /// The task as the caller sees it when its end could not be stored.
 fn unstored(hub: &TaskHub, error: &str) -> SendResult {
+    let why = format!("the reply could not be stored: {error}");
+    SendResult::Task(failed_snapshot(hub, why))
+}
+
+/// The task as its hub has it, failed, saying `why`.
+fn failed_snapshot(hub: &TaskHub, why: String) -> Task {
     let mut task = hub.snapshot();
     task.status = TaskStatus::new(
         TaskState::Failed,
-        Some(Message::agent_text(
-            format!("the reply could not be stored: {error}"),
-            &task.context_id,
-            Some(&task.id),
-        )),
+        Some(Message::agent_text(why, &task.context_id, Some(&task.id))),
     );
-    SendResult::Task(task)
+    task
 }
 
 /// Converts what a stop returns into the hub to wait on.
