@@ -1,7 +1,7 @@
 # Shared helpers of the bench scripts (sourced).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-COLLOQUY=target/release/colloquy
+COLLOQUY=${COLLOQUY:-target/release/colloquy}
 build() {
   echo "building release..." >&2
   cargo build --release --bin colloquy >&2

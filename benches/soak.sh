@@ -6,8 +6,8 @@
 #
 # Every round starts new conversations throughout. Per round it prints turns/s, p99, the
 # server's RSS, the data folder's size and the bytes written to the device so far, each per
-# turn. Then it stops the server cleanly, prints where the bytes went by record type
-# (benches/store_bytes.rs), restarts it on the same folder and prints the time until /readyz.
+# turn. Then it stops the server cleanly, restarts it twice on the same folder (time to /readyz),
+# and prints where the bytes went by record type (benches/store_bytes.rs).
 source "$(dirname "$0")/common.sh"
 ROUNDS=${ROUNDS:-6}; SECS=${SECS:-30}; C=${C:-64}; TURNS=${TURNS:-5}; TEXT=${TEXT:-200}
 PORT=${PORT:-18161}
@@ -39,10 +39,16 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 kill -TERM "$PID"; wait "$PID" || true; PID=
 echo
+# The first open after a run is the one that pays for it: sled replays the log written since its
+# last snapshot, and it writes snapshots only when it opens a folder. So restart before anything
+# else opens the folder (store_bytes would), then once more.
+for restart in first second; do
+  started=$(now_ms)
+  start
+  wait_ready $PORT 600
+  echo "restart ($restart open after the run): ready after $(( $(now_ms) - started )) ms; RSS $(( $(rss_kb $PID) / 1024 )) MB"
+  kill -TERM "$PID"; wait "$PID" || true; PID=
+done
+echo
 echo "after $total turns, stopped cleanly:"
 "$STORE_BYTES" "$WORK/data" "$total"
-started=$(now_ms)
-start
-wait_ready $PORT 120
-echo
-echo "restart: ready after $(( $(now_ms) - started )) ms; RSS $(( $(rss_kb $PID) / 1024 )) MB"

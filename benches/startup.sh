@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start-up time with 1,000,000 stored conversations vs an empty store.
 #
-#   benches/startup.sh           # CONVERSATIONS=1000000 RUNS=5
+#   benches/startup.sh                      # CONVERSATIONS=1000000 MESSAGES=2 RUNS=5
+#   MESSAGES=10 benches/startup.sh          # 5 million turns (5 per conversation)
 #
 # Fills a data folder through `colloquy::store::Store` directly (benches/fill_store.rs), then
 # starts `colloquy serve` RUNS times on it and on an empty folder, alternating, timing from spawn
@@ -9,6 +10,7 @@
 # conversation. Polling granularity is about 10 ms.
 source "$(dirname "$0")/common.sh"
 CONVERSATIONS=${CONVERSATIONS:-1000000}
+MESSAGES=${MESSAGES:-2}
 RUNS=${RUNS:-5}
 PORT=${PORT:-18096}
 [ "${SKIP_BUILD:-}" = 1 ] || build
@@ -21,7 +23,7 @@ trap cleanup EXIT
 if [ ! -d "$WORK/big" ]; then
   echo "filling $CONVERSATIONS conversations..." >&2
   T0=$(now_ms)
-  timeout 1200 "$FILL" --data "$WORK/big" --conversations "$CONVERSATIONS" --messages 2 --prefix bulk --batch 2000
+  timeout 1200 "$FILL" --data "$WORK/big" --conversations "$CONVERSATIONS" --messages "$MESSAGES" --prefix bulk --batch 2000
   echo "fill took $(( $(now_ms) - T0 )) ms; $(du -sh "$WORK/big" | cut -f1) on disk" >&2
 fi
 mkdir -p "$WORK/empty"
