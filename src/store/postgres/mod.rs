@@ -12,12 +12,14 @@
 
 mod ops;
 mod schema;
+mod transfer;
 
 pub use schema::{Migrated, SCHEMA_VERSION};
 
 use super::{
-    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationStore, FinishTurn,
-    Lease, MessagesFrom, Page, StoreError, StoreResult, TaskQuery, TurnBegun,
+    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationRecords,
+    ConversationStore, FinishTurn, Imported, Lease, MessagesFrom, Page, StoreError, StoreResult,
+    TaskQuery, TurnBegun,
 };
 use crate::model::{Task, TaskStatus};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -369,6 +371,24 @@ impl ConversationStore for PgStore {
     ) -> BoxFuture<'static, StoreResult<Option<String>>> {
         let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
         self.run(|ops| async move { retrying(|| ops.running_holder(&principal, &task_id)).await })
+    }
+
+    fn export_conversations(
+        &self,
+        principal: Option<String>,
+        after: Option<ConversationKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, StoreResult<Vec<ConversationRecords>>> {
+        self.run(move |ops| async move {
+            retrying(|| ops.export(principal.as_deref(), after.as_ref(), limit)).await
+        })
+    }
+
+    fn import_conversations(
+        &self,
+        items: Vec<ConversationRecords>,
+    ) -> BoxFuture<'static, StoreResult<Imported>> {
+        self.run(move |ops| async move { retrying(|| ops.import(&items)).await })
     }
 
     /// Every acknowledged write is already committed.
