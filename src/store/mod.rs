@@ -432,6 +432,30 @@ pub struct Notification {
     pub attempts: u32,
     /// Not to be tried before.
     pub not_before: DateTime<Utc>,
+    /// The token of this process's hold on it, once claimed from a shared outbox
+    /// ([`PushStore::claim_notification`]); its later writes are conditional on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+}
+
+/// The next outbox position: the clock in nanoseconds, above `floor` and never below the last
+/// one this process took, so entries keep the order of the changes (also across a restart,
+/// unless the clock went back).
+pub(crate) fn outbox_seq(floor: u64) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = crate::model::now()
+        .timestamp_nanos_opt()
+        .unwrap_or(0)
+        .max(0) as u64;
+    let mut last = LAST.load(Ordering::Relaxed);
+    loop {
+        let seq = now.max(last + 1).max(floor + 1);
+        match LAST.compare_exchange_weak(last, seq, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return seq,
+            Err(actual) => last = actual,
+        }
+    }
 }
 
 /// The push-notification side of a store: configs kept with their task, and the outbox the
@@ -476,10 +500,23 @@ pub trait PushStore: Send + Sync + 'static {
     /// How many notifications the outbox holds.
     fn pending_count(&self) -> BoxFuture<'static, StoreResult<usize>>;
 
+    /// Takes the notification for delivery by this process for `hold`, unless another process
+    /// holds it or it is not due (a shared database's outbox, judged by the database's clock).
+    /// Returns it as stored, with the claim; None if another has it or it is gone. A store one
+    /// process owns has nobody to share with: the notification comes back as it is.
+    fn claim_notification(
+        &self,
+        notification: Notification,
+        _hold: std::time::Duration,
+    ) -> BoxFuture<'static, StoreResult<Option<Notification>>> {
+        Box::pin(async { Ok(Some(notification)) })
+    }
+
     /// Removes a delivered notification.
     fn notification_delivered(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>>;
 
-    /// Stores the notification's new attempt count and next time.
+    /// Stores the notification's new attempt count and next time (and releases its claim);
+    /// nothing if it is gone or another process claimed it since.
     fn reschedule_notification(
         &self,
         notification: Notification,

@@ -173,6 +173,8 @@ impl Ops {
         stored.history_seqs.push(seq);
         stored.task.status = TaskStatus::new(TaskState::Working, None);
         stored.task.artifacts.clear();
+        super::push::put_with_start(&tx, &turn.principal, &turn.push_configs, &turn.task_id)
+            .await?;
         put_task(&tx, &key, &turn.principal, &stored).await?;
         let mut task = stored.task.clone();
         let earlier = &stored.history_seqs[..stored.history_seqs.len() - 1];
@@ -693,6 +695,7 @@ impl Ops {
             }
             .into());
         }
+        super::push::delete_configs_of(&tx, key_bytes).await?;
         for table in [
             "colloquy_messages",
             "colloquy_tasks",
@@ -931,7 +934,7 @@ pub(super) async fn put_task(
             ],
         )
         .await?;
-    Ok(())
+    super::push::enqueue(client, &record.task).await
 }
 
 /// A task left running by a node whose lease expired: it will never finish, so it failed.
