@@ -47,14 +47,15 @@ pub struct DeleteArgs {
 }
 
 fn open(args: &StoreArgs) -> Result<SharedStore, String> {
-    open_store(args.config.as_deref(), args.data.clone())
+    open_store(args.config.as_deref(), args.data.clone(), false)
 }
 
 /// The store the config names: the PostgreSQL database of `store.url`, else the sled folder
-/// `data` (default: the config's).
+/// `data` (default: the config's), created if `create` says so.
 pub(super) fn open_store(
     config: Option<&std::path::Path>,
     data: Option<std::path::PathBuf>,
+    create: bool,
 ) -> Result<SharedStore, String> {
     let config = Config::load(config, serde_json::json!({})).map_err(|e| e.to_string())?;
     if let Some(options) = crate::app::postgres_options(&config) {
@@ -62,6 +63,9 @@ pub(super) fn open_store(
         return Ok(Arc::new(store));
     }
     let data = data.unwrap_or(config.data);
+    if create {
+        std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
+    }
     if !data.exists() {
         return Err(format!("no data folder at {}", data.display()));
     }

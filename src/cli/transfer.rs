@@ -48,7 +48,8 @@ pub struct ImportArgs {
     /// Read from FILE instead of stdin.
     #[arg(long)]
     input: Option<PathBuf>,
-    /// Data folder (default: from the config, else ./colloquy-data); ignored with store.url.
+    /// Data folder, created if missing (default: from the config, else ./colloquy-data);
+    /// ignored with store.url.
     #[arg(long)]
     data: Option<PathBuf>,
     #[arg(long)]
@@ -138,7 +139,7 @@ fn write_conversation(out: &mut impl Write, item: ConversationRecords) -> Result
 }
 
 pub fn export(args: ExportArgs) -> Result<ExitCode, String> {
-    let store = open_store(args.config.as_deref(), args.data.clone())?;
+    let store = open_store(args.config.as_deref(), args.data.clone(), false)?;
     let mut out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
@@ -174,7 +175,7 @@ pub fn import(args: ImportArgs) -> Result<ExitCode, String> {
         )),
         None => Box::new(std::io::BufReader::new(std::io::stdin().lock())),
     };
-    let store = open_store(args.config.as_deref(), args.data.clone())?;
+    let store = open_store(args.config.as_deref(), args.data.clone(), true)?;
     let mut importer = Importer {
         store,
         batch: Vec::new(),

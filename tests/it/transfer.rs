@@ -38,19 +38,21 @@ fn path(p: &Path) -> &str {
 
 const PRINCIPALS: [(&str, &str); 2] = [("alice", "alice-token"), ("bob", "bob-token")];
 
-async fn server_on(url: Option<&str>, dir: Option<tempfile::TempDir>) -> TestServer {
-    let tweak = |config: &mut colloquy::config::Config| {
+/// A server of the scripted agent knowing both principals' tokens, on the database `url` or
+/// the sled folder `data` (default: a fresh one).
+async fn server_on(url: Option<&str>, data: Option<&Path>) -> TestServer {
+    start_with(Arc::new(ScriptedAgent), |config| {
         if let Some(url) = url {
             config.store.url = url.to_owned();
+        }
+        if let Some(data) = data {
+            config.data = data.to_owned();
         }
         for (principal, token) in PRINCIPALS {
             config.auth.tokens.insert(principal.into(), token.into());
         }
-    };
-    match dir {
-        Some(dir) => start_in(dir, Arc::new(ScriptedAgent), tweak).await,
-        None => start_with(Arc::new(ScriptedAgent), tweak).await,
-    }
+    })
+    .await
 }
 
 async fn rpc_as(server: &TestServer, token: &str, method: &str, params: Value) -> Value {
@@ -227,17 +229,18 @@ async fn a_sled_store_moves_to_another_sled_folder_through_a_pipe() {
     let seen = observed(&sled).await;
     let data = sled.stop().await;
     let target = tempfile::tempdir().expect("temp dir");
+    let folder = target.path().join("new-folder");
     let (exported, _) = colloquy(&["export", "--data", path(data.path())], None, b"");
     assert!(exported.starts_with(br#"{"kind":"header","format":"colloquy-export","version":1}"#));
-    let (_, said) = colloquy(&["import", "--data", path(target.path())], None, &exported);
+    let (_, said) = colloquy(&["import", "--data", path(&folder)], None, &exported);
     assert!(said.contains("imported 7 conversations"), "{said}");
-    let (again, _) = colloquy(&["export", "--data", path(target.path())], None, b"");
+    let (again, _) = colloquy(&["export", "--data", path(&folder)], None, b"");
     assert_eq!(
         String::from_utf8_lossy(&exported),
         String::from_utf8_lossy(&again)
     );
 
-    let served = server_on(None, Some(target)).await;
+    let served = server_on(None, Some(&folder)).await;
     assert_eq!(observed(&served).await, seen);
     continue_on(&served, &waiting).await;
     served.stop().await;
