@@ -14,7 +14,8 @@ use colloquy::agent::{EchoAgent, SharedAgent};
 use colloquy::engine::{ANONYMOUS, Engine, EngineConfig};
 use colloquy::history::{HistoryEntry, HistoryLimits, render_prompt};
 use colloquy::model::{Message, Part, Role};
-use colloquy::store::embedded::{EmbeddedStore, Import};
+use colloquy::store::ConversationRecords;
+use colloquy::store::embedded::{EmbeddedStore, Existing};
 use colloquy::store::{ConversationKey, ConversationMeta};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use metrics::{Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
@@ -109,13 +110,14 @@ fn build_conversation(
             seq += 1;
         }
         meta.next_seq = seq;
-        let import = Import {
+        let import = ConversationRecords {
             meta: meta.clone(),
             first_seq,
             messages,
+            tasks: Vec::new(),
         };
         runtime
-            .block_on(store.import(vec![import]))
+            .block_on(store.import(vec![import], Existing::Overwrite))
             .expect("import");
     }
     meta.key()
@@ -209,12 +211,16 @@ fn durable_append(c: &mut Criterion) {
                                         let seq = next_seq.fetch_add(1, Ordering::Relaxed);
                                         let text = format!("a durable append, number {seq}");
                                         meta.next_seq = seq + 1;
-                                        let import = Import {
+                                        let import = ConversationRecords {
                                             meta: meta.clone(),
                                             first_seq: seq,
                                             messages: vec![message(Role::User, text, &context_id)],
+                                            tasks: Vec::new(),
                                         };
-                                        store.import(vec![import]).await.expect("durable");
+                                        store
+                                            .import(vec![import], Existing::Overwrite)
+                                            .await
+                                            .expect("durable");
                                     }
                                 })
                             })

@@ -12,7 +12,8 @@
 use colloquy::engine::ANONYMOUS;
 use colloquy::model::{Message, Part, Role};
 use colloquy::store::ConversationMeta;
-use colloquy::store::embedded::{EmbeddedStore, Import};
+use colloquy::store::ConversationRecords;
+use colloquy::store::embedded::{EmbeddedStore, Existing};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -71,14 +72,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect();
         meta.next_seq = messages;
         meta.turns = messages.div_ceil(2);
-        batch.push(Import {
+        batch.push(ConversationRecords {
             meta,
             first_seq: 0,
             messages: history,
+            tasks: Vec::new(),
         });
         in_batch += messages + 1;
         if in_batch >= batch_ops {
-            runtime.block_on(store.import(std::mem::take(&mut batch)))?;
+            runtime.block_on(store.import(std::mem::take(&mut batch), Existing::Overwrite))?;
             in_batch = 0;
         }
         if n > 0 && n % 200_000 == 0 {
@@ -88,7 +90,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
-    runtime.block_on(store.import(batch))?;
+    runtime.block_on(store.import(batch, Existing::Overwrite))?;
     let rss = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

@@ -265,8 +265,8 @@ async fn sweep_expired_leases(store: std::sync::Weak<dyn ConversationStore>, per
     }
 }
 
-/// What opening the configured store gives: the store, its push-notification side (the embedded
-/// store has one; on PostgreSQL push notifications are not served yet), and the database.
+/// What opening the configured store gives: the store, its push-notification side, and the
+/// database.
 struct OpenedStore {
     store: SharedStore,
     push: Option<SharedPushStore>,
@@ -292,7 +292,7 @@ async fn open_store_async(config: &Config) -> Result<OpenedStore, StartError> {
         }
         return Ok(OpenedStore {
             store: Arc::new(store.clone()),
-            push: None,
+            push: Some(Arc::new(store.clone())),
             database: Some(store),
         });
     }

@@ -4,6 +4,7 @@ mod loadgen;
 mod send;
 mod serve;
 mod store_commands;
+mod transfer;
 
 pub use crate::app::build_agent;
 
@@ -35,6 +36,11 @@ enum Command {
     History(store_commands::HistoryArgs),
     /// Delete one conversation and its tasks.
     Delete(store_commands::DeleteArgs),
+    /// Write conversations, messages and tasks as JSON lines (all, or one principal's).
+    Export(transfer::ExportArgs),
+    /// Read an export into the store the config names (sled `data`, or `store.url`); again is
+    /// harmless: conversations already stored are left as they are.
+    Import(transfer::ImportArgs),
     /// Create or upgrade the PostgreSQL schema of store.url (servers also do it at start).
     Migrate(store_commands::MigrateArgs),
     /// Send a message to an A2A agent: a configured peer, a2a:NAME, a URL or a ctx-... session.
@@ -68,6 +74,8 @@ pub fn run() -> ExitCode {
         Some(Command::Conversations(args)) => store_commands::list(args),
         Some(Command::History(args)) => store_commands::history(args),
         Some(Command::Delete(args)) => store_commands::delete(args),
+        Some(Command::Export(args)) => transfer::export(args),
+        Some(Command::Import(args)) => transfer::import(args),
         Some(Command::Migrate(args)) => store_commands::migrate(args),
         Some(Command::Send(args)) => send::run(args),
         Some(Command::Loadgen(args)) => loadgen::run(args),

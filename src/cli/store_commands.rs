@@ -47,13 +47,25 @@ pub struct DeleteArgs {
 }
 
 fn open(args: &StoreArgs) -> Result<SharedStore, String> {
-    let config =
-        Config::load(args.config.as_deref(), serde_json::json!({})).map_err(|e| e.to_string())?;
+    open_store(args.config.as_deref(), args.data.clone(), false)
+}
+
+/// The store the config names: the PostgreSQL database of `store.url`, else the sled folder
+/// `data` (default: the config's), created if `create` says so.
+pub(super) fn open_store(
+    config: Option<&std::path::Path>,
+    data: Option<std::path::PathBuf>,
+    create: bool,
+) -> Result<SharedStore, String> {
+    let config = Config::load(config, serde_json::json!({})).map_err(|e| e.to_string())?;
     if let Some(options) = crate::app::postgres_options(&config) {
         let store = wait(PgStore::connect(&options))?;
         return Ok(Arc::new(store));
     }
-    let data = args.data.clone().unwrap_or(config.data);
+    let data = data.unwrap_or(config.data);
+    if create {
+        std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
+    }
     if !data.exists() {
         return Err(format!("no data folder at {}", data.display()));
     }
@@ -67,7 +79,9 @@ fn open(args: &StoreArgs) -> Result<SharedStore, String> {
 }
 
 /// Runs a store future to its end on a runtime of its own (the commands are synchronous).
-fn wait<T>(work: impl std::future::Future<Output = StoreResult<T>>) -> Result<T, String> {
+pub(super) fn wait<T>(
+    work: impl std::future::Future<Output = StoreResult<T>>,
+) -> Result<T, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .map_err(|e| e.to_string())?;

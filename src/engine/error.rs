@@ -46,6 +46,7 @@ impl From<StoreError> for EngineError {
             }
             other @ (StoreError::Backend(_)
             | StoreError::Corrupt(_)
+            | StoreError::ImportRefused(_)
             | StoreError::StaleToken { .. }) => EngineError::Store(other.to_string()),
         }
     }

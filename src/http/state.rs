@@ -12,8 +12,8 @@ pub struct AppState {
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// Digest of the bearer token `/metrics` requires (`metrics.token`), if any.
     pub metrics_token: Option<[u8; 32]>,
-    /// Push-notification configs (`http::push`); None where the store does not keep them yet
-    /// (PostgreSQL): push methods then answer -32003 and the card says so.
+    /// Push-notification configs (`http::push`); None where the store keeps none: push methods
+    /// then answer -32003 and the card says so.
     pub push: Option<crate::push::PushConfigs>,
     /// The public keys push notifications are signed with, served at `/.well-known/jwks.json`.
     pub push_jwks: serde_json::Value,

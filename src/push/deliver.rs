@@ -5,7 +5,9 @@
 //! (connection errors, timeouts, 408, 429, 5xx) are retried with exponential backoff and jitter
 //! (at least `Retry-After`), until `give_up_after` from the change; other answers, and targets
 //! the policy refuses, are given up at once. Every outcome is written to the store, so a restart
-//! resumes where this process stopped. The worker holds the store weakly: it ends when the
+//! resumes where this process stopped. On a shared database each attempt first claims its
+//! notification (`PushStore::claim_notification`), so nodes draining one outbox never have one
+//! notification in flight twice at once. The worker holds the store weakly: it ends when the
 //! store is dropped.
 
 use super::target::{CheckedResolver, TargetError, TargetPolicy};
@@ -184,6 +186,9 @@ impl Worker {
 
     /// One attempt, and what the store keeps of its outcome.
     async fn deliver(&self, notification: Notification) {
+        let Some(notification) = self.claim(notification).await else {
+            return;
+        };
         let outcome = self.attempt(&notification).await;
         let Some(store) = self.store.upgrade() else {
             return;
@@ -222,6 +227,22 @@ impl Worker {
         };
         if let Err(e) = recorded {
             tracing::error!(task_id, notification_id = id, error = %e, "recording a push notification's outcome");
+        }
+    }
+
+    /// Takes the notification from the outbox for this attempt (another node sharing the
+    /// database may have taken it): held for twice the attempt's timeout, so it is not tried
+    /// elsewhere while this attempt may still run.
+    async fn claim(&self, notification: Notification) -> Option<Notification> {
+        let store = self.store.upgrade()?;
+        let hold = self.options.attempt_timeout * 2 + Duration::from_secs(1);
+        let id = notification.id.clone();
+        match store.claim_notification(notification, hold).await {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                tracing::error!(notification_id = id, error = %e, "claiming a push notification");
+                None
+            }
         }
     }
 

@@ -43,6 +43,9 @@ pub enum StoreError {
     TaskTerminal { task_id: String, state: TaskState },
     #[error("task {task_id} is {} and cannot be canceled", state.as_str())]
     TaskNotCancelable { task_id: String, state: TaskState },
+    /// Imported records that would break the store's invariants (nothing was stored).
+    #[error("import refused: {0}")]
+    ImportRefused(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -131,6 +134,24 @@ pub trait ConversationStore: Send + Sync + 'static {
     ) -> BoxFuture<'static, StoreResult<Option<String>>> {
         Box::pin(async { Ok(None) })
     }
+
+    /// Up to `limit` conversations whole, in conversation-key order, after the key `after` (the
+    /// last one of the previous page); only `principal`'s if given (`colloquy export`).
+    fn export_conversations(
+        &self,
+        principal: Option<String>,
+        after: Option<ConversationKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, StoreResult<Vec<ConversationRecords>>>;
+
+    /// Stores exported conversations as they are (sequence numbers, ids, timestamps), in one
+    /// atomic write. A conversation already stored is left alone and counted as skipped, so an
+    /// import can be run again; a task id another conversation holds refuses the whole write
+    /// ([`StoreError::ImportRefused`]). Never while a server runs turns in them.
+    fn import_conversations(
+        &self,
+        items: Vec<ConversationRecords>,
+    ) -> BoxFuture<'static, StoreResult<Imported>>;
 
     /// Resolves once everything written before the call is durable (shutdown).
     fn flush(&self) -> BoxFuture<'static, StoreResult<()>>;
@@ -230,6 +251,68 @@ impl ConversationMeta {
 
     pub fn key(&self) -> ConversationKey {
         ConversationKey::new(&self.principal, &self.context_id)
+    }
+}
+
+/// Everything stored about one conversation, to move it between stores.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConversationRecords {
+    pub meta: ConversationMeta,
+    /// The sequence number of `messages[0]` (a conversation's messages have no gaps).
+    pub first_seq: u64,
+    pub messages: Vec<Message>,
+    /// Its tasks in task-id order (byte order).
+    pub tasks: Vec<TaskRecords>,
+}
+
+/// A task as stored: without history, which is the conversation's messages at `history_seqs`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecords {
+    pub task: Task,
+    pub history_seqs: Vec<u64>,
+}
+
+/// What an import stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Imported {
+    pub conversations: usize,
+    /// Conversations left alone: already stored, or twice in the input.
+    pub skipped: usize,
+}
+
+impl ConversationRecords {
+    /// Refuses records that would break the store's invariants: messages past `next_seq`,
+    /// history naming messages that are not there, a task of another conversation.
+    pub fn check(&self) -> StoreResult<()> {
+        let refuse = |why: String| {
+            Err(StoreError::ImportRefused(format!(
+                "conversation {:?} of {:?}: {why}",
+                self.meta.context_id, self.meta.principal
+            )))
+        };
+        let end = self.first_seq + self.messages.len() as u64;
+        if end > self.meta.next_seq {
+            return refuse(format!(
+                "messages up to sequence number {end} but next_seq {}",
+                self.meta.next_seq
+            ));
+        }
+        for record in &self.tasks {
+            if record.task.context_id != self.meta.context_id {
+                return refuse(format!("task {} is of another context", record.task.id));
+            }
+            if let Some(seq) = record
+                .history_seqs
+                .iter()
+                .find(|seq| **seq < self.first_seq || **seq >= end)
+            {
+                return refuse(format!(
+                    "task {} names message {seq}, which is not exported",
+                    record.task.id
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -349,6 +432,30 @@ pub struct Notification {
     pub attempts: u32,
     /// Not to be tried before.
     pub not_before: DateTime<Utc>,
+    /// The token of this process's hold on it, once claimed from a shared outbox
+    /// ([`PushStore::claim_notification`]); its later writes are conditional on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+}
+
+/// The next outbox position: the clock in nanoseconds, above `floor` and never below the last
+/// one this process took, so entries keep the order of the changes (also across a restart,
+/// unless the clock went back).
+pub(crate) fn outbox_seq(floor: u64) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = crate::model::now()
+        .timestamp_nanos_opt()
+        .unwrap_or(0)
+        .max(0) as u64;
+    let mut last = LAST.load(Ordering::Relaxed);
+    loop {
+        let seq = now.max(last + 1).max(floor + 1);
+        match LAST.compare_exchange_weak(last, seq, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return seq,
+            Err(actual) => last = actual,
+        }
+    }
 }
 
 /// The push-notification side of a store: configs kept with their task, and the outbox the
@@ -393,10 +500,23 @@ pub trait PushStore: Send + Sync + 'static {
     /// How many notifications the outbox holds.
     fn pending_count(&self) -> BoxFuture<'static, StoreResult<usize>>;
 
+    /// Takes the notification for delivery by this process for `hold`, unless another process
+    /// holds it or it is not due (a shared database's outbox, judged by the database's clock).
+    /// Returns it as stored, with the claim; None if another has it or it is gone. A store one
+    /// process owns has nobody to share with: the notification comes back as it is.
+    fn claim_notification(
+        &self,
+        notification: Notification,
+        _hold: std::time::Duration,
+    ) -> BoxFuture<'static, StoreResult<Option<Notification>>> {
+        Box::pin(async { Ok(Some(notification)) })
+    }
+
     /// Removes a delivered notification.
     fn notification_delivered(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>>;
 
-    /// Stores the notification's new attempt count and next time.
+    /// Stores the notification's new attempt count and next time (and releases its claim);
+    /// nothing if it is gone or another process claimed it since.
     fn reschedule_notification(
         &self,
         notification: Notification,

@@ -29,3 +29,4 @@ mod shutdown;
 mod store;
 mod store_conformance;
 mod streaming;
+mod transfer;

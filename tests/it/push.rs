@@ -1140,3 +1140,93 @@ fn distinct(received: Vec<Received>) -> Vec<Received> {
         .filter(|r| seen.insert(r.id().to_owned()))
         .collect()
 }
+
+/// Two nodes on one PostgreSQL database, both draining its outbox: a task's changes, made on
+/// either node, reach the webhook once each and in order, retried through a failing spell.
+#[actix_rt::test]
+async fn two_nodes_on_postgres_deliver_each_notification_once_and_in_order() {
+    let Some(url) = pg::database("push::two_nodes_on_postgres") else {
+        return;
+    };
+    let receiver = Receiver::start(503, None).await;
+    let node = || {
+        start_scripted(|c| {
+            allow_loopback_with_fast_retries(c);
+            c.store.url = url.clone();
+        })
+    };
+    let (a, b) = (node().await, node().await);
+    let card = b.card(&[]).await;
+    assert_eq!(card["capabilities"]["pushNotifications"], json!(true));
+    let asked = a
+        .rpc(
+            V1,
+            "SendMessage",
+            send_with_hook(V1, "ask: which room?", None, &receiver.url),
+        )
+        .await;
+    let task_id = task_of(&asked)["id"].as_str().expect("a task").to_owned();
+    let answered = b.send_text(V1, "room four", None, Some(&task_id)).await;
+    assert_eq!(
+        task_of(&answered)["status"]["state"],
+        json!("TASK_STATE_COMPLETED")
+    );
+    let delivered = receiver.delivered(4).await;
+    let states: Vec<String> = delivered.iter().map(Received::state).collect();
+    assert_eq!(
+        states,
+        [
+            "TASK_STATE_WORKING",
+            "TASK_STATE_INPUT_REQUIRED",
+            "TASK_STATE_WORKING",
+            "TASK_STATE_COMPLETED"
+        ]
+    );
+    // Both workers poll the outbox: a second delivery of any of them would show here.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(
+        receiver.all().len(),
+        4,
+        "each delivered once: {:?}",
+        receiver.all()
+    );
+    let listed = b
+        .rpc(
+            V1,
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": task_id}),
+        )
+        .await;
+    assert_eq!(
+        listed["result"]["configs"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+
+    // A failing spell: retried (by either node) until delivered, in order, same ids.
+    receiver.fail_next(3);
+    let sent = b
+        .rpc(
+            V1,
+            "SendMessage",
+            send_with_hook(V1, "hello", None, &receiver.url),
+        )
+        .await;
+    assert_eq!(
+        task_of(&sent)["status"]["state"],
+        json!("TASK_STATE_COMPLETED")
+    );
+    let delivered = receiver.delivered(6).await;
+    let states: Vec<String> = delivered[4..].iter().map(Received::state).collect();
+    assert_eq!(states, ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]);
+    let failed: Vec<Received> = receiver
+        .all()
+        .into_iter()
+        .filter(|r| r.status != 200)
+        .collect();
+    assert_eq!(failed.len(), 3);
+    assert!(failed.iter().all(|r| r.id() == delivered[4].id()));
+    a.stop().await;
+    b.stop().await;
+    receiver.stop().await;
+}

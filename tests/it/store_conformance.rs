@@ -6,8 +6,8 @@ use colloquy::model::{Message, Part, Role, TaskState, TaskStatus};
 use colloquy::store::embedded::EmbeddedStore;
 use colloquy::store::postgres::{PgOptions, PgStore};
 use colloquy::store::{
-    BeginTurn, ConversationKey, ConversationStore, FinishTurn, MessagesFrom, SharedStore,
-    StoreError, TaskQuery, TurnBegun,
+    BeginTurn, ConversationKey, ConversationRecords, ConversationStore, FinishTurn, MessagesFrom,
+    SharedStore, StoreError, TaskQuery, TurnBegun,
 };
 use std::sync::Arc;
 
@@ -489,6 +489,96 @@ pub async fn concurrent_turns_of_many_conversations_all_land(f: Fixture) {
     }
 }
 
+/// Every conversation of the store, exported page by page.
+async fn export_all(store: &SharedStore, principal: Option<&str>) -> Vec<ConversationRecords> {
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .export_conversations(principal.map(str::to_owned), after, 2)
+            .await
+            .expect("export reads");
+        let Some(last) = page.last() else { break };
+        after = Some(last.meta.key());
+        all.extend(page);
+    }
+    all
+}
+
+pub async fn export_and_import_keep_records_and_refuse_clashes(f: Fixture) {
+    let store = &f.store;
+    for context_id in ["a", "b", "c"] {
+        store_turn(&**store, "p", context_id, "one", Some("re one")).await;
+        store_turn(&**store, "p", context_id, "two", Some("re two")).await;
+    }
+    let waiting = store
+        .begin_turn(begin_request("q", "a", "ask me"))
+        .await
+        .unwrap();
+    let waiting_end = finish_request(&waiting, Some("which?"), TaskState::InputRequired);
+    store.finish_turn(waiting_end).await.unwrap();
+    let before = export_all(store, None).await;
+    assert_eq!(before.len(), 4);
+    let keys: Vec<_> = before.iter().map(|c| c.meta.key()).collect();
+    let mut sorted = keys.clone();
+    sorted.sort_by_key(|k| k.as_bytes().to_vec());
+    assert_eq!(keys, sorted, "key order");
+    let of_q = export_all(store, Some("q")).await;
+    assert_eq!(of_q.len(), 1);
+    assert_eq!(of_q[0].messages.len(), 2);
+    assert_eq!(of_q[0].tasks[0].task.status.state, TaskState::InputRequired);
+
+    // Everything stored is skipped: an import can run again.
+    let again = store.import_conversations(before.clone()).await.unwrap();
+    assert_eq!((again.conversations, again.skipped), (0, 4));
+    // Deleted and imported back: the same records, readable as before.
+    for key in &keys[..2] {
+        assert!(store.delete_conversation(*key).await.unwrap());
+    }
+    let back = store.import_conversations(before.clone()).await.unwrap();
+    assert_eq!((back.conversations, back.skipped), (2, 2));
+    assert_eq!(export_all(store, None).await, before);
+    assert_eq!(texts(store, "q", "a").await, ["ask me", "which?"]);
+    let task = store.task("q", &waiting.task.id).await.unwrap().unwrap();
+    assert_eq!(task.history.len(), 2);
+    assert_eq!(store.task("p", &waiting.task.id).await.unwrap(), None);
+    let listed = store.list_tasks("p", TaskQuery::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 6);
+    // The imported conversation goes on where it stopped.
+    let mut answer = begin_request("q", "a", "that one");
+    answer.task_id = waiting.task.id.clone();
+    answer.continuing = true;
+    let continued = store.begin_turn(answer).await.unwrap();
+    assert_eq!(continued.turn, 2);
+    assert_eq!(continued.task.history.len(), 3);
+
+    // A task id another conversation holds refuses the whole write.
+    let mut clash = before[1].clone();
+    clash.meta.context_id = "new".into();
+    for record in &mut clash.tasks {
+        record.task.context_id = "new".into();
+    }
+    let mut fresh = before[0].clone();
+    fresh.meta.context_id = "fresh".into();
+    fresh.tasks.clear();
+    let refused = store.import_conversations(vec![fresh, clash]).await;
+    assert!(
+        matches!(refused, Err(StoreError::ImportRefused(_))),
+        "{refused:?}"
+    );
+    let of_p = store.list_conversations("p", 10, None).await.unwrap();
+    assert_eq!(of_p.items.len(), 3, "nothing of the refused write stored");
+    // Messages past next_seq would break sequence numbers: refused.
+    let mut past = before[0].clone();
+    past.meta.context_id = "past".into();
+    past.tasks.clear();
+    past.meta.next_seq = 1;
+    assert!(matches!(
+        store.import_conversations(vec![past]).await,
+        Err(StoreError::ImportRefused(_))
+    ));
+}
+
 /// Runs every case against one implementation: `$make` builds a fresh [`Fixture`].
 macro_rules! conformance {
     ($module:ident, $make:expr) => {
@@ -505,6 +595,7 @@ macro_rules! conformance {
                 waiting_tasks_continue_and_cancel,
                 delete_removes_everything_of_one_conversation,
                 concurrent_turns_of_many_conversations_all_land,
+                export_and_import_keep_records_and_refuse_clashes,
             );
         }
     };

@@ -14,13 +14,14 @@ mod wal;
 mod writer;
 
 pub use kv::{KvBackend, KvOp};
-pub use ops::Import;
+pub use ops::Existing;
 pub use sled_backend::SledBackend;
 pub use wal::DEFAULT_CHECKPOINT_EVERY;
 
 use super::{
-    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationStore, FinishTurn,
-    Lease, MessagesFrom, Page, StoreError, StoreResult, TaskQuery, TurnBegun,
+    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationRecords,
+    ConversationStore, FinishTurn, Imported, Lease, MessagesFrom, Page, StoreError, StoreResult,
+    TaskQuery, TurnBegun,
 };
 use crate::model::{Message, Task, TaskStatus};
 use futures_util::future::BoxFuture;
@@ -95,10 +96,15 @@ impl EmbeddedStore {
         })
     }
 
-    /// Bulk load: stores conversations and messages as given (no tasks), in one atomic, durable
-    /// write. For imports and benchmarks, never while a server uses the conversations.
-    pub fn import(&self, items: Vec<Import>) -> BoxFuture<'static, StoreResult<()>> {
-        self.write(move |records, _| ops::import(records, items))
+    /// Stores conversations with their messages and tasks as given, in one atomic, durable
+    /// write; `existing` says what becomes of conversations already stored (benchmarks bulk
+    /// load with [`Existing::Overwrite`]). Never while a server uses the conversations.
+    pub fn import(
+        &self,
+        items: Vec<ConversationRecords>,
+        existing: Existing,
+    ) -> BoxFuture<'static, StoreResult<Imported>> {
+        self.write(move |records, _| ops::import(records, items, existing))
     }
 
     /// The ids of the tasks stored as running: one scan of the running-task index.
@@ -261,6 +267,22 @@ impl ConversationStore for EmbeddedStore {
 
     fn probe(&self) -> BoxFuture<'static, StoreResult<()>> {
         self.write(|records, _| records.probe())
+    }
+
+    fn export_conversations(
+        &self,
+        principal: Option<String>,
+        after: Option<ConversationKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, StoreResult<Vec<ConversationRecords>>> {
+        self.read(move |records| ops::export(records, principal.as_deref(), after, limit))
+    }
+
+    fn import_conversations(
+        &self,
+        items: Vec<ConversationRecords>,
+    ) -> BoxFuture<'static, StoreResult<Imported>> {
+        self.import(items, Existing::Skip)
     }
 
     fn flush(&self) -> BoxFuture<'static, StoreResult<()>> {

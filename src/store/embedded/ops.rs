@@ -11,11 +11,12 @@ use super::records::{
 };
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
-    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, FinishTurn, Lease,
-    MessagesFrom, Page, ResponseBudget, StoreError, StoreResult, TaskQuery, TurnBegun,
+    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationRecords,
+    FinishTurn, Imported, Lease, MessagesFrom, Page, ResponseBudget, StoreError, StoreResult,
+    TaskQuery, TaskRecords, TurnBegun,
 };
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// What a task cut off by a crash says when it is marked failed.
 pub(super) const INTERRUPTED_TASK_TEXT: &str = "the server stopped before the agent finished";
@@ -327,28 +328,116 @@ pub fn delete_conversation(
     Ok(true)
 }
 
-/// A conversation to bulk-load (`EmbeddedStore::import`): its metadata as it should be stored
-/// and messages to write from sequence number `first_seq` on.
-#[derive(Debug, Clone)]
-pub struct Import {
-    pub meta: ConversationMeta,
-    pub first_seq: u64,
-    pub messages: Vec<Message>,
+/// What an import does with a conversation the store already holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Existing {
+    /// Leaves it alone (counted as skipped): `colloquy import`, safe to run again.
+    Skip,
+    /// Writes the given metadata over it and adds the messages (a bulk load, benchmarks).
+    Overwrite,
 }
 
-/// Stores conversations with their messages as given, no tasks (a bulk load).
-pub fn import(records: &Records, items: Vec<Import>) -> StoreResult<()> {
+/// Stores conversations with their messages and tasks as given, in one batch.
+pub fn import(
+    records: &Records,
+    items: Vec<ConversationRecords>,
+    existing: Existing,
+) -> StoreResult<Imported> {
     let mut batch = WriteBatch::new();
+    let mut imported = Imported::default();
+    let mut conversations = HashSet::new();
+    let mut task_ids = HashSet::new();
     for item in items {
+        item.check()?;
         let keys = Keys::new(&item.meta.principal, &item.meta.context_id);
         let key = keys.conversation;
         let previous = records.conversation(&key)?;
+        let seen = !conversations.insert(key);
+        if existing == Existing::Skip && (seen || previous.is_some()) {
+            imported.skipped += 1;
+            continue;
+        }
+        for record in &item.tasks {
+            let id = &record.task.id;
+            if !task_ids.insert(id.clone()) || records.task(id)?.is_some() {
+                return Err(StoreError::ImportRefused(format!(
+                    "task {id} is already stored (in another conversation or twice)"
+                )));
+            }
+        }
         for (offset, message) in item.messages.iter().enumerate() {
             batch.append_message(&key, item.first_seq + offset as u64, message);
         }
+        for task in item.tasks {
+            let record = TaskRecord {
+                task: task.task,
+                principal: item.meta.principal.clone(),
+                history_seqs: task.history_seqs,
+                reply_in: None,
+            };
+            batch.put_task(&keys, &record, None);
+        }
         batch.put_conversation(&keys, &item.meta, previous.as_ref());
+        imported.conversations += 1;
     }
-    records.apply(batch)
+    records.apply(batch)?;
+    Ok(imported)
+}
+
+/// Up to `limit` conversations whole, in key order after `after`; only `principal`'s if given.
+pub fn export(
+    records: &Records,
+    principal: Option<&str>,
+    after: Option<ConversationKey>,
+    limit: usize,
+) -> StoreResult<Vec<ConversationRecords>> {
+    let mut page = Vec::new();
+    for meta in records.conversations_after(after.as_ref()) {
+        let meta = meta?;
+        if principal.is_some_and(|p| p != meta.principal) {
+            continue;
+        }
+        page.push(export_one(records, meta)?);
+        if page.len() >= limit {
+            break;
+        }
+    }
+    Ok(page)
+}
+
+fn export_one(records: &Records, meta: ConversationMeta) -> StoreResult<ConversationRecords> {
+    let key = meta.key();
+    let mut first_seq = None;
+    let mut messages = Vec::new();
+    for entry in records.messages_from(&key, 0, None)? {
+        let (seq, message, _) = entry?;
+        if seq != *first_seq.get_or_insert(seq) + messages.len() as u64 {
+            return Err(StoreError::Corrupt(format!(
+                "conversation {:?} has a gap before message {seq}",
+                meta.context_id
+            )));
+        }
+        messages.push(message);
+    }
+    let mut task_ids = records.conversation_task_ids(&key)?;
+    task_ids.sort_unstable();
+    let mut tasks = Vec::with_capacity(task_ids.len());
+    for id in task_ids {
+        if let Some(record) = records.task(&id)? {
+            let mut task = record.task;
+            task.history.clear();
+            tasks.push(TaskRecords {
+                task,
+                history_seqs: record.history_seqs,
+            });
+        }
+    }
+    Ok(ConversationRecords {
+        meta,
+        first_seq: first_seq.unwrap_or(0),
+        messages,
+        tasks,
+    })
 }
 
 /// The stored task if it belongs to `principal`; another principal's task is simply not found.

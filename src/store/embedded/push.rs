@@ -15,7 +15,7 @@ use crate::store::{Notification, PushError, PushStore, StoreResult};
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 const CONFIG: u8 = b'n';
 const OUTBOX: u8 = b'o';
@@ -45,24 +45,6 @@ fn outbox_key(seq: u64) -> Vec<u8> {
     let mut key = vec![OUTBOX];
     key.extend_from_slice(&seq.to_be_bytes());
     key
-}
-
-/// The next outbox position: the clock in nanoseconds, never below the last one taken, so
-/// entries keep the order of the changes (also across a restart, unless the clock went back).
-fn next_seq() -> u64 {
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = crate::model::now()
-        .timestamp_nanos_opt()
-        .unwrap_or(0)
-        .max(0) as u64;
-    let mut last = LAST.load(Ordering::Relaxed);
-    loop {
-        let seq = now.max(last + 1);
-        match LAST.compare_exchange_weak(last, seq, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return seq,
-            Err(actual) => last = actual,
-        }
-    }
 }
 
 /// Every value under `prefix`, in key order.
@@ -170,7 +152,7 @@ pub(super) fn enqueue_with(
     task.history.clear();
     let now = crate::model::now();
     for stored in configs {
-        let seq = next_seq();
+        let seq = crate::store::outbox_seq(0);
         let notification = Notification {
             id: uuid::Uuid::new_v4().to_string(),
             seq,
@@ -180,6 +162,7 @@ pub(super) fn enqueue_with(
             created_at: now,
             attempts: 0,
             not_before: now,
+            claim: None,
         };
         batch.put_raw(outbox_key(seq), encode(&notification));
     }

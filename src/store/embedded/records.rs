@@ -612,6 +612,37 @@ impl Records {
         Ok(count)
     }
 
+    /// Every conversation in key order, after `after` if given, read lazily.
+    pub fn conversations_after(
+        &self,
+        after: Option<&ConversationKey>,
+    ) -> impl Iterator<Item = StoreResult<ConversationMeta>> + '_ {
+        let start = match after {
+            Some(key) => Bound::Excluded(conversation_key(key)),
+            None => Bound::Included(vec![CONVERSATION]),
+        };
+        self.backend
+            .scan(start, Bound::Excluded(vec![CONVERSATION + 1]), false)
+            .map(|entry| decode(&entry?.1))
+    }
+
+    /// The ids of a conversation's tasks (in the index's order: newest status first).
+    pub fn conversation_task_ids(&self, key: &ConversationKey) -> StoreResult<Vec<String>> {
+        let prefix = prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]);
+        let mut ids = Vec::new();
+        for entry in self
+            .backend
+            .scan(Bound::Included(prefix.clone()), Bound::Unbounded, false)
+        {
+            let (index_key, _) = entry?;
+            if !index_key.starts_with(&prefix) {
+                break;
+            }
+            ids.push(String::from_utf8_lossy(&index_key[prefix.len() + 8..]).into_owned());
+        }
+        Ok(ids)
+    }
+
     /// Removes a conversation: its metadata, messages, tasks and index entries.
     pub fn delete_conversation(&self, meta: &ConversationMeta) -> StoreResult<()> {
         let keys = Keys::new(&meta.principal, &meta.context_id);
@@ -628,17 +659,7 @@ impl Records {
         for entry in messages {
             ops.push(KvOp::Delete(entry?.0));
         }
-        let tasks_prefix = prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]);
-        for entry in self.backend.scan(
-            Bound::Included(tasks_prefix.clone()),
-            Bound::Unbounded,
-            false,
-        ) {
-            let (index_key, _) = entry?;
-            if !index_key.starts_with(&tasks_prefix) {
-                break;
-            }
-            let task_id = String::from_utf8_lossy(&index_key[tasks_prefix.len() + 8..]);
+        for task_id in self.conversation_task_ids(&key)? {
             if let Some(record) = self.task(&task_id)? {
                 ops.extend(
                     task_index_keys(&keys, &record)

@@ -11,13 +11,16 @@
 //! stall with) an actor's thread. Every commit is durable when PostgreSQL acknowledges it.
 
 mod ops;
+mod push;
 mod schema;
+mod transfer;
 
 pub use schema::{Migrated, SCHEMA_VERSION};
 
 use super::{
-    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationStore, FinishTurn,
-    Lease, MessagesFrom, Page, StoreError, StoreResult, TaskQuery, TurnBegun,
+    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationRecords,
+    ConversationStore, FinishTurn, Imported, Lease, MessagesFrom, Page, StoreError, StoreResult,
+    TaskQuery, TurnBegun,
 };
 use crate::model::{Task, TaskStatus};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -88,6 +91,9 @@ pub fn is_postgres_url(url: &str) -> bool {
 pub struct PgStore {
     ops: Arc<Ops>,
     runtime: Arc<OwnedRuntime>,
+    /// Told when this node wrote a status change (and so perhaps a notification): its delivery
+    /// worker need not wait for its next poll. Other nodes' notifications are found by polling.
+    outbox: Arc<tokio::sync::Notify>,
 }
 
 /// The connection pool and the lease settings every operation uses.
@@ -229,6 +235,7 @@ impl PgStore {
                 holder: parking_lot::RwLock::new(options.holder.clone()),
             }),
             runtime: Arc::new(OwnedRuntime(Some(runtime))),
+            outbox: Arc::new(tokio::sync::Notify::new()),
         })
     }
 
@@ -236,6 +243,23 @@ impl PgStore {
     /// requests for its running tasks to (known once it listens).
     pub fn set_holder(&self, holder: String) {
         *self.ops.holder.write() = holder;
+    }
+
+    /// [`PgStore::run`] for an operation that changes a task's status: wakes the delivery worker
+    /// once it committed.
+    fn run_status<T, F, Fut>(&self, op: F) -> BoxFuture<'static, StoreResult<T>>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Ops>) -> Fut + Send + 'static,
+        Fut: Future<Output = StoreResult<T>> + Send + 'static,
+    {
+        let done = self.run(op);
+        let outbox = self.outbox.clone();
+        Box::pin(async move {
+            let result = done.await;
+            outbox.notify_one();
+            result
+        })
     }
 
     /// Runs an operation on the store's runtime.
@@ -272,7 +296,7 @@ async fn report_pool_use(pool: Pool) {
 
 impl ConversationStore for PgStore {
     fn begin_turn(&self, turn: BeginTurn) -> BoxFuture<'static, StoreResult<TurnBegun>> {
-        self.run(|ops| async move { retrying(|| ops.begin(&turn)).await })
+        self.run_status(|ops| async move { retrying(|| ops.begin(&turn)).await })
     }
 
     fn record_status(
@@ -281,7 +305,7 @@ impl ConversationStore for PgStore {
         status: TaskStatus,
     ) -> BoxFuture<'static, StoreResult<()>> {
         let lease = lease.clone();
-        self.run(|ops| async move { retrying(|| ops.record_status(&lease, &status)).await })
+        self.run_status(|ops| async move { retrying(|| ops.record_status(&lease, &status)).await })
     }
 
     fn renew_lease(&self, lease: &Lease) -> BoxFuture<'static, StoreResult<()>> {
@@ -290,7 +314,7 @@ impl ConversationStore for PgStore {
     }
 
     fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>> {
-        self.run(|ops| async move { retrying(|| ops.finish(&end)).await })
+        self.run_status(|ops| async move { retrying(|| ops.finish(&end)).await })
     }
 
     fn cancel_waiting(
@@ -299,11 +323,13 @@ impl ConversationStore for PgStore {
         task_id: &str,
     ) -> BoxFuture<'static, StoreResult<Task>> {
         let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
-        self.run(|ops| async move { retrying(|| ops.cancel_waiting(&principal, &task_id)).await })
+        self.run_status(
+            |ops| async move { retrying(|| ops.cancel_waiting(&principal, &task_id)).await },
+        )
     }
 
     fn fail_interrupted_turns(&self) -> BoxFuture<'static, StoreResult<usize>> {
-        self.run(|ops| async move { retrying(|| ops.fail_expired()).await })
+        self.run_status(|ops| async move { retrying(|| ops.fail_expired()).await })
     }
 
     fn conversation(
@@ -369,6 +395,24 @@ impl ConversationStore for PgStore {
     ) -> BoxFuture<'static, StoreResult<Option<String>>> {
         let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
         self.run(|ops| async move { retrying(|| ops.running_holder(&principal, &task_id)).await })
+    }
+
+    fn export_conversations(
+        &self,
+        principal: Option<String>,
+        after: Option<ConversationKey>,
+        limit: usize,
+    ) -> BoxFuture<'static, StoreResult<Vec<ConversationRecords>>> {
+        self.run(move |ops| async move {
+            retrying(|| ops.export(principal.as_deref(), after.as_ref(), limit)).await
+        })
+    }
+
+    fn import_conversations(
+        &self,
+        items: Vec<ConversationRecords>,
+    ) -> BoxFuture<'static, StoreResult<Imported>> {
+        self.run(move |ops| async move { retrying(|| ops.import(&items)).await })
     }
 
     /// Every acknowledged write is already committed.

@@ -17,9 +17,9 @@ use tokio_postgres::Row;
 
 /// A task as stored: its history lives in the conversation, referenced by sequence number.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct StoredTask {
-    task: Task,
-    history_seqs: Vec<u64>,
+pub(super) struct StoredTask {
+    pub(super) task: Task,
+    pub(super) history_seqs: Vec<u64>,
 }
 
 /// A task row: the record and who owns it.
@@ -30,18 +30,18 @@ struct TaskRow {
     bytes: usize,
 }
 
-const META_COLUMNS: &str = "context_id, principal, created_at, updated_at, turns, next_seq, \
+pub(super) const META_COLUMNS: &str = "context_id, principal, created_at, updated_at, turns, next_seq, \
                             running_task, token, agent_state";
 
 /// Messages read per query while filling a page.
 const MESSAGE_BATCH: i64 = 256;
 
-fn encode<T: Serialize>(value: &T) -> String {
+pub(super) fn encode<T: Serialize>(value: &T) -> String {
     // Serialising our own plain data types to JSON cannot fail (no maps with non-string keys).
     serde_json::to_string(value).unwrap_or_default()
 }
 
-fn decode<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, Failure> {
+pub(super) fn decode<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, Failure> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()).into())
 }
 
@@ -58,7 +58,7 @@ fn opt_text(row: &Row, column: &str) -> Result<Option<String>, Failure> {
         .transpose()
 }
 
-fn meta_of(row: &Row) -> Result<ConversationMeta, Failure> {
+pub(super) fn meta_of(row: &Row) -> Result<ConversationMeta, Failure> {
     let agent_state: Option<String> = row.try_get("agent_state")?;
     Ok(ConversationMeta {
         context_id: text(row, "context_id")?,
@@ -173,6 +173,8 @@ impl Ops {
         stored.history_seqs.push(seq);
         stored.task.status = TaskStatus::new(TaskState::Working, None);
         stored.task.artifacts.clear();
+        super::push::put_with_start(&tx, &turn.principal, &turn.push_configs, &turn.task_id)
+            .await?;
         put_task(&tx, &key, &turn.principal, &stored).await?;
         let mut task = stored.task.clone();
         let earlier = &stored.history_seqs[..stored.history_seqs.len() - 1];
@@ -693,6 +695,7 @@ impl Ops {
             }
             .into());
         }
+        super::push::delete_configs_of(&tx, key_bytes).await?;
         for table in [
             "colloquy_messages",
             "colloquy_tasks",
@@ -905,7 +908,7 @@ async fn load_task(
     row.as_ref().map(task_row).transpose()
 }
 
-async fn put_task(
+pub(super) async fn put_task(
     client: &impl GenericClient,
     key: &ConversationKey,
     principal: &str,
@@ -931,7 +934,7 @@ async fn put_task(
             ],
         )
         .await?;
-    Ok(())
+    super::push::enqueue(client, &record.task).await
 }
 
 /// A task left running by a node whose lease expired: it will never finish, so it failed.

@@ -61,6 +61,26 @@ const MIGRATIONS: &[&str] = &[
         at TIMESTAMPTZ NOT NULL
     );
     "#,
+    // 2: push-notification configs and the outbox every node drains. A node delivers a
+    // notification only under its claim (`claim_token`, `claimed_until` by the database's clock).
+    r#"
+    CREATE TABLE colloquy_push_configs (
+        task_id BYTEA NOT NULL,
+        config_id BYTEA NOT NULL,
+        principal BYTEA NOT NULL,
+        config TEXT NOT NULL,
+        PRIMARY KEY (task_id, config_id)
+    );
+    CREATE TABLE colloquy_outbox (
+        seq BIGINT PRIMARY KEY,
+        task_id BYTEA NOT NULL,
+        not_before TIMESTAMPTZ NOT NULL,
+        claim_token TEXT,
+        claimed_until TIMESTAMPTZ,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX colloquy_outbox_by_task ON colloquy_outbox (task_id, seq);
+    "#,
 ];
 
 /// The newest schema version this build knows.

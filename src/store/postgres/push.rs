@@ -1,0 +1,418 @@
+//! The PostgreSQL store's push-notification side: configs beside their task, and the outbox
+//! every node drains.
+//!
+//! A task's status is written only by `put_task` (`ops.rs`), which also adds one outbox row per
+//! config of the task in the same transaction ([`enqueue`]): a change and its notifications
+//! commit together. Outbox positions come from the clock, above the task's last one (a task's
+//! changes are ordered by its conversation's lease, so a node with a slower clock still keeps
+//! them in order), retried on the rare clash. Several nodes share the outbox: a node delivers a
+//! notification only after claiming it (a token and an expiry judged by the database's clock),
+//! and reads other nodes' live claims as not due until they expire, so no notification is in
+//! flight twice at once while its holder lives (a holder that stops past its hold lets another
+//! node try again: at least once).
+
+use super::ops::{decode, encode};
+use super::{Failure, Ops, PgStore, retrying};
+use crate::model::{PushConfig, Task};
+use crate::store::{Notification, PushError, PushStore, StoreResult, outbox_seq};
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use futures_util::future::BoxFuture;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Stores configs a send registers, with the task's id, in the transaction starting the task.
+pub(super) async fn put_with_start(
+    client: &impl GenericClient,
+    principal: &str,
+    configs: &[PushConfig],
+    task_id: &str,
+) -> Result<(), Failure> {
+    for config in configs {
+        let config = PushConfig {
+            task_id: task_id.to_owned(),
+            ..config.clone()
+        };
+        put_row(client, principal, &config).await?;
+    }
+    Ok(())
+}
+
+async fn put_row(
+    client: &impl GenericClient,
+    principal: &str,
+    config: &PushConfig,
+) -> Result<(), Failure> {
+    client
+        .execute(
+            "INSERT INTO colloquy_push_configs (task_id, config_id, principal, config) \
+             VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (task_id, config_id) DO UPDATE SET config = excluded.config",
+            &[
+                &config.task_id.as_bytes(),
+                &config.id.as_bytes(),
+                &principal.as_bytes(),
+                &encode(config),
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Adds one notification per config of the task, reporting `task` (without history) as it is
+/// now. Called with every status write, in its transaction.
+pub(super) async fn enqueue(client: &impl GenericClient, task: &Task) -> Result<(), Failure> {
+    let task_id = task.id.as_bytes();
+    let rows = client
+        .query(
+            "SELECT principal, config FROM colloquy_push_configs WHERE task_id = $1 \
+             ORDER BY config_id",
+            &[&task_id],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let last = client
+        .query_one(
+            "SELECT COALESCE(MAX(seq), 0) FROM colloquy_outbox WHERE task_id = $1",
+            &[&task_id],
+        )
+        .await?;
+    let mut floor = last.try_get::<_, i64>(0)?.max(0) as u64;
+    let now = crate::model::now();
+    for row in &rows {
+        let principal = String::from_utf8_lossy(row.try_get::<_, &[u8]>("principal")?);
+        let mut notification = Notification {
+            id: uuid::Uuid::new_v4().to_string(),
+            seq: 0,
+            principal: principal.into_owned(),
+            config: decode(row.try_get::<_, &str>("config")?)?,
+            task: task.clone(),
+            created_at: now,
+            attempts: 0,
+            not_before: now,
+            claim: None,
+        };
+        // Another node may take the same position at the same moment: take the next one.
+        loop {
+            notification.seq = outbox_seq(floor);
+            let inserted = client
+                .execute(
+                    "INSERT INTO colloquy_outbox (seq, task_id, not_before, record) \
+                     VALUES ($1, $2, $3, $4) ON CONFLICT (seq) DO NOTHING",
+                    &[
+                        &(notification.seq as i64),
+                        &task_id,
+                        &notification.not_before,
+                        &encode(&notification),
+                    ],
+                )
+                .await?;
+            floor = notification.seq;
+            if inserted == 1 {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes the configs of a conversation's tasks (with the conversation).
+pub(super) async fn delete_configs_of(
+    client: &impl GenericClient,
+    key: &[u8],
+) -> Result<(), Failure> {
+    client
+        .execute(
+            "DELETE FROM colloquy_push_configs WHERE task_id IN \
+             (SELECT task_id FROM colloquy_tasks WHERE conv_key = $1)",
+            &[&key],
+        )
+        .await?;
+    Ok(())
+}
+
+impl Ops {
+    /// The task's configs if it is the principal's (by config id); else not found.
+    async fn owned_configs(
+        &self,
+        client: &impl GenericClient,
+        principal: &str,
+        task_id: &str,
+    ) -> Result<Result<Vec<PushConfig>, PushError>, Failure> {
+        let owner = client
+            .query_opt(
+                "SELECT principal FROM colloquy_tasks WHERE task_id = $1",
+                &[&task_id.as_bytes()],
+            )
+            .await?;
+        let owned = match &owner {
+            Some(row) => row.try_get::<_, &[u8]>("principal")? == principal.as_bytes(),
+            None => false,
+        };
+        if !owned {
+            return Ok(Err(PushError::TaskNotFound(task_id.to_owned())));
+        }
+        let rows = client
+            .query(
+                "SELECT config FROM colloquy_push_configs WHERE task_id = $1 ORDER BY config_id",
+                &[&task_id.as_bytes()],
+            )
+            .await?;
+        let configs = rows
+            .iter()
+            .map(|row| decode(row.try_get::<_, &str>("config")?))
+            .collect::<Result<_, _>>()?;
+        Ok(Ok(configs))
+    }
+
+    async fn configs(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> Result<Result<Vec<PushConfig>, PushError>, Failure> {
+        let client = self.client().await?;
+        self.owned_configs(&client, principal, task_id).await
+    }
+
+    async fn put_config(
+        &self,
+        principal: &str,
+        config: &PushConfig,
+        max_per_task: usize,
+    ) -> Result<Result<PushConfig, PushError>, Failure> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        // The task row, locked: two nodes adding configs at once count each other's.
+        tx.execute(
+            "SELECT 1 FROM colloquy_tasks WHERE task_id = $1 FOR UPDATE",
+            &[&config.task_id.as_bytes()],
+        )
+        .await?;
+        let existing = match self.owned_configs(&tx, principal, &config.task_id).await? {
+            Ok(existing) => existing,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        let replaces = existing.iter().any(|c| c.id == config.id);
+        if !replaces && existing.len() >= max_per_task {
+            return Ok(Err(PushError::TooManyConfigs {
+                task_id: config.task_id.clone(),
+                limit: max_per_task,
+            }));
+        }
+        put_row(&tx, principal, config).await?;
+        tx.commit().await?;
+        Ok(Ok(config.clone()))
+    }
+
+    async fn delete_config(
+        &self,
+        principal: &str,
+        task_id: &str,
+        config_id: &str,
+    ) -> Result<Result<(), PushError>, Failure> {
+        let client = self.client().await?;
+        if let Err(refused) = self.owned_configs(&client, principal, task_id).await? {
+            return Ok(Err(refused));
+        }
+        let deleted = client
+            .execute(
+                "DELETE FROM colloquy_push_configs WHERE task_id = $1 AND config_id = $2",
+                &[&task_id.as_bytes(), &config_id.as_bytes()],
+            )
+            .await?;
+        if deleted == 0 {
+            return Ok(Err(PushError::ConfigNotFound {
+                task_id: task_id.to_owned(),
+                config_id: config_id.to_owned(),
+            }));
+        }
+        Ok(Ok(()))
+    }
+
+    /// The first `limit` notifications; one another node holds reads as not due before its
+    /// claim expires.
+    async fn pending(&self, limit: usize) -> Result<Vec<Notification>, Failure> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT record, CASE WHEN claimed_until > now() THEN claimed_until END AS held \
+                 FROM colloquy_outbox ORDER BY seq LIMIT $1",
+                &[&(limit.min(i64::MAX as usize) as i64)],
+            )
+            .await?;
+        let mut pending = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let mut notification: Notification = decode(row.try_get::<_, &str>("record")?)?;
+            if let Some(held) = row.try_get::<_, Option<DateTime<Utc>>>("held")? {
+                notification.not_before = notification.not_before.max(held);
+            }
+            pending.push(notification);
+        }
+        Ok(pending)
+    }
+
+    async fn pending_count(&self) -> Result<usize, Failure> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT COUNT(*) FROM colloquy_outbox", &[])
+            .await?;
+        Ok(row.try_get::<_, i64>(0)?.max(0) as usize)
+    }
+
+    /// Claims a due notification no live claim holds; returns it as stored, with the claim.
+    async fn claim(&self, seq: u64, hold: Duration) -> Result<Option<Notification>, Failure> {
+        let token = uuid::Uuid::new_v4().to_string();
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "UPDATE colloquy_outbox SET claim_token = $2, \
+                     claimed_until = now() + $3::FLOAT8 * INTERVAL '1 second' \
+                 WHERE seq = $1 AND not_before <= now() \
+                     AND (claimed_until IS NULL OR claimed_until <= now()) \
+                 RETURNING record",
+                &[&(seq as i64), &token, &hold.as_secs_f64()],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let mut notification: Notification = decode(row.try_get::<_, &str>("record")?)?;
+        notification.claim = Some(token);
+        Ok(Some(notification))
+    }
+
+    async fn remove(&self, seq: u64) -> Result<(), Failure> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "DELETE FROM colloquy_outbox WHERE seq = $1",
+                &[&(seq as i64)],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Stores the next attempt and releases the claim, if the claim still holds.
+    async fn reschedule(&self, notification: &Notification) -> Result<(), Failure> {
+        let client = self.client().await?;
+        let stored = Notification {
+            claim: None,
+            ..notification.clone()
+        };
+        client
+            .execute(
+                "UPDATE colloquy_outbox SET not_before = $2, record = $3, claim_token = NULL, \
+                     claimed_until = NULL \
+                 WHERE seq = $1 AND claim_token IS NOT DISTINCT FROM $4",
+                &[
+                    &(notification.seq as i64),
+                    &notification.not_before,
+                    &encode(&stored),
+                    &notification.claim,
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+impl PushStore for PgStore {
+    fn put_push_config(
+        &self,
+        principal: &str,
+        config: PushConfig,
+        max_per_task: usize,
+    ) -> BoxFuture<'static, Result<PushConfig, PushError>> {
+        let principal = principal.to_owned();
+        let put = self.run(move |ops| async move {
+            retrying(|| ops.put_config(&principal, &config, max_per_task)).await
+        });
+        Box::pin(async move { put.await? })
+    }
+
+    fn push_config(
+        &self,
+        principal: &str,
+        task_id: &str,
+        config_id: &str,
+    ) -> BoxFuture<'static, Result<PushConfig, PushError>> {
+        let configs = self.push_configs(principal, task_id);
+        let (task_id, config_id) = (task_id.to_owned(), config_id.to_owned());
+        Box::pin(async move {
+            configs
+                .await?
+                .into_iter()
+                .find(|c| c.id == config_id)
+                .ok_or(PushError::ConfigNotFound { task_id, config_id })
+        })
+    }
+
+    fn push_configs(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, Result<Vec<PushConfig>, PushError>> {
+        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
+        let read = self
+            .run(move |ops| async move { retrying(|| ops.configs(&principal, &task_id)).await });
+        Box::pin(async move { read.await? })
+    }
+
+    fn delete_push_config(
+        &self,
+        principal: &str,
+        task_id: &str,
+        config_id: &str,
+    ) -> BoxFuture<'static, Result<(), PushError>> {
+        let (principal, task_id, config_id) = (
+            principal.to_owned(),
+            task_id.to_owned(),
+            config_id.to_owned(),
+        );
+        let deleted = self.run(move |ops| async move {
+            retrying(|| ops.delete_config(&principal, &task_id, &config_id)).await
+        });
+        Box::pin(async move { deleted.await? })
+    }
+
+    fn pending_notifications(
+        &self,
+        limit: usize,
+    ) -> BoxFuture<'static, StoreResult<Vec<Notification>>> {
+        self.run(move |ops| async move { retrying(|| ops.pending(limit)).await })
+    }
+
+    fn pending_count(&self) -> BoxFuture<'static, StoreResult<usize>> {
+        self.run(|ops| async move { retrying(|| ops.pending_count()).await })
+    }
+
+    fn claim_notification(
+        &self,
+        notification: Notification,
+        hold: Duration,
+    ) -> BoxFuture<'static, StoreResult<Option<Notification>>> {
+        let seq = notification.seq;
+        self.run(move |ops| async move { retrying(|| ops.claim(seq, hold)).await })
+    }
+
+    fn notification_delivered(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>> {
+        self.run(move |ops| async move { retrying(|| ops.remove(seq)).await })
+    }
+
+    fn reschedule_notification(
+        &self,
+        notification: Notification,
+    ) -> BoxFuture<'static, StoreResult<()>> {
+        self.run(move |ops| async move { retrying(|| ops.reschedule(&notification)).await })
+    }
+
+    fn give_up_notification(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>> {
+        self.run(move |ops| async move { retrying(|| ops.remove(seq)).await })
+    }
+
+    fn outbox_waker(&self) -> Arc<tokio::sync::Notify> {
+        self.outbox.clone()
+    }
+}
