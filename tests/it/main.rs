@@ -9,6 +9,7 @@ mod agent_openai;
 mod auth;
 mod cli_store;
 mod cluster;
+mod config_env;
 mod crash;
 mod engine;
 mod http_api;
