@@ -265,6 +265,8 @@ pub struct CardConfig {
     /// `both` (default), `1.0` or `0.3`: which versions' fields the card carries.
     pub versions: String,
     pub skills: Vec<SkillConfig>,
+    /// Seconds clients and caches may keep the card (`Cache-Control: max-age`).
+    pub max_age_secs: u64,
 }
 
 impl Default for CardConfig {
@@ -275,6 +277,7 @@ impl Default for CardConfig {
             version: env!("CARGO_PKG_VERSION").into(),
             versions: "both".into(),
             skills: Vec::new(),
+            max_age_secs: 300,
         }
     }
 }

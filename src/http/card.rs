@@ -1,8 +1,10 @@
 //! The agent card: one card valid for both wire versions (or one, per `card.versions`).
 
 use super::state::AppState;
+use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
 
 /// The URL clients should post to: configured, else from the request's forwarded or Host header.
 pub fn base_url(state: &AppState, req: &HttpRequest) -> String {
@@ -73,9 +75,39 @@ pub fn card(state: &AppState, url: &str) -> Value {
     Value::Object(card)
 }
 
+/// The card, with `Cache-Control` and a strong `ETag` (over the bytes served); a request whose
+/// `If-None-Match` holds that tag gets 304 with no body.
 pub async fn agent_card(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let url = base_url(&state, &req);
-    HttpResponse::Ok().json(card(&state, &url))
+    let body = card(&state, &url).to_string();
+    let etag = format!(
+        "\"{}\"",
+        hex::encode(&Sha256::digest(body.as_bytes())[..16])
+    );
+    let cache_control = format!("max-age={}", state.config.card.max_age_secs);
+    let not_modified = if_none_match_holds(&req, &etag);
+    let mut response = HttpResponse::build(if not_modified {
+        StatusCode::NOT_MODIFIED
+    } else {
+        StatusCode::OK
+    });
+    response
+        .insert_header((header::ETAG, etag))
+        .insert_header((header::CACHE_CONTROL, cache_control));
+    if not_modified {
+        return response.finish();
+    }
+    response.content_type("application/json").body(body)
+}
+
+/// `If-None-Match` is `*` or lists `etag` (weak comparison, as RFC 9110 asks for this header).
+fn if_none_match_holds(req: &HttpRequest, etag: &str) -> bool {
+    req.headers()
+        .get_all(header::IF_NONE_MATCH)
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(|tag| tag.trim().trim_start_matches("W/"))
+        .any(|tag| tag == "*" || tag == etag)
 }
 
 /// Where a receiver finds the keys push notifications are signed with (`docs/push.md`).

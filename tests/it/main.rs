@@ -7,6 +7,7 @@ mod agent_a2a;
 mod agent_exec;
 mod agent_openai;
 mod auth;
+mod card;
 mod cli_store;
 mod cluster;
 mod config_env;
