@@ -267,6 +267,25 @@ pub struct CardConfig {
     pub skills: Vec<SkillConfig>,
     /// Seconds clients and caches may keep the card (`Cache-Control: max-age`).
     pub max_age_secs: u64,
+    /// What only authenticated callers see (`GetExtendedAgentCard`); unset: no extended card.
+    pub extended: ExtendedCardConfig,
+}
+
+/// The extended agent card: the public card, with this description and these skills added.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExtendedCardConfig {
+    /// Replaces the public card's description.
+    pub description: Option<String>,
+    /// Added after the public card's skills.
+    pub skills: Vec<SkillConfig>,
+}
+
+impl ExtendedCardConfig {
+    /// Whether there is an extended card to serve (and to announce on the public card).
+    pub fn configured(&self) -> bool {
+        self.description.is_some() || !self.skills.is_empty()
+    }
 }
 
 impl Default for CardConfig {
@@ -278,6 +297,7 @@ impl Default for CardConfig {
             versions: "both".into(),
             skills: Vec::new(),
             max_age_secs: 300,
+            extended: ExtendedCardConfig::default(),
         }
     }
 }

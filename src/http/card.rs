@@ -1,6 +1,8 @@
 //! The agent card: one card valid for both wire versions (or one, per `card.versions`).
 
 use super::state::AppState;
+use crate::config::SkillConfig;
+use crate::protocol::RpcError;
 use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value, json};
@@ -15,6 +17,26 @@ pub fn base_url(state: &AppState, req: &HttpRequest) -> String {
     format!("{}://{}/", info.scheme(), info.host())
 }
 
+/// The extended card (`GetExtendedAgentCard`), for callers already authenticated.
+pub fn extended_card(state: &AppState, url: &str) -> Result<Value, RpcError> {
+    let extended = &state.config.card.extended;
+    if !extended.configured() {
+        return Err(RpcError::ExtendedCardNotConfigured);
+    }
+    let mut card = card(state, url);
+    if let Some(description) = &extended.description {
+        card["description"] = json!(description);
+    }
+    if let Some(skills) = card["skills"].as_array_mut() {
+        skills.extend(extended.skills.iter().map(skill));
+    }
+    Ok(card)
+}
+
+fn skill(config: &SkillConfig) -> Value {
+    json!({"id": config.id, "name": config.name, "description": config.description, "tags": config.tags})
+}
+
 pub fn card(state: &AppState, url: &str) -> Value {
     let config = &state.config.card;
     let agent = state.engine.agent();
@@ -22,6 +44,7 @@ pub fn card(state: &AppState, url: &str) -> Value {
         .description
         .clone()
         .unwrap_or_else(|| agent.description());
+    let has_extended = config.extended.configured();
     let skills: Vec<Value> = if config.skills.is_empty() {
         vec![json!({
             "id": agent.kind(),
@@ -30,11 +53,7 @@ pub fn card(state: &AppState, url: &str) -> Value {
             "tags": ["conversation", "multi-turn"],
         })]
     } else {
-        config
-            .skills
-            .iter()
-            .map(|s| json!({"id": s.id, "name": s.name, "description": s.description, "tags": s.tags}))
-            .collect()
+        config.skills.iter().map(skill).collect()
     };
     let mut card = Map::new();
     card.insert("name".into(), json!(config.name));
@@ -46,6 +65,7 @@ pub fn card(state: &AppState, url: &str) -> Value {
             "streaming": true,
             "pushNotifications": state.push.is_some(),
             "extensions": [push_signature_extension(url)],
+            "extendedAgentCard": has_extended,
         }),
     );
     card.insert("defaultInputModes".into(), json!(["text/plain"]));
@@ -64,6 +84,10 @@ pub fn card(state: &AppState, url: &str) -> Value {
         card.insert("protocolVersion".into(), json!("0.3.0"));
         card.insert("url".into(), json!(url));
         card.insert("preferredTransport".into(), json!("JSONRPC"));
+        card.insert(
+            "supportsAuthenticatedExtendedCard".into(),
+            json!(has_extended),
+        );
     }
     if state.auth.enabled() {
         card.insert(

@@ -253,7 +253,13 @@ async fn serve(
         },
     };
     let params = Value::Object(params);
-    match rpc::call(state, WireVersion::V1, method, &principal, params, started).await {
+    let base_url = super::card::base_url(state, req);
+    let version = WireVersion::V1;
+    match rpc::call(
+        state, version, method, &principal, &base_url, params, started,
+    )
+    .await
+    {
         Ok(Reply::Json(result)) => HttpResponse::Ok().json(result),
         Ok(Reply::Stream(stream)) => sse::respond(stream, sse::Framing::Rest),
         Err(error) => error_response(&error, None),

@@ -75,3 +75,121 @@ async fn the_card_max_age_defaults_to_five_minutes() {
     assert_eq!(header(&response, "cache-control"), "max-age=300");
     server.stop().await;
 }
+
+fn with_extended_card(config: &mut colloquy::config::Config) {
+    config
+        .auth
+        .tokens
+        .insert("alice".into(), "alice-secret".into());
+    config.card.extended.description = Some("For members: the archive too".into());
+    config
+        .card
+        .extended
+        .skills
+        .push(colloquy::config::SkillConfig {
+            id: "archive".into(),
+            name: "Archive search".into(),
+            description: "Searches the members' archive".into(),
+            tags: vec!["members".into()],
+        });
+}
+
+async fn rpc_as(server: &TestServer, version: &str, method: &str, token: Option<&str>) -> Value {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": {}});
+    let mut request = server
+        .client
+        .post(&server.url)
+        .header("A2A-Version", version)
+        .json(&body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request.send().await.unwrap().json().await.unwrap()
+}
+
+async fn rest_extended_card(server: &TestServer, token: Option<&str>) -> (u16, Value) {
+    let mut request = server
+        .client
+        .get(format!("{}extendedAgentCard", server.url))
+        .header("A2A-Version", "1.0");
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+fn skill_ids(card: &Value) -> Vec<&str> {
+    card["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect()
+}
+
+#[actix_rt::test]
+async fn an_authenticated_caller_gets_the_extended_card_on_every_binding_and_version() {
+    let server = start_with(
+        Arc::new(colloquy::agent::EchoAgent::default()),
+        with_extended_card,
+    )
+    .await;
+    let public = server.card(&[]).await;
+    assert_eq!(public["capabilities"]["extendedAgentCard"], true);
+    assert_eq!(public["supportsAuthenticatedExtendedCard"], true);
+    assert_v03_valid("AgentCard", &public);
+    assert!(!skill_ids(&public).contains(&"archive"), "{public}");
+    assert_ne!(public["description"], "For members: the archive too");
+
+    let by_v1 = rpc_as(&server, V1, "GetExtendedAgentCard", Some("alice-secret")).await;
+    let by_v03 = rpc_as(
+        &server,
+        V03,
+        "agent/getAuthenticatedExtendedCard",
+        Some("alice-secret"),
+    )
+    .await;
+    let (status, by_rest) = rest_extended_card(&server, Some("alice-secret")).await;
+    assert_eq!(status, 200, "{by_rest}");
+    for extended in [&by_v1["result"], &by_v03["result"], &by_rest] {
+        assert_eq!(extended["description"], "For members: the archive too");
+        assert_eq!(skill_ids(extended).last(), Some(&"archive"), "{extended}");
+        assert_eq!(extended["skills"].as_array().unwrap().len(), 2);
+        assert_eq!(extended["name"], public["name"]);
+        assert_eq!(extended["capabilities"]["extendedAgentCard"], true);
+    }
+    assert_v03_valid("AgentCard", &by_v03["result"]);
+
+    // Without a token (or with a wrong one): the auth error, not the card.
+    for token in [None, Some("wrong")] {
+        let refused = rpc_as(&server, V1, "GetExtendedAgentCard", token).await;
+        assert!(refused.get("result").is_none(), "{refused}");
+        assert!(refused["error"]["code"].is_i64(), "{refused}");
+        let (status, body) = rest_extended_card(&server, token).await;
+        assert_eq!(status, 401, "{body}");
+    }
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn without_an_extended_card_the_public_card_says_so_and_the_methods_answer_32007() {
+    let server = start_with(Arc::new(colloquy::agent::EchoAgent::default()), |c| {
+        c.auth.tokens.insert("alice".into(), "alice-secret".into());
+    })
+    .await;
+    let public = server.card(&[]).await;
+    assert_eq!(public["capabilities"]["extendedAgentCard"], false);
+    assert_eq!(public["supportsAuthenticatedExtendedCard"], false);
+    let token = Some("alice-secret");
+    for (version, method) in [
+        (V1, "GetExtendedAgentCard"),
+        (V03, "agent/getAuthenticatedExtendedCard"),
+    ] {
+        let answer = rpc_as(&server, version, method, token).await;
+        assert_eq!(answer["error"]["code"], -32007, "{answer}");
+    }
+    let (status, body) = rest_extended_card(&server, token).await;
+    assert_ne!(status, 200, "{body}");
+    server.stop().await;
+}
