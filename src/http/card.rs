@@ -84,6 +84,14 @@ pub fn card(state: &AppState, url: &str) -> Value {
         card.insert("protocolVersion".into(), json!("0.3.0"));
         card.insert("url".into(), json!(url));
         card.insert("preferredTransport".into(), json!("JSONRPC"));
+        // v0.3's HTTP+JSON routes sit under `/v1` of the same URL (its clients add the prefix).
+        card.insert(
+            "additionalInterfaces".into(),
+            json!([
+                {"url": url, "transport": "JSONRPC"},
+                {"url": url, "transport": "HTTP+JSON"},
+            ]),
+        );
         card.insert(
             "supportsAuthenticatedExtendedCard".into(),
             json!(has_extended),

@@ -193,3 +193,48 @@ async fn without_an_extended_card_the_public_card_says_so_and_the_methods_answer
     assert_ne!(status, 200, "{body}");
     server.stop().await;
 }
+
+/// v0.3's HTTP+JSON `GET /v1/card` is its authenticated extended card, as v0.3's `AgentCard`
+/// message: no v1.0 fields, security in the message form.
+#[actix_rt::test]
+async fn v03_rest_card_is_the_extended_card_in_v03_message_form() {
+    let server = start_with(
+        Arc::new(colloquy::agent::EchoAgent::default()),
+        with_extended_card,
+    )
+    .await;
+    let url = format!("{}v1/card", server.url);
+    let refused = server.client.get(&url).send().await.unwrap();
+    assert_eq!(refused.status(), 401);
+    let response = server
+        .client
+        .get(&url)
+        .bearer_auth("alice-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let card: Value = response.json().await.unwrap();
+    assert_eq!(card["description"], "For members: the archive too");
+    assert_eq!(skill_ids(&card).last(), Some(&"archive"));
+    assert!(card.get("supportedInterfaces").is_none(), "{card}");
+    assert!(card["capabilities"].get("extendedAgentCard").is_none());
+    assert_eq!(card["supportsAuthenticatedExtendedCard"], true);
+    assert_eq!(
+        card["securitySchemes"]["bearer"],
+        serde_json::json!({"httpAuthSecurityScheme": {"scheme": "bearer"}})
+    );
+    assert_eq!(
+        card["security"],
+        serde_json::json!([{"schemes": {"bearer": {"list": []}}}])
+    );
+    let public = server.card(&[]).await;
+    let transports: Vec<&str> = public["additionalInterfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["transport"].as_str().unwrap())
+        .collect();
+    assert_eq!(transports, ["JSONRPC", "HTTP+JSON"]);
+    server.stop().await;
+}
