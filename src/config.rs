@@ -622,6 +622,8 @@ impl Config {
     }
 }
 
+const PREFIX: &str = "COLLOQUY_";
+
 /// `COLLOQUY_*` variables colloquy reads itself rather than as configuration keys.
 const READ_ELSEWHERE: [&str; 4] = ["TOKENS", "HOME", "CONFIG", "LOADGEN_TOKEN"];
 
@@ -645,8 +647,14 @@ fn environment() -> Vec<EnvSetting> {
     let mut settings: Vec<EnvSetting> = std::env::vars_os()
         .filter_map(|(name, value)| {
             let variable = name.into_string().ok()?;
-            let rest = variable.strip_prefix("COLLOQUY_")?;
-            if READ_ELSEWHERE.contains(&rest) {
+            // Names are matched ignoring case, as figment's `Env` did before.
+            let prefix = variable.get(..PREFIX.len())?;
+            let rest = variable.get(PREFIX.len()..)?;
+            if !prefix.eq_ignore_ascii_case(PREFIX)
+                || READ_ELSEWHERE
+                    .iter()
+                    .any(|name| name.eq_ignore_ascii_case(rest))
+            {
                 return None;
             }
             let path = rest.split("__").map(str::to_ascii_lowercase).collect();
