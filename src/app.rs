@@ -121,6 +121,12 @@ fn load_auth(config: &Config) -> Result<Auth, StartError> {
             config.listen
         )));
     }
+    if !auth.enabled() && config.card.extended.configured() {
+        tracing::warn!(
+            "card.extended is configured without tokens: every caller counts as authenticated \
+             and gets the extended card"
+        );
+    }
     Ok(auth)
 }
 

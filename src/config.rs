@@ -1,11 +1,18 @@
 //! Configuration, layered: defaults < TOML file (`--config`) < environment (`COLLOQUY_*`) < flags.
 //!
 //! Environment keys are the TOML keys upper-cased, nested with `__`: `COLLOQUY_HISTORY__LIMIT=10`.
+//! A `COLLOQUY_*` variable that names no key is ignored (with one warning at start, see
+//! [`ignored_environment`]): Kubernetes injects `COLLOQUY_PORT=tcp://…`,
+//! `COLLOQUY_SERVICE_HOST` and more into every pod of a namespace holding a Service named
+//! `colloquy`. No key is named `port`, `service_host` or `port_*` for that reason. A value is
+//! read by the type of the key it sets: text for a text key (`COLLOQUY_CARD__VERSIONS=1.0` is
+//! `"1.0"`), TOML-like values (numbers, booleans, `[a, b]`) for the others.
 
 use crate::history::{HistoryLimits, MAX_LIMIT};
 use crate::store::embedded::DEFAULT_CHECKPOINT_EVERY;
-use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Format, Serialized, Toml};
+use figment::value::{Dict, Map, Value as FigmentValue};
+use figment::{Figment, Metadata, Profile, Provider};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -258,6 +265,27 @@ pub struct CardConfig {
     /// `both` (default), `1.0` or `0.3`: which versions' fields the card carries.
     pub versions: String,
     pub skills: Vec<SkillConfig>,
+    /// Seconds clients and caches may keep the card (`Cache-Control: max-age`).
+    pub max_age_secs: u64,
+    /// What only authenticated callers see (`GetExtendedAgentCard`); unset: no extended card.
+    pub extended: ExtendedCardConfig,
+}
+
+/// The extended agent card: the public card, with this description and these skills added.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExtendedCardConfig {
+    /// Replaces the public card's description.
+    pub description: Option<String>,
+    /// Added after the public card's skills.
+    pub skills: Vec<SkillConfig>,
+}
+
+impl ExtendedCardConfig {
+    /// Whether there is an extended card to serve (and to announce on the public card).
+    pub fn configured(&self) -> bool {
+        self.description.is_some() || !self.skills.is_empty()
+    }
 }
 
 impl Default for CardConfig {
@@ -268,6 +296,8 @@ impl Default for CardConfig {
             version: env!("CARGO_PKG_VERSION").into(),
             versions: "both".into(),
             skills: Vec::new(),
+            max_age_secs: 300,
+            extended: ExtendedCardConfig::default(),
         }
     }
 }
@@ -487,11 +517,10 @@ impl Config {
             }
             figment = figment.merge(Toml::file(file));
         }
-        let env = Env::prefixed("COLLOQUY_")
-            .split("__")
-            .ignore(&["tokens", "home", "config"])
-            .map(|key| key.as_str().replace("__", ".").into());
-        figment = figment.merge(env).merge(Serialized::globals(overrides));
+        for variable in environment().into_iter().filter_map(EnvSetting::known) {
+            figment = figment.merge(variable);
+        }
+        figment = figment.merge(Serialized::globals(overrides));
         let config: Config = figment.extract()?;
         config.validate()?;
         Ok(config)
@@ -590,5 +619,133 @@ impl Config {
             .as_deref()
             .map(str::trim)
             .filter(|listen| !listen.is_empty())
+    }
+}
+
+const PREFIX: &str = "COLLOQUY_";
+
+/// `COLLOQUY_*` variables colloquy reads itself rather than as configuration keys.
+const READ_ELSEWHERE: [&str; 4] = ["TOKENS", "HOME", "CONFIG", "LOADGEN_TOKEN"];
+
+/// One `COLLOQUY_*` variable, as a config layer of its own (so an error names it exactly).
+struct EnvSetting {
+    variable: String,
+    /// The key path, lower-cased, one segment per `__`.
+    path: Vec<String>,
+    value: String,
+}
+
+/// What the defaults say of a key: text (or unset, which is always text here), or a TOML-like
+/// value (number, boolean, list, table).
+enum KeyKind {
+    Text,
+    Structured,
+}
+
+/// The `COLLOQUY_*` variables that are not read elsewhere, by name.
+fn environment() -> Vec<EnvSetting> {
+    let mut settings: Vec<EnvSetting> = std::env::vars_os()
+        .filter_map(|(name, value)| {
+            let variable = name.into_string().ok()?;
+            // Names are matched ignoring case, as figment's `Env` did before.
+            let prefix = variable.get(..PREFIX.len())?;
+            let rest = variable.get(PREFIX.len()..)?;
+            if !prefix.eq_ignore_ascii_case(PREFIX)
+                || READ_ELSEWHERE
+                    .iter()
+                    .any(|name| name.eq_ignore_ascii_case(rest))
+            {
+                return None;
+            }
+            let path = rest.split("__").map(str::to_ascii_lowercase).collect();
+            let value = value.to_string_lossy().into_owned();
+            Some(EnvSetting {
+                variable,
+                path,
+                value,
+            })
+        })
+        .collect();
+    settings.sort_by(|a, b| a.variable.cmp(&b.variable));
+    settings
+}
+
+/// The `COLLOQUY_*` variables that name no configuration key (and are ignored), sorted.
+pub fn ignored_environment() -> Vec<String> {
+    environment()
+        .into_iter()
+        .filter(|setting| setting.kind().is_none())
+        .map(|setting| setting.variable)
+        .collect()
+}
+
+impl EnvSetting {
+    fn known(self) -> Option<Self> {
+        self.kind().is_some().then_some(self)
+    }
+
+    /// The kind of key the variable sets, from the defaults' shape; `None`: no such key. Below
+    /// a table that is empty by default (`peers`, `auth.tokens`), any name is a key, of text.
+    fn kind(&self) -> Option<KeyKind> {
+        let defaults = serde_json::to_value(Config::default()).ok()?;
+        let mut node = &defaults;
+        for segment in &self.path {
+            match node {
+                serde_json::Value::Object(map) if map.is_empty() => return Some(KeyKind::Text),
+                serde_json::Value::Object(map) => node = map.get(segment)?,
+                _ => return None,
+            }
+        }
+        Some(match node {
+            serde_json::Value::String(_) | serde_json::Value::Null => KeyKind::Text,
+            _ => KeyKind::Structured,
+        })
+    }
+
+    fn parsed_value(&self) -> FigmentValue {
+        match self.kind() {
+            Some(KeyKind::Structured) => self
+                .value
+                .parse()
+                .unwrap_or_else(|_| FigmentValue::from(self.value.clone())),
+            _ => FigmentValue::from(self.value.clone()),
+        }
+    }
+}
+
+impl Provider for EnvSetting {
+    fn metadata(&self) -> Metadata {
+        let variable = self.variable.clone();
+        Metadata::named("environment variable")
+            .interpolater(move |_: &Profile, _: &[&str]| variable.clone())
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        let mut value = self.parsed_value();
+        for segment in self.path.iter().rev() {
+            let mut dict = Dict::new();
+            dict.insert(segment.clone(), value);
+            value = FigmentValue::from(dict);
+        }
+        let dict = value.into_dict().unwrap_or_default();
+        Ok(Profile::Default.collect(dict))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kubernetes injects `<SERVICE>_PORT`, `<SERVICE>_SERVICE_HOST`, `<SERVICE>_PORT_<n>_TCP…`;
+    /// a key with such a name would take their values instead of being left alone.
+    #[test]
+    fn no_key_has_a_name_kubernetes_injects() {
+        let defaults = serde_json::to_value(Config::default()).unwrap();
+        for key in defaults.as_object().unwrap().keys() {
+            assert!(
+                key != "port" && !key.starts_with("port_") && !key.starts_with("service_"),
+                "{key}"
+            );
+        }
     }
 }

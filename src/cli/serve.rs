@@ -133,6 +133,13 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
     let config =
         Config::load(args.config.as_deref(), args.overrides()).map_err(|e| e.to_string())?;
     init_tracing(&config.log_format);
+    let ignored = crate::config::ignored_environment();
+    if !ignored.is_empty() {
+        tracing::warn!(
+            variables = %ignored.join(", "),
+            "ignoring COLLOQUY_* environment variables that name no configuration key"
+        );
+    }
     let agent = build_agent(&config)?;
     // `stop` keeps to the grace and CLOSE_MARGIN by itself; past this the process exits anyway
     // (every acknowledged write is already durable).

@@ -1,8 +1,12 @@
 //! The agent card: one card valid for both wire versions (or one, per `card.versions`).
 
 use super::state::AppState;
+use crate::config::SkillConfig;
+use crate::protocol::RpcError;
+use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
 
 /// The URL clients should post to: configured, else from the request's forwarded or Host header.
 pub fn base_url(state: &AppState, req: &HttpRequest) -> String {
@@ -13,6 +17,26 @@ pub fn base_url(state: &AppState, req: &HttpRequest) -> String {
     format!("{}://{}/", info.scheme(), info.host())
 }
 
+/// The extended card (`GetExtendedAgentCard`), for callers already authenticated.
+pub fn extended_card(state: &AppState, url: &str) -> Result<Value, RpcError> {
+    let extended = &state.config.card.extended;
+    if !extended.configured() {
+        return Err(RpcError::ExtendedCardNotConfigured);
+    }
+    let mut card = card(state, url);
+    if let Some(description) = &extended.description {
+        card["description"] = json!(description);
+    }
+    if let Some(skills) = card["skills"].as_array_mut() {
+        skills.extend(extended.skills.iter().map(skill));
+    }
+    Ok(card)
+}
+
+fn skill(config: &SkillConfig) -> Value {
+    json!({"id": config.id, "name": config.name, "description": config.description, "tags": config.tags})
+}
+
 pub fn card(state: &AppState, url: &str) -> Value {
     let config = &state.config.card;
     let agent = state.engine.agent();
@@ -20,6 +44,7 @@ pub fn card(state: &AppState, url: &str) -> Value {
         .description
         .clone()
         .unwrap_or_else(|| agent.description());
+    let has_extended = config.extended.configured();
     let skills: Vec<Value> = if config.skills.is_empty() {
         vec![json!({
             "id": agent.kind(),
@@ -28,11 +53,7 @@ pub fn card(state: &AppState, url: &str) -> Value {
             "tags": ["conversation", "multi-turn"],
         })]
     } else {
-        config
-            .skills
-            .iter()
-            .map(|s| json!({"id": s.id, "name": s.name, "description": s.description, "tags": s.tags}))
-            .collect()
+        config.skills.iter().map(skill).collect()
     };
     let mut card = Map::new();
     card.insert("name".into(), json!(config.name));
@@ -44,6 +65,7 @@ pub fn card(state: &AppState, url: &str) -> Value {
             "streaming": true,
             "pushNotifications": state.push.is_some(),
             "extensions": [push_signature_extension(url)],
+            "extendedAgentCard": has_extended,
         }),
     );
     card.insert("defaultInputModes".into(), json!(["text/plain"]));
@@ -62,6 +84,18 @@ pub fn card(state: &AppState, url: &str) -> Value {
         card.insert("protocolVersion".into(), json!("0.3.0"));
         card.insert("url".into(), json!(url));
         card.insert("preferredTransport".into(), json!("JSONRPC"));
+        // v0.3's HTTP+JSON routes sit under `/v1` of the same URL (its clients add the prefix).
+        card.insert(
+            "additionalInterfaces".into(),
+            json!([
+                {"url": url, "transport": "JSONRPC"},
+                {"url": url, "transport": "HTTP+JSON"},
+            ]),
+        );
+        card.insert(
+            "supportsAuthenticatedExtendedCard".into(),
+            json!(has_extended),
+        );
     }
     if state.auth.enabled() {
         card.insert(
@@ -73,9 +107,39 @@ pub fn card(state: &AppState, url: &str) -> Value {
     Value::Object(card)
 }
 
+/// The card, with `Cache-Control` and a strong `ETag` (over the bytes served); a request whose
+/// `If-None-Match` holds that tag gets 304 with no body.
 pub async fn agent_card(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let url = base_url(&state, &req);
-    HttpResponse::Ok().json(card(&state, &url))
+    let body = card(&state, &url).to_string();
+    let etag = format!(
+        "\"{}\"",
+        hex::encode(&Sha256::digest(body.as_bytes())[..16])
+    );
+    let cache_control = format!("max-age={}", state.config.card.max_age_secs);
+    let not_modified = if_none_match_holds(&req, &etag);
+    let mut response = HttpResponse::build(if not_modified {
+        StatusCode::NOT_MODIFIED
+    } else {
+        StatusCode::OK
+    });
+    response
+        .insert_header((header::ETAG, etag))
+        .insert_header((header::CACHE_CONTROL, cache_control));
+    if not_modified {
+        return response.finish();
+    }
+    response.content_type("application/json").body(body)
+}
+
+/// `If-None-Match` is `*` or lists `etag` (weak comparison, as RFC 9110 asks for this header).
+fn if_none_match_holds(req: &HttpRequest, etag: &str) -> bool {
+    req.headers()
+        .get_all(header::IF_NONE_MATCH)
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(|tag| tag.trim().trim_start_matches("W/"))
+        .any(|tag| tag == "*" || tag == etag)
 }
 
 /// Where a receiver finds the keys push notifications are signed with (`docs/push.md`).

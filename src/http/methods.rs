@@ -31,6 +31,7 @@ pub async fn dispatch(
     version: WireVersion,
     method: Method,
     principal: &str,
+    base_url: &str,
     mut params: Value,
 ) -> RpcResult<Reply> {
     if version == WireVersion::V1 {
@@ -58,7 +59,9 @@ pub async fn dispatch(
                 .await
                 .map(Reply::Json)
         }
-        Method::GetExtendedAgentCard => Err(RpcError::ExtendedCardNotConfigured),
+        Method::GetExtendedAgentCard => {
+            super::card::extended_card(state, base_url).map(Reply::Json)
+        }
         Method::ListConversations => call.list_conversations().await.map(Reply::Json),
         Method::GetConversation => call.get_conversation().await.map(Reply::Json),
         Method::DeleteConversation => call.delete_conversation().await.map(Reply::Json),

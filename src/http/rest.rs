@@ -10,7 +10,7 @@ use super::methods::Reply;
 use super::rpc::{self, BodyError};
 use super::sse;
 use super::state::AppState;
-use crate::protocol::{Method, RpcError, WireVersion, protojson};
+use crate::protocol::{Method, RpcError, WireVersion, protojson, rest03};
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -31,7 +31,33 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             "/tasks/{task}/pushNotificationConfigs/{config}",
             web::route().to(push_configs),
         )
-        .route("/extendedAgentCard", web::get().to(extended_card));
+        .route("/extendedAgentCard", web::get().to(extended_card))
+        .service(
+            web::scope(V03_PREFIX)
+                .app_data(Dialect::V03)
+                .route("/message:send", web::post().to(send_message))
+                .route("/message:stream", web::post().to(send_streaming_message))
+                .route("/tasks/{task}", web::get().to(task_get))
+                .route("/tasks/{task}", web::post().to(task_post))
+                .route("/card", web::get().to(extended_card)),
+        );
+}
+
+/// Where v0.3's HTTP+JSON routes sit (its SDKs put `/v1` before every path).
+pub const V03_PREFIX: &str = "/v1";
+
+/// Which version's HTTP+JSON a route speaks: v1.0's, or v0.3's (under [`V03_PREFIX`],
+/// translated at the edge by [`rest03`]; the handlers see v1.0 params either way).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dialect {
+    V1,
+    V03,
+}
+
+impl Dialect {
+    fn of(req: &HttpRequest) -> Dialect {
+        req.app_data::<Dialect>().copied().unwrap_or(Dialect::V1)
+    }
 }
 
 /// What a route takes from the request body.
@@ -201,12 +227,12 @@ fn query_params(req: &HttpRequest) -> Result<Map<String, Value>, RpcError> {
 }
 
 /// The HTTP+JSON binding here is v1.0; no `A2A-Version` means that too.
-fn check_version(req: &HttpRequest) -> Result<(), RpcError> {
+fn check_version(req: &HttpRequest, dialect: Dialect) -> Result<(), RpcError> {
     let requested = rpc::requested_version(req);
-    match WireVersion::parse(requested.as_deref())? {
-        WireVersion::V1 => Ok(()),
-        WireVersion::V03 if requested.is_none() => Ok(()),
-        WireVersion::V03 => Err(RpcError::VersionNotSupported(requested.unwrap_or_default())),
+    match (WireVersion::parse(requested.as_deref())?, dialect) {
+        (WireVersion::V1, Dialect::V1) | (WireVersion::V03, Dialect::V03) => Ok(()),
+        (WireVersion::V03, Dialect::V1) if requested.is_none() => Ok(()),
+        _ => Err(RpcError::VersionNotSupported(requested.unwrap_or_default())),
     }
 }
 
@@ -228,7 +254,8 @@ async fn serve(
     body: Body,
 ) -> HttpResponse {
     let started = Instant::now();
-    if let Err(error) = check_version(req) {
+    let dialect = Dialect::of(req);
+    if let Err(error) = check_version(req, dialect) {
         rpc::record("invalid", error.code(), started);
         return error_response(&error, None);
     }
@@ -252,10 +279,35 @@ async fn serve(
             }
         },
     };
+    let mut params = params;
+    if dialect == Dialect::V03 {
+        rest03::params_to_v1(&mut params);
+    }
     let params = Value::Object(params);
-    match rpc::call(state, WireVersion::V1, method, &principal, params, started).await {
-        Ok(Reply::Json(result)) => HttpResponse::Ok().json(result),
-        Ok(Reply::Stream(stream)) => sse::respond(stream, sse::Framing::Rest),
+    let base_url = super::card::base_url(state, req);
+    let version = WireVersion::V1;
+    match rpc::call(
+        state, version, method, &principal, &base_url, params, started,
+    )
+    .await
+    {
+        Ok(Reply::Json(mut result)) => {
+            if dialect == Dialect::V03 {
+                if method == Method::GetExtendedAgentCard {
+                    rest03::card_to_v03(&mut result);
+                } else {
+                    rest03::result_to_v03(&mut result);
+                }
+            }
+            HttpResponse::Ok().json(result)
+        }
+        Ok(Reply::Stream(stream)) => {
+            let framing = match dialect {
+                Dialect::V1 => sse::Framing::Rest,
+                Dialect::V03 => sse::Framing::Rest03,
+            };
+            sse::respond(stream, framing)
+        }
         Err(error) => error_response(&error, None),
     }
 }

@@ -225,7 +225,13 @@ async fn respond(
         return response;
     }
     let id = request.id.clone();
-    match call(&state, version, method, &principal, request.params, started).await {
+    let base_url = super::card::base_url(&state, &req);
+    let params = request.params;
+    match call(
+        &state, version, method, &principal, &base_url, params, started,
+    )
+    .await
+    {
         Ok(Reply::Json(result)) => HttpResponse::Ok().json(success(&id, result)),
         Ok(Reply::Stream(stream)) => sse::respond(stream, sse::Framing::JsonRpc { id, version }),
         Err(error) => error_response(StatusCode::OK, &id, &error, version),
@@ -261,6 +267,7 @@ pub(super) async fn call(
     version: WireVersion,
     method: Method,
     principal: &str,
+    base_url: &str,
     params: serde_json::Value,
     started: Instant,
 ) -> Result<Reply, RpcError> {
@@ -272,7 +279,7 @@ pub(super) async fn call(
         context_id = tracing::field::Empty,
         task_id = tracing::field::Empty,
     );
-    let reply = methods::dispatch(state, version, method, principal, params)
+    let reply = methods::dispatch(state, version, method, principal, base_url, params)
         .instrument(span)
         .await;
     match &reply {

@@ -50,13 +50,15 @@ pub enum Framing {
     /// HTTP+JSON (v1.0): the `StreamResponse` itself; an error is an `error` event holding the
     /// binding's error body.
     Rest,
+    /// v0.3's HTTP+JSON: as `Rest`, each event in v0.3's spelling (`protocol::rest03`).
+    Rest03,
 }
 
 impl Framing {
     fn version(&self) -> WireVersion {
         match self {
             Framing::JsonRpc { version, .. } => *version,
-            Framing::Rest => WireVersion::V1,
+            Framing::Rest | Framing::Rest03 => WireVersion::V1,
         }
     }
 
@@ -64,6 +66,11 @@ impl Framing {
         let value = match self {
             Framing::JsonRpc { id, .. } => success(id, result),
             Framing::Rest => result,
+            Framing::Rest03 => {
+                let mut result = result;
+                crate::protocol::rest03::result_to_v03(&mut result);
+                result
+            }
         };
         sse::Event::Data(sse::Data::new(value.to_string()))
     }
@@ -73,7 +80,7 @@ impl Framing {
             Framing::JsonRpc { id, version } => {
                 sse::Event::Data(sse::Data::new(failure(id, error, *version).to_string()))
             }
-            Framing::Rest => {
+            Framing::Rest | Framing::Rest03 => {
                 sse::Event::Data(sse::Data::new(error.to_rest_json().to_string()).event("error"))
             }
         }

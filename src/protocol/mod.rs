@@ -6,6 +6,7 @@ pub mod jsonrpc;
 pub mod params;
 pub mod protojson;
 pub mod push;
+pub mod rest03;
 pub mod v03;
 pub mod v1;
 

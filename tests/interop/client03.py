@@ -6,7 +6,9 @@ turn 1 without contextId, turns 2-3 reuse it; checks memory in replies, same con
 tasks/get of turn 3 (completed, same contextId), tasks/cancel on a completed task (expects an error),
 and in streaming mode that the concatenated artifact-update chunks equal the final artifact text.
 
-Run:  $INTEROP_VENVS/sdk03/bin/python tests/interop/client03.py --url http://127.0.0.1:8080 --mode streaming
+With --binding rest the client speaks v0.3's HTTP+JSON binding (RestTransport, `/v1/...` routes).
+
+Run:  $INTEROP_VENVS/sdk03/bin/python tests/interop/client03.py --url http://127.0.0.1:8080 --mode streaming [--binding rest]
 Last line on success: INTEROP OK ...
 """
 import argparse
@@ -28,6 +30,7 @@ from a2a.types import (
     TaskState,
     TaskStatusUpdateEvent,
     TextPart,
+    TransportProtocol,
 )
 
 
@@ -122,7 +125,13 @@ async def run(args) -> str:
               f'preferredTransport={card.preferred_transport} streaming={card.capabilities.streaming}')
         if streaming:
             check(bool(card.capabilities.streaming), 'card does not advertise capabilities.streaming=true')
-        client = ClientFactory(ClientConfig(httpx_client=hc, streaming=streaming)).create(card)
+        transports = [TransportProtocol.http_json] if args.binding == 'rest' else [TransportProtocol.jsonrpc]
+        config = ClientConfig(httpx_client=hc, streaming=streaming, supported_transports=transports)
+        client = ClientFactory(config).create(card)
+        transport = type(client._transport).__name__  # noqa: SLF001
+        print(f'transport {transport}')
+        if args.binding == 'rest':
+            check(transport == 'RestTransport', f'--binding rest got transport {transport}')
         ctx = None
         results = []
         for i, t in enumerate(texts, 1):
@@ -163,16 +172,23 @@ async def run(args) -> str:
         except Exception as e:  # noqa: BLE001
             code = getattr(getattr(getattr(e, 'error', None), 'code', None), '__str__', lambda: '?')()
             print(f'tasks/cancel on completed task -> error as expected: {type(e).__name__} code={code}: {e}')
-            check(code in ('-32002', '?'), f'tasks/cancel error code {code}, expected -32002')
+            if args.binding == 'rest':
+                # HTTP+JSON: TaskNotCancelableError is HTTP 409 (the SDK raises A2AClientHTTPError).
+                status = getattr(e, 'status_code', None)
+                check(status == 409, f'tasks/cancel HTTP status {status}, expected 409')
+                code = f'http-{status}'
+            else:
+                check(code in ('-32002', '?'), f'tasks/cancel error code {code}, expected -32002')
             cancel_note = f'cancel={code}'
         await client.close()
-    return f'sdk=0.3 mode={args.mode} contextId={ctx} tasks={[r.id for r in results]} {cancel_note}'
+    return f'sdk=0.3 binding={args.binding} mode={args.mode} contextId={ctx} tasks={[r.id for r in results]} {cancel_note}'
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--url', required=True, help='server root, e.g. http://127.0.0.1:8080')
     ap.add_argument('--mode', choices=['blocking', 'streaming'], default='blocking')
+    ap.add_argument('--binding', choices=['jsonrpc', 'rest'], default='jsonrpc')
     ap.add_argument('--expect-prefix', default='echo:')
     ap.add_argument('--timeout', type=float, default=30.0)
     args = ap.parse_args()

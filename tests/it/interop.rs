@@ -64,3 +64,25 @@ async fn sdk_03_blocking() {
 async fn sdk_03_streaming() {
     client_run("sdk03", "client03.py", "streaming").await;
 }
+
+/// The 0.3.x client's HTTP+JSON transport: v0.3's `/v1/...` routes, from the card's
+/// `additionalInterfaces`.
+#[actix_rt::test]
+async fn sdk_03_rest_blocking() {
+    client_run_with(
+        "sdk03",
+        "client03.py",
+        &["--mode", "blocking", "--binding", "rest"],
+    )
+    .await;
+}
+
+#[actix_rt::test]
+async fn sdk_03_rest_streaming() {
+    client_run_with(
+        "sdk03",
+        "client03.py",
+        &["--mode", "streaming", "--binding", "rest"],
+    )
+    .await;
+}

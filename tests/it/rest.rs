@@ -363,3 +363,51 @@ async fn a_slow_subscriber_gets_an_error_event_with_the_error_body() {
     );
     server.stop().await;
 }
+
+/// v0.3's HTTP+JSON under `/v1`: v0.3's ProtoJSON in (`content`, `blocking`) and out
+/// (`content`, `TASK_STATE_CANCELLED`), and only version 0.3 there.
+#[actix_rt::test]
+async fn v03_routes_speak_v03_protojson() {
+    let server = start_scripted(|_| {}).await;
+    let rest = Rest { server: &server };
+    let message = json!({
+        "messageId": "m-1", "role": "ROLE_USER", "contextId": "rest03",
+        "content": [{"text": "slow 60000"}],
+    });
+    // Not blocking: the task comes back working, then is canceled.
+    let (status, body) = rest
+        .post(
+            "/v1/message:send",
+            json!({"message": message, "configuration": {"blocking": false}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let task = &body["task"];
+    assert_eq!(task["contextId"], "rest03");
+    assert_ne!(task["status"]["state"], "TASK_STATE_COMPLETED", "{body}");
+    let id = task["id"].as_str().unwrap().to_owned();
+    let user = &task["history"][0];
+    assert_eq!(user["content"][0]["text"], "slow 60000", "{body}");
+    assert!(user.get("parts").is_none(), "{body}");
+
+    let (status, canceled) = rest
+        .post(&format!("/v1/tasks/{id}:cancel"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{canceled}");
+    assert_eq!(canceled["status"]["state"], "TASK_STATE_CANCELLED");
+    let (status, fetched) = rest.get(&format!("/v1/tasks/{id}")).await;
+    assert_eq!(status, 200, "{fetched}");
+    assert_eq!(fetched["status"]["state"], "TASK_STATE_CANCELLED");
+
+    let refused = server
+        .client
+        .get(rest.url(&format!("/v1/tasks/{id}")))
+        .header("A2A-Version", "1.0")
+        .send()
+        .await
+        .unwrap();
+    let status = refused.status().as_u16();
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(reason(status, &body), "VERSION_NOT_SUPPORTED");
+    server.stop().await;
+}
