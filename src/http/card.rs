@@ -8,6 +8,9 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
+/// The request headers [`base_url`] reads when no `public_url` is configured.
+const URL_HEADERS: &str = "Host, Forwarded, X-Forwarded-Host, X-Forwarded-Proto";
+
 /// The URL clients should post to: configured, else from the request's forwarded or Host header.
 pub fn base_url(state: &AppState, req: &HttpRequest) -> String {
     if let Some(url) = &state.config.public_url {
@@ -126,6 +129,10 @@ pub async fn agent_card(req: HttpRequest, state: web::Data<AppState>) -> HttpRes
     response
         .insert_header((header::ETAG, etag))
         .insert_header((header::CACHE_CONTROL, cache_control));
+    if state.config.public_url.is_none() {
+        // The card's URL comes from these headers: a shared cache must key on them.
+        response.insert_header((header::VARY, URL_HEADERS));
+    }
     if not_modified {
         return response.finish();
     }

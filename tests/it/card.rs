@@ -28,6 +28,11 @@ async fn the_card_carries_cache_control_and_a_strong_etag_and_a_matching_tag_get
         let first = get(&server, path, None).await;
         assert_eq!(first.status(), 200);
         assert_eq!(header(&first, "cache-control"), "max-age=120");
+        assert_eq!(
+            header(&first, "vary"),
+            "Host, Forwarded, X-Forwarded-Host, X-Forwarded-Proto",
+            "the card's URL follows these headers"
+        );
         let etag = header(&first, "etag");
         assert!(
             etag.starts_with('"') && etag.ends_with('"') && etag.len() > 10,
