@@ -39,6 +39,14 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
                 .route("/message:stream", web::post().to(send_streaming_message))
                 .route("/tasks/{task}", web::get().to(task_get))
                 .route("/tasks/{task}", web::post().to(task_post))
+                .route(
+                    "/tasks/{task}/pushNotificationConfigs",
+                    web::route().to(push_configs),
+                )
+                .route(
+                    "/tasks/{task}/pushNotificationConfigs/{config}",
+                    web::route().to(push_configs),
+                )
                 .route("/card", web::get().to(extended_card)),
         );
 }
@@ -280,12 +288,20 @@ async fn serve(
         },
     };
     let mut params = params;
-    if dialect == Dialect::V03 {
-        rest03::params_to_v1(&mut params);
-    }
+    // v0.3's push configs go to the v0.3 handlers, so the config remembers to notify in v0.3.
+    let version = match dialect {
+        Dialect::V03 if method.is_push_config() => {
+            rest03::push_params_to_v03(method, &mut params);
+            WireVersion::V03
+        }
+        Dialect::V03 => {
+            rest03::params_to_v1(&mut params);
+            WireVersion::V1
+        }
+        Dialect::V1 => WireVersion::V1,
+    };
     let params = Value::Object(params);
     let base_url = super::card::base_url(state, req);
-    let version = WireVersion::V1;
     match rpc::call(
         state, version, method, &principal, &base_url, params, started,
     )
@@ -295,6 +311,8 @@ async fn serve(
             if dialect == Dialect::V03 {
                 if method == Method::GetExtendedAgentCard {
                     rest03::card_to_v03(&mut result);
+                } else if method.is_push_config() {
+                    rest03::push_result_to_v03(&mut result);
                 } else {
                     rest03::result_to_v03(&mut result);
                 }

@@ -134,6 +134,17 @@ impl Method {
             .map(|(name, _)| *name)
     }
 
+    /// One of the four push-notification config methods.
+    pub fn is_push_config(self) -> bool {
+        matches!(
+            self,
+            Method::CreatePushConfig
+                | Method::GetPushConfig
+                | Method::ListPushConfigs
+                | Method::DeletePushConfig
+        )
+    }
+
     /// A stable label for metrics and logs (the v1.0 name, or ours).
     pub fn label(self) -> &'static str {
         V1_METHODS

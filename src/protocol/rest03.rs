@@ -8,6 +8,7 @@
 //! `configuration.blocking` for the inverse `returnImmediately`, `pushNotification` for
 //! `taskPushNotificationConfig`; a status update's `final`; the card's security in message form.
 
+use super::Method;
 use serde_json::{Map, Value, json};
 
 /// A v0.3 `SendMessageRequest` (or any params object) as v1.0 params, in place.
@@ -23,6 +24,62 @@ pub fn params_to_v1(params: &mut Map<String, Value>) {
         if let Some(push) = configuration.remove("pushNotification") {
             configuration.insert("taskPushNotificationConfig".into(), push);
         }
+    }
+}
+
+/// A v0.3 push-config route's params (the path's `taskId` and `id`, and for create the body
+/// `{parent, configId, config: {name, pushNotificationConfig}}`) as v0.3 JSON-RPC params, in
+/// place: the v0.3 handlers take them, so the config keeps notifying in v0.3's spelling.
+pub fn push_params_to_v03(method: Method, params: &mut Map<String, Value>) {
+    let task = params.remove("taskId").unwrap_or_default();
+    let config_id = params.remove("id");
+    if method == Method::CreatePushConfig {
+        let mut inner = match params.remove("config") {
+            Some(Value::Object(mut config)) => config
+                .remove("pushNotificationConfig")
+                .unwrap_or_else(|| json!({})),
+            other => other.unwrap_or_else(|| json!({})),
+        };
+        if let (Value::Object(inner), Some(id)) = (&mut inner, params.remove("configId"))
+            && !inner.contains_key("id")
+        {
+            inner.insert("id".into(), id);
+        }
+        params.clear();
+        params.insert("taskId".into(), task);
+        params.insert("pushNotificationConfig".into(), inner);
+        return;
+    }
+    params.clear();
+    params.insert("id".into(), task);
+    if let Some(config_id) = config_id {
+        params.insert("pushNotificationConfigId".into(), config_id);
+    }
+}
+
+/// A v0.3 push-config result (`{taskId, pushNotificationConfig}`, a list of them, or null) as
+/// v0.3's protobuf JSON: `{name: "tasks/{id}/pushNotificationConfigs/{configId}",
+/// pushNotificationConfig}`, `{configs: [...]}`, `{}`.
+pub fn push_result_to_v03(result: &mut Value) {
+    fn named(config: &mut Value) {
+        let Value::Object(object) = config else {
+            return;
+        };
+        let task = object.remove("taskId");
+        let task = task.as_ref().and_then(Value::as_str).unwrap_or_default();
+        let id = object["pushNotificationConfig"]["id"]
+            .as_str()
+            .unwrap_or_default();
+        let name = format!("tasks/{task}/pushNotificationConfigs/{id}");
+        object.insert("name".into(), Value::String(name));
+    }
+    match result {
+        Value::Array(configs) => {
+            configs.iter_mut().for_each(named);
+            *result = json!({"configs": std::mem::take(configs)});
+        }
+        Value::Null => *result = json!({}),
+        config => named(config),
     }
 }
 

@@ -411,3 +411,71 @@ async fn v03_routes_speak_v03_protojson() {
     assert_eq!(reason(status, &body), "VERSION_NOT_SUPPORTED");
     server.stop().await;
 }
+
+/// v0.3's push-config routes take and answer v0.3's protobuf JSON (`{name, pushNotificationConfig}`),
+/// and the config they store is the one v0.3's JSON-RPC methods read.
+#[actix_rt::test]
+async fn v03_push_config_routes_speak_v03_protojson() {
+    let server = start_with(
+        std::sync::Arc::new(colloquy::agent::EchoAgent::default()),
+        |c| {
+            c.push.allow_private_networks = true;
+        },
+    )
+    .await;
+    let rest = Rest { server: &server };
+    let sent = server.send_text(V03, "hello", None, None).await;
+    let task = task_of(&sent)["id"].as_str().expect("a task id").to_owned();
+    let name = format!("tasks/{task}/pushNotificationConfigs/cfg-1");
+    let (status, created) = rest
+        .post(
+            &format!("/v1/tasks/{task}/pushNotificationConfigs"),
+            json!({
+                "parent": format!("tasks/{task}"),
+                "configId": "cfg-1",
+                "config": {"name": name, "pushNotificationConfig": {
+                    "url": "http://127.0.0.1:9/hook", "token": "receiver-token",
+                    "authentication": {"schemes": ["Bearer"], "credentials": "very-secret"},
+                }},
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{created}");
+    assert_eq!(created["name"], json!(name), "{created}");
+    let config = &created["pushNotificationConfig"];
+    assert_eq!(config["id"], "cfg-1", "{created}");
+    assert_eq!(config["url"], "http://127.0.0.1:9/hook");
+    assert_eq!(config["authentication"]["schemes"], json!(["Bearer"]));
+    assert!(created.get("taskId").is_none(), "{created}");
+    assert!(!created.to_string().contains("very-secret"), "{created}");
+
+    let (status, got) = rest.get(&format!("/v1/{name}")).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got, created);
+    let rpc = server
+        .rpc(
+            V03,
+            "tasks/pushNotificationConfig/get",
+            json!({"id": task, "pushNotificationConfigId": "cfg-1"}),
+        )
+        .await;
+    assert_eq!(rpc["result"]["pushNotificationConfig"], *config, "{rpc}");
+    let (status, listed) = rest
+        .get(&format!("/v1/tasks/{task}/pushNotificationConfigs"))
+        .await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed, json!({"configs": [created]}));
+
+    let deleted = server
+        .client
+        .delete(rest.url(&format!("/v1/{name}")))
+        .send()
+        .await
+        .expect("sent");
+    let (status, deleted) = Rest::answer(deleted).await;
+    assert_eq!((status, deleted), (200, json!({})));
+    let (status, listed) = rest
+        .get(&format!("/v1/tasks/{task}/pushNotificationConfigs"))
+        .await;
+    assert_eq!((status, listed), (200, json!({"configs": []})));
+}
