@@ -18,9 +18,21 @@ use serde_json::{Map, Value};
 use std::time::Instant;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
+    shared_routes(cfg);
+    cfg.route("/tasks", web::get().to(list_tasks))
+        .route("/extendedAgentCard", web::get().to(extended_card))
+        .service(
+            web::scope(V03_PREFIX)
+                .app_data(Dialect::V03)
+                .configure(shared_routes)
+                .route("/card", web::get().to(extended_card)),
+        );
+}
+
+/// The routes both versions serve at the same paths (v0.3's under [`V03_PREFIX`]).
+fn shared_routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/message:send", web::post().to(send_message))
         .route("/message:stream", web::post().to(send_streaming_message))
-        .route("/tasks", web::get().to(list_tasks))
         .route("/tasks/{task}", web::get().to(task_get))
         .route("/tasks/{task}", web::post().to(task_post))
         .route(
@@ -30,24 +42,6 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route(
             "/tasks/{task}/pushNotificationConfigs/{config}",
             web::route().to(push_configs),
-        )
-        .route("/extendedAgentCard", web::get().to(extended_card))
-        .service(
-            web::scope(V03_PREFIX)
-                .app_data(Dialect::V03)
-                .route("/message:send", web::post().to(send_message))
-                .route("/message:stream", web::post().to(send_streaming_message))
-                .route("/tasks/{task}", web::get().to(task_get))
-                .route("/tasks/{task}", web::post().to(task_post))
-                .route(
-                    "/tasks/{task}/pushNotificationConfigs",
-                    web::route().to(push_configs),
-                )
-                .route(
-                    "/tasks/{task}/pushNotificationConfigs/{config}",
-                    web::route().to(push_configs),
-                )
-                .route("/card", web::get().to(extended_card)),
         );
 }
 
