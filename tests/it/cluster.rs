@@ -363,13 +363,13 @@ async fn a_turn_longer_than_its_lease_keeps_it_by_renewing() {
 }
 
 /// `colloquy serve` on the database `url` with the echo agent answering after `delay_ms`.
-struct ChildNode {
-    child: Child,
-    url: String,
+pub(crate) struct ChildNode {
+    pub(crate) child: Child,
+    pub(crate) url: String,
 }
 
 impl ChildNode {
-    async fn start(database: &str, lease_secs: u64, delay_ms: u64) -> ChildNode {
+    pub(crate) async fn start(database: &str, lease_secs: u64, delay_ms: u64) -> ChildNode {
         let port = free_port();
         let data = tempfile::tempdir().expect("temp dir");
         let mut child = Command::new(env!("CARGO_BIN_EXE_colloquy"))

@@ -10,6 +10,7 @@
 //! Operations run on a small runtime of the store's own, so connections never live on (and
 //! stall with) an actor's thread. Every commit is durable when PostgreSQL acknowledges it.
 
+mod failover;
 mod ops;
 mod schema;
 
@@ -151,7 +152,11 @@ impl Failure {
     pub(crate) fn into_store(self) -> StoreError {
         match self {
             Failure::Store(e) => e,
-            Failure::Pool(e) => StoreError::Backend(format!("database connection: {e}")),
+            // No connection to be had: none was used, nothing was written.
+            Failure::Pool(e) => StoreError::Unavailable(format!("database connection: {e}")),
+            Failure::Db(e) if failover::connection_lost(&e) => {
+                StoreError::Unavailable(format!("database: {e}"))
+            }
             Failure::Db(e) => StoreError::Backend(match e.as_db_error() {
                 Some(db) => format!("database: {} ({})", db.message(), db.code().code()),
                 None => format!("database: {e}"),
@@ -197,10 +202,11 @@ impl PgStore {
     }
 
     fn pool(options: &PgOptions) -> StoreResult<PgStore> {
-        let config: tokio_postgres::Config = options
+        let mut config: tokio_postgres::Config = options
             .url
             .parse()
             .map_err(|e| StoreError::Backend(format!("store.url: {e}")))?;
+        failover::bound_dead_hosts(&mut config);
         let manager_config = || ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
@@ -281,7 +287,7 @@ impl ConversationStore for PgStore {
         status: TaskStatus,
     ) -> BoxFuture<'static, StoreResult<()>> {
         let lease = lease.clone();
-        self.run(|ops| async move { retrying(|| ops.record_status(&lease, &status)).await })
+        self.run(|ops| async move { ops.record_status_across_failover(&lease, &status).await })
     }
 
     fn renew_lease(&self, lease: &Lease) -> BoxFuture<'static, StoreResult<()>> {
@@ -290,7 +296,7 @@ impl ConversationStore for PgStore {
     }
 
     fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>> {
-        self.run(|ops| async move { retrying(|| ops.finish(&end)).await })
+        self.run(|ops| async move { ops.finish_across_failover(&end).await })
     }
 
     fn cancel_waiting(

@@ -17,16 +17,16 @@ use tokio_postgres::Row;
 
 /// A task as stored: its history lives in the conversation, referenced by sequence number.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct StoredTask {
-    task: Task,
+pub(super) struct StoredTask {
+    pub(super) task: Task,
     history_seqs: Vec<u64>,
 }
 
 /// A task row: the record and who owns it.
-struct TaskRow {
-    key: ConversationKey,
+pub(super) struct TaskRow {
+    pub(super) key: ConversationKey,
     principal: String,
-    stored: StoredTask,
+    pub(super) stored: StoredTask,
     bytes: usize,
 }
 
@@ -156,6 +156,7 @@ impl Ops {
         let tx = client.transaction().await?;
         let recent = free_for(&tx, turn, &key).await?;
         let mut stored = task_to_run(&tx, turn, &key).await?;
+        let before = turn.continuing.then(|| stored.clone());
         let Some(taken) = self.take(&tx, turn, &key).await? else {
             // Taken by another node between our read and our write.
             return Err(busy(&tx, turn, &key).await?.into());
@@ -178,7 +179,21 @@ impl Ops {
         let earlier = &stored.history_seqs[..stored.history_seqs.len() - 1];
         task.history = messages_at(&tx, &key, earlier).await?.0;
         task.history.push(turn.message.clone());
-        tx.commit().await?;
+        if let Err(e) = tx.commit().await {
+            if super::failover::connection_lost(&e) {
+                // Perhaps stored (and on the standby): the caller is told to retry, so take it back.
+                let start = super::failover::UnansweredStart {
+                    key,
+                    principal: turn.principal.clone(),
+                    task_id: turn.task_id.clone(),
+                    token: taken.token,
+                    seq,
+                    before,
+                };
+                super::failover::undo_unanswered_start(self.pool.clone(), start);
+            }
+            return Err(e.into());
+        }
         metrics::counter!("colloquy_leases_taken_total").increment(1);
         Ok(TurnBegun {
             lease: Lease {
@@ -891,7 +906,7 @@ async fn release(tx: &impl GenericClient, key: &ConversationKey) -> Result<(), F
     Ok(())
 }
 
-async fn load_task(
+pub(super) async fn load_task(
     client: &impl GenericClient,
     task_id: &str,
     lock: bool,
@@ -905,7 +920,7 @@ async fn load_task(
     row.as_ref().map(task_row).transpose()
 }
 
-async fn put_task(
+pub(super) async fn put_task(
     client: &impl GenericClient,
     key: &ConversationKey,
     principal: &str,
