@@ -9,6 +9,7 @@ mod agent_openai;
 mod auth;
 mod cli_store;
 mod cluster;
+mod cluster_metrics;
 mod crash;
 mod engine;
 mod failover;
