@@ -48,7 +48,11 @@ mkdir "$WORK/db"
 [ ${#AS[@]} -gt 0 ] && chown nobody "$WORK/db"
 "${AS[@]}" "$PG_BIN/initdb" -D "$WORK/db/data" -U postgres --auth=trust -E UTF8 --locale=C >/dev/null
 "${AS[@]}" "$PG_BIN/pg_ctl" -D "$WORK/db/data" -l "$WORK/db/log" -w -t 60 \
-  -o "-p $DB_PORT -k $WORK/db -c listen_addresses=127.0.0.1 -c max_connections=200" start >/dev/null
+  -o "-p $DB_PORT -k $WORK/db -c listen_addresses=127.0.0.1 -c max_connections=200 \
+      -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_planning=on" \
+  start >/dev/null
+psql() { "$PG_BIN/psql" -h 127.0.0.1 -p "$DB_PORT" -U postgres -d postgres -qAtX "$@"; }
+psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
 DB_URL="postgres://postgres@127.0.0.1:$DB_PORT/postgres"
 POSTMASTER=$(head -1 "$WORK/db/data/postmaster.pid")
 
@@ -90,19 +94,30 @@ run() { # name urls node-pids...
   local before=() after=() pg_before pg_after lg_ticks
   for pid in "$@"; do before+=("$(ticks "$pid")"); done
   pg_before=$(pg_snapshot)
+  psql -c "SELECT pg_stat_statements_reset()" >/dev/null
   timeout 600 "$COLLOQUY" loadgen --url "$urls" --conversations "$CONVERSATIONS" --turns "$TURNS" \
     --total "$TOTAL" --text-bytes "$TEXT" --version 1.0 --timeout-secs 60 --json \
     >"$WORK/last.out" &
-  local lg=$!
-  while kill -0 "$lg" 2>/dev/null; do lg_ticks=$(ticks "$lg"); sleep 0.2; done
+  local lg=$! loadgen=""
+  # The loadgen is timeout's child: sample its CPU until it exits.
+  while kill -0 "$lg" 2>/dev/null; do
+    [ -n "$loadgen" ] || loadgen=$(pgrep -P "$lg" || true)
+    [ -n "$loadgen" ] && lg_ticks=$(ticks "$loadgen")
+    sleep 0.1
+  done
   wait "$lg" || true
+  # Statements by the database's own time (parse/plan + execute), per run.
+  psql -F ' | ' -c "SELECT calls, round((total_plan_time + total_exec_time)::numeric, 1), \
+      left(regexp_replace(query, '\s+', ' ', 'g'), 90) FROM pg_stat_statements \
+      ORDER BY total_plan_time + total_exec_time DESC LIMIT 8" >"$WORK/statements.$name" || true
   pg_after=$(pg_snapshot)
   local node_ticks=0 i=0
   for pid in "$@"; do node_ticks=$((node_ticks + $(ticks "$pid") - before[i])); i=$((i + 1)); done
   tail -1 "$WORK/last.out" | jq -c --arg name "$name" --argjson nodes "$node_ticks" \
     --argjson loadgen "${lg_ticks:-0}" --arg pgb "$pg_before" --arg pga "$pg_after" \
     --argjson hz "$(getconf CLK_TCK)" \
-    '. + {name: $name, hz: $hz, node_ticks: $nodes, loadgen_ticks: $loadgen, pg_before: $pgb, pg_after: $pga}'
+    --rawfile statements "$WORK/statements.$name" \
+    '. + {name: $name, hz: $hz, node_ticks: $nodes, loadgen_ticks: $loadgen, pg_before: $pgb, pg_after: $pga, statements: $statements}'
 }
 
 RESULTS="$WORK/results.jsonl"
@@ -162,4 +177,11 @@ for r in rows:
     d = {k: v for k, v in sorted(pg_delta(r).items(), key=lambda kv: -kv[1]) if v > 0}
     ok = max(r["turns_ok"], 1)
     print(f"  {r['name']:<20} " + ", ".join(f"{k} {1e6 * v / r['hz'] / ok:.0f}" for k, v in d.items()))
+last = [r for r in rows if r["name"] == "2 nodes, PostgreSQL"][-1:]
+for r in last:
+    ok = max(r["turns_ok"], 1)
+    print(f"\nStatements of the last '{r['name']}' run (pg_stat_statements; calls per turn, plan+exec ms per turn):")
+    for line in r["statements"].splitlines():
+        calls, ms, query = line.split(" | ", 2)
+        print(f"  {int(calls) / ok:>5.2f} {1000 * float(ms) / ok:>7.1f} us  {query}")
 EOF
