@@ -233,8 +233,9 @@ async fn while_the_database_is_down_readyz_fails_and_requests_say_retry() {
     let Some(database) = pg::standalone("failover::while_the_database_is_down") else {
         return;
     };
+    // Named in libpq's key-value form, which store.url takes too.
     let node = start_with(Arc::new(ScriptedAgent), |config| {
-        config.store.url = database.url();
+        config.store.url = database.key_value();
     })
     .await;
     let first = node.send_text(V1, "before", Some("outage"), None).await;

@@ -241,4 +241,25 @@ mod tests {
         bound_dead_hosts(&mut config);
         assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(1)));
     }
+
+    #[test]
+    fn store_url_takes_urls_and_key_value_strings_naming_hosts() {
+        use super::super::is_postgres_url;
+        for url in [
+            "postgres://u@db/c",
+            "postgresql://u@a:5432,b:5433/c?target_session_attrs=read-write",
+            "host=a,b port=5432,5433 user=u dbname=c target_session_attrs=read-write",
+        ] {
+            assert!(is_postgres_url(url), "{url}");
+        }
+        for not in [
+            "./data",
+            "sled",
+            "mysql://db/c",
+            "dbname=c",
+            "host='unclosed",
+        ] {
+            assert!(!is_postgres_url(not), "{not}");
+        }
+    }
 }

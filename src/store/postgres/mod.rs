@@ -79,9 +79,14 @@ fn tls_connector(
     Ok(Some(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
 }
 
-/// Whether `url` names a PostgreSQL database.
+/// Whether `url` names a PostgreSQL database: a `postgres://` or `postgresql://` URL, or a
+/// key-value connection string naming its hosts (`host=a,b port=5432,5433 dbname=…`).
 pub fn is_postgres_url(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
+    let key_value = || {
+        url.split_whitespace().any(|pair| pair.starts_with("host="))
+            && url.parse::<tokio_postgres::Config>().is_ok()
+    };
+    url.starts_with("postgres://") || url.starts_with("postgresql://") || key_value()
 }
 
 /// The store. Cheap to clone.

@@ -619,8 +619,12 @@ pub fn standalone(test: &str) -> Option<Standalone> {
 }
 
 impl Standalone {
-    pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.0.port)
+    /// The database as a key-value connection string (libpq's other form than the URL).
+    pub fn key_value(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres target_session_attrs=read-write",
+            self.0.port
+        )
     }
 
     /// Stops the server at once (connections are cut, as by a crash).
