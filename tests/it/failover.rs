@@ -8,11 +8,14 @@ use crate::cluster::ChildNode;
 use crate::common::*;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Conversations driven at once (half start on each node; turns alternate between nodes).
 const CONVERSATIONS: usize = 6;
+
+/// Turns acknowledged so far, in all conversations.
+static ACKNOWLEDGED: AtomicUsize = AtomicUsize::new(0);
 
 /// A turn a client was answered completed.
 #[derive(Debug, Clone)]
@@ -61,6 +64,7 @@ async fn converse(nodes: Arc<Vec<String>>, conversation: usize, stop: Arc<Atomic
             seen.wrong.push(answer.clone());
             break;
         }
+        ACKNOWLEDGED.fetch_add(1, Ordering::Relaxed);
         seen.acknowledged.push(Acknowledged {
             task_id: task["id"].as_str().unwrap_or_default().to_owned(),
             text,
@@ -127,7 +131,14 @@ async fn acknowledged_turns_survive_the_primary_failing_over_to_a_synchronous_st
     tokio::time::sleep(Duration::from_millis(1000)).await;
     pair.promote_standby();
     let promoted = Instant::now();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Load on until every conversation could have gone on twice on the promoted standby.
+    let at_promotion = ACKNOWLEDGED.load(Ordering::Relaxed);
+    until(
+        "turns acknowledged after the promotion",
+        Duration::from_secs(45),
+        async || ACKNOWLEDGED.load(Ordering::Relaxed) >= at_promotion + 2 * CONVERSATIONS,
+    )
+    .await;
     stop.store(true, Ordering::Relaxed);
 
     let mut seen = Vec::new();
