@@ -301,3 +301,70 @@ async fn while_the_database_is_down_readyz_fails_and_requests_say_retry() {
     assert_eq!(texts.len(), 4, "{texts:?}");
     node.stop().await;
 }
+
+#[actix_rt::test]
+async fn a_start_whose_commit_went_unanswered_is_taken_back() {
+    let Some(database) = pg::standalone("failover::a_start_whose_commit_went_unanswered") else {
+        return;
+    };
+    let node = start_with(Arc::new(ScriptedAgent), |config| {
+        config.store.url = database.key_value();
+    })
+    .await;
+    // A synchronous standby that never comes: commits are written, then wait for it.
+    database.stop();
+    database.start_with("-c synchronous_standby_names=ghost");
+    let (monitor, connection) =
+        tokio_postgres::connect(&database.key_value(), tokio_postgres::NoTls)
+            .await
+            .expect("a monitoring connection");
+    actix_rt::spawn(connection);
+    let (client, url) = (node.client.clone(), node.url.clone());
+    let sent = actix_rt::spawn(async move {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+            "message": user_message(V1, "lost in the commit", Some("unanswered"), None)}});
+        post_rpc(&client, &url, V1, &body).await
+    });
+    until(
+        "the start waits for the standby",
+        Duration::from_secs(30),
+        async || {
+            let waiting = monitor
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+                    &[],
+                )
+                .await
+                .expect("pg_stat_activity");
+            waiting.get::<_, i64>(0) > 0
+        },
+    )
+    .await;
+    // The primary goes with the commit written and unanswered; it comes back with it.
+    database.stop();
+    let answer = sent.await.expect("the request ends");
+    assert_eq!(answer["error"]["code"], json!(-32016), "{answer}");
+    database.start();
+    until(
+        "the start is taken back",
+        Duration::from_secs(30),
+        async || node.stored_messages(V1, "unanswered").await.is_empty(),
+    )
+    .await;
+    let again = node
+        .send_text(V1, "lost in the commit", Some("unanswered"), None)
+        .await;
+    assert_eq!(
+        artifact_text(task_of(&again)),
+        "echo: lost in the commit (turn 1)",
+        "the retry is the conversation's first turn: {again}"
+    );
+    let texts: Vec<String> = node
+        .stored_messages(V1, "unanswered")
+        .await
+        .iter()
+        .map(message_text)
+        .collect();
+    assert_eq!(texts.len(), 2, "{texts:?}");
+    node.stop().await;
+}

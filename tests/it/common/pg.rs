@@ -641,6 +641,11 @@ impl Standalone {
     pub fn start(&self) {
         self.0.start_server("");
     }
+
+    /// Starts it again with more server options (`-c name=value …`).
+    pub fn start_with(&self, options: &str) {
+        self.0.start_server(options);
+    }
 }
 
 impl Drop for Standalone {
