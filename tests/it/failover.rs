@@ -368,3 +368,41 @@ async fn a_start_whose_commit_went_unanswered_is_taken_back() {
     assert_eq!(texts.len(), 2, "{texts:?}");
     node.stop().await;
 }
+
+#[actix_rt::test]
+async fn a_running_turn_stores_its_end_once_the_database_is_back() {
+    let Some(database) = pg::standalone("failover::a_running_turn_stores_its_end") else {
+        return;
+    };
+    let node = start_with(Arc::new(ScriptedAgent), |config| {
+        config.store.url = database.key_value();
+    })
+    .await;
+    let (client, url) = (node.client.clone(), node.url.clone());
+    let sent = actix_rt::spawn(async move {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+            "message": user_message(V1, "slow 3000", Some("outlasted"), None)}});
+        post_rpc(&client, &url, V1, &body).await
+    });
+    // The turn has started; the database goes while its agent works and is still away when
+    // the agent ends.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    database.stop();
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    database.start();
+    let answer = sent.await.expect("the request ends");
+    let task = task_of(&answer);
+    assert_eq!(
+        task["status"]["state"],
+        json!("TASK_STATE_COMPLETED"),
+        "{answer}"
+    );
+    let texts: Vec<String> = node
+        .stored_messages(V1, "outlasted")
+        .await
+        .iter()
+        .map(message_text)
+        .collect();
+    assert_eq!(texts, ["slow 3000".to_owned(), artifact_text(task)]);
+    node.stop().await;
+}
