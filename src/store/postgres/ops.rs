@@ -163,7 +163,10 @@ impl Ops {
         };
         let seq = taken.next_seq - 1;
         tx.execute(
-            "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)",
+            &tx.prepare_cached(
+                "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)",
+            )
+            .await?,
             &[
                 &key.as_bytes().as_slice(),
                 &(seq as i64),
@@ -220,7 +223,8 @@ impl Ops {
         let holder = self.holder.read().clone();
         let row = tx
             .query_opt(
-                "INSERT INTO colloquy_conversations (conv_key, principal_key, principal, \
+                &tx.prepare_cached(
+                    "INSERT INTO colloquy_conversations (conv_key, principal_key, principal, \
                      context_id, created_at, updated_at, updated_ms, turns, next_seq, token, \
                      running_task, lease_expires, lease_holder, agent_state) \
                  VALUES ($1, $2, $3, $4, $5, $5, $6, 1, 1, 1, $7, \
@@ -236,6 +240,8 @@ impl Ops {
                  WHERE colloquy_conversations.running_task IS NULL \
                      OR colloquy_conversations.lease_expires <= now() \
                  RETURNING turns, next_seq, token, agent_state",
+                )
+                .await?,
                 &[
                     &key.as_bytes().as_slice(),
                     &PrincipalKey::new(&turn.principal).as_bytes().as_slice(),
@@ -283,9 +289,13 @@ impl Ops {
         let client = self.client().await?;
         let renewed = client
             .execute(
-                "UPDATE colloquy_conversations \
+                &client
+                    .prepare_cached(
+                        "UPDATE colloquy_conversations \
                  SET lease_expires = now() + $4::FLOAT8 * INTERVAL '1 second' \
                  WHERE conv_key = $1 AND token = $2 AND running_task = $3",
+                    )
+                    .await?,
                 &[
                     &lease.key.as_bytes().as_slice(),
                     &(lease.token as i64),
@@ -312,7 +322,10 @@ impl Ops {
             .ok_or_else(|| stale(lease))?;
         if let Some(reply) = &end.reply {
             tx.execute(
-                "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)",
+                &tx.prepare_cached(
+                    "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)",
+                )
+                .await?,
                 &[&key, &next_seq, &encode(reply)],
             )
             .await?;
@@ -325,10 +338,13 @@ impl Ops {
         let now = crate::model::now();
         let agent_state = end.agent_state.as_ref().map(encode);
         tx.execute(
-            "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
+            &tx.prepare_cached(
+                "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
                  lease_holder = NULL, next_seq = $2, updated_at = $3, updated_ms = $4, \
                  agent_state = COALESCE($5, agent_state) \
              WHERE conv_key = $1",
+            )
+            .await?,
             &[&key, &next_seq, &now, &now.timestamp_millis(), &agent_state],
         )
         .await?;
@@ -353,8 +369,11 @@ impl Ops {
         let key = found.key;
         let conversation = tx
             .query_opt(
-                "SELECT running_task, lease_expires <= now() AS expired \
+                &tx.prepare_cached(
+                    "SELECT running_task, lease_expires <= now() AS expired \
                  FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE",
+                )
+                .await?,
                 &[&key.as_bytes().as_slice()],
             )
             .await?;
@@ -404,9 +423,12 @@ impl Ops {
         let tx = client.transaction().await?;
         let expired = tx
             .query(
-                "SELECT conv_key, running_task FROM colloquy_conversations \
+                &tx.prepare_cached(
+                    "SELECT conv_key, running_task FROM colloquy_conversations \
                  WHERE lease_expires <= now() AND running_task IS NOT NULL \
                  ORDER BY conv_key LIMIT 1000 FOR UPDATE",
+                )
+                .await?,
                 &[],
             )
             .await?;
@@ -418,8 +440,11 @@ impl Ops {
                 failed += 1;
             }
             tx.execute(
-                "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
+                &tx.prepare_cached(
+                    "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
                      lease_holder = NULL, token = token + 1 WHERE conv_key = $1",
+                )
+                .await?,
                 &[&key_bytes],
             )
             .await?;
@@ -435,8 +460,11 @@ impl Ops {
         let tx = client.transaction().await?;
         let abandoned = tx
             .query_opt(
-                "SELECT 1 FROM colloquy_conversations WHERE conv_key = $1 \
+                &tx.prepare_cached(
+                    "SELECT 1 FROM colloquy_conversations WHERE conv_key = $1 \
                  AND running_task = $2 AND lease_expires <= now() FOR UPDATE",
+                )
+                .await?,
                 &[&key.as_bytes().as_slice(), &task_id.as_bytes()],
             )
             .await?;
@@ -485,8 +513,8 @@ impl Ops {
         'pages: loop {
             let rows = client
                 .query(
-                    "SELECT seq, body FROM colloquy_messages WHERE conv_key = $1 AND seq >= $2 \
-                     ORDER BY seq LIMIT $3",
+                    &client.prepare_cached("SELECT seq, body FROM colloquy_messages WHERE conv_key = $1 AND seq >= $2 \
+                     ORDER BY seq LIMIT $3").await?,
                     &[&key.as_bytes().as_slice(), &next, &MESSAGE_BATCH],
                 )
                 .await?;
@@ -648,7 +676,11 @@ impl Ops {
         let client = self.client().await?;
         let total: i64 = client
             .query_one(
-                "SELECT count(*) FROM colloquy_conversations WHERE principal_key = $1",
+                &client
+                    .prepare_cached(
+                        "SELECT count(*) FROM colloquy_conversations WHERE principal_key = $1",
+                    )
+                    .await?,
                 &[&principal_key],
             )
             .await?
@@ -691,8 +723,11 @@ impl Ops {
         let tx = client.transaction().await?;
         let Some(row) = tx
             .query_opt(
-                "SELECT context_id, running_task, lease_expires <= now() AS expired \
+                &tx.prepare_cached(
+                    "SELECT context_id, running_task, lease_expires <= now() AS expired \
                  FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE",
+                )
+                .await?,
                 &[&key_bytes],
             )
             .await?
@@ -735,8 +770,12 @@ impl Ops {
         let client = self.client().await?;
         let row = client
             .query_opt(
-                "SELECT lease_holder FROM colloquy_conversations WHERE conv_key = $1 \
+                &client
+                    .prepare_cached(
+                        "SELECT lease_holder FROM colloquy_conversations WHERE conv_key = $1 \
                  AND running_task = $2 AND lease_expires > now()",
+                    )
+                    .await?,
                 &[&task.key.as_bytes().as_slice(), &task_id.as_bytes()],
             )
             .await?;
@@ -752,8 +791,12 @@ impl Ops {
         let client = self.client().await?;
         client
             .execute(
-                "INSERT INTO colloquy_probe (id, at) VALUES (1, now()) \
+                &client
+                    .prepare_cached(
+                        "INSERT INTO colloquy_probe (id, at) VALUES (1, now()) \
                  ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                    )
+                    .await?,
                 &[],
             )
             .await?;
@@ -764,7 +807,12 @@ impl Ops {
     pub(super) async fn size_on_disk(&self) -> Result<u64, Failure> {
         let client = self.client().await?;
         let row = client
-            .query_one("SELECT pg_database_size(current_database())", &[])
+            .query_one(
+                &client
+                    .prepare_cached("SELECT pg_database_size(current_database())")
+                    .await?,
+                &[],
+            )
             .await?;
         Ok(row.try_get::<_, i64>(0)?.max(0) as u64)
     }
@@ -794,8 +842,11 @@ async fn free_for(
 ) -> Result<Vec<Message>, Failure> {
     let current = tx
         .query_opt(
-            "SELECT running_task, lease_expires <= now() AS expired, next_seq \
+            &tx.prepare_cached(
+                "SELECT running_task, lease_expires <= now() AS expired, next_seq \
              FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE",
+            )
+            .await?,
             &[&key.as_bytes().as_slice()],
         )
         .await?;
@@ -864,7 +915,10 @@ async fn busy(
 ) -> Result<StoreError, Failure> {
     let running = tx
         .query_opt(
-            "SELECT running_task FROM colloquy_conversations WHERE conv_key = $1",
+            &tx.prepare_cached(
+                "SELECT running_task FROM colloquy_conversations WHERE conv_key = $1",
+            )
+            .await?,
             &[&key.as_bytes().as_slice()],
         )
         .await?
@@ -882,8 +936,11 @@ async fn busy(
 async fn held(tx: &impl GenericClient, lease: &Lease) -> Result<i64, Failure> {
     let row = tx
         .query_opt(
-            "SELECT next_seq FROM colloquy_conversations \
+            &tx.prepare_cached(
+                "SELECT next_seq FROM colloquy_conversations \
              WHERE conv_key = $1 AND token = $2 AND running_task = $3 FOR UPDATE",
+            )
+            .await?,
             &[
                 &lease.key.as_bytes().as_slice(),
                 &(lease.token as i64),
@@ -898,8 +955,11 @@ async fn held(tx: &impl GenericClient, lease: &Lease) -> Result<i64, Failure> {
 /// Frees a conversation whose holder's lease expired, moving the token on.
 async fn release(tx: &impl GenericClient, key: &ConversationKey) -> Result<(), Failure> {
     tx.execute(
-        "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
+        &tx.prepare_cached(
+            "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
              lease_holder = NULL, token = token + 1 WHERE conv_key = $1",
+        )
+        .await?,
         &[&key.as_bytes().as_slice()],
     )
     .await?;
@@ -916,7 +976,9 @@ pub(super) async fn load_task(
     } else {
         "SELECT conv_key, principal, record FROM colloquy_tasks WHERE task_id = $1"
     };
-    let row = client.query_opt(sql, &[&task_id.as_bytes()]).await?;
+    let row = client
+        .query_opt(&client.prepare_cached(sql).await?, &[&task_id.as_bytes()])
+        .await?;
     row.as_ref().map(task_row).transpose()
 }
 
@@ -931,10 +993,10 @@ pub(super) async fn put_task(
     let status = &record.task.status;
     client
         .execute(
-            "INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, state, \
+            &client.prepare_cached("INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, state, \
                  status_ms, record) VALUES ($1, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT (conv_key, task_id) DO UPDATE SET state = excluded.state, \
-                 status_ms = excluded.status_ms, record = excluded.record",
+                 status_ms = excluded.status_ms, record = excluded.record").await?,
             &[
                 &key.as_bytes().as_slice(),
                 &record.task.id.as_bytes(),
@@ -972,8 +1034,8 @@ async fn messages_between(
 ) -> Result<Vec<Message>, Failure> {
     let rows = client
         .query(
-            "SELECT body FROM colloquy_messages WHERE conv_key = $1 AND seq >= $2 AND seq < $3 \
-             ORDER BY seq",
+            &client.prepare_cached("SELECT body FROM colloquy_messages WHERE conv_key = $1 AND seq >= $2 AND seq < $3 \
+             ORDER BY seq").await?,
             &[&key.as_bytes().as_slice(), &first, &end],
         )
         .await?;
@@ -994,7 +1056,11 @@ async fn messages_at(
     let wanted: Vec<i64> = seqs.iter().map(|s| *s as i64).collect();
     let rows = client
         .query(
-            "SELECT seq, body FROM colloquy_messages WHERE conv_key = $1 AND seq = ANY($2)",
+            &client
+                .prepare_cached(
+                    "SELECT seq, body FROM colloquy_messages WHERE conv_key = $1 AND seq = ANY($2)",
+                )
+                .await?,
             &[&key.as_bytes().as_slice(), &wanted],
         )
         .await?;
