@@ -554,8 +554,8 @@ impl Config {
             && !crate::store::postgres::is_postgres_url(url)
         {
             return Err(ConfigError::Invalid(
-                "store.url must start with postgres:// or postgresql:// (or be empty for the \
-                 embedded store)"
+                "store.url must start with postgres:// or postgresql://, or be a key-value \
+                 connection string naming host= (or be empty for the embedded store)"
                     .into(),
             ));
         }

@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 
 #[derive(Args, Debug, Clone)]
 pub struct LoadgenArgs {
-    /// The server's JSON-RPC endpoint.
-    #[arg(long, default_value = "http://127.0.0.1:8080/")]
-    url: String,
+    /// The server's JSON-RPC endpoint; several (comma-separated or the flag repeated) spread
+    /// the conversations over them, conversation n on the (n mod count)-th.
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:8080/")]
+    url: Vec<String>,
     /// Conversations in flight at once.
     #[arg(long, default_value_t = 64)]
     conversations: usize,
@@ -192,10 +193,17 @@ pub fn run_report(mut args: LoadgenArgs) -> Result<Report, LoadgenError> {
             "--conversations and --turns must be positive".into(),
         ));
     }
-    if !args.url.starts_with("http://") && !args.url.starts_with("https://") {
+    args.url.retain(|url| !url.trim().is_empty());
+    if args.url.is_empty() {
+        return Err(LoadgenError::Args("--url names no endpoint".into()));
+    }
+    if let Some(url) = args
+        .url
+        .iter()
+        .find(|url| !url.starts_with("http://") && !url.starts_with("https://"))
+    {
         return Err(LoadgenError::Args(format!(
-            "--url {:?} is not an http(s) URL",
-            args.url
+            "--url {url:?} is not an http(s) URL"
         )));
     }
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -297,7 +305,7 @@ async fn drive(args: LoadgenArgs) -> Result<Report, LoadgenError> {
         }
     };
     Ok(Report {
-        url: args.url.clone(),
+        url: args.url.join(","),
         version: args.version.clone(),
         stream: args.stream,
         conversations: args.conversations,
@@ -370,11 +378,12 @@ async fn conversation(shared: &Shared, n: u64, histograms: &mut Histograms) {
     let args = &shared.args;
     let mut context_id = args.context_id.clone();
     let mut previous: Option<String> = None;
+    let url = &args.url[(n % args.url.len() as u64) as usize];
     for turn in 1..=args.turns {
         let text = turn_text(run_id(), n, turn, args.text_bytes);
         shared.turns_sent.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let result = one_turn(shared, &text, context_id.as_deref(), started).await;
+        let result = one_turn(shared, url, &text, context_id.as_deref(), started).await;
         let elapsed = started.elapsed();
         let reply = match result {
             Ok(reply) => reply,
@@ -457,6 +466,7 @@ static REQUEST_IDS: AtomicU64 = AtomicU64::new(1);
 
 async fn one_turn(
     shared: &Shared,
+    url: &str,
     text: &str,
     context_id: Option<&str>,
     started: Instant,
@@ -464,7 +474,7 @@ async fn one_turn(
     let args = &shared.args;
     let id = REQUEST_IDS.fetch_add(1, Ordering::Relaxed);
     let body = request_body(args, text, context_id, id);
-    let mut request = shared.client.post(&args.url).json(&body);
+    let mut request = shared.client.post(url).json(&body);
     if args.version == "1.0" {
         request = request.header("A2A-Version", "1.0");
     }
@@ -506,6 +516,7 @@ fn rpc_error(value: &Value) -> Option<TurnError> {
     Some(TurnError::kind(match code {
         -32010 => "rpc_-32010_context_busy".to_owned(),
         -32011 => "rpc_-32011_overloaded".to_owned(),
+        -32016 => "rpc_-32016_store_unavailable".to_owned(),
         code => format!("rpc_{code}"),
     }))
 }

@@ -20,6 +20,9 @@ pub enum EngineError {
     ShuttingDown,
     #[error("storage error: {0}")]
     Store(String),
+    /// The database is unreachable for now (a failover): the caller may retry.
+    #[error("{0}")]
+    StoreUnavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -44,6 +47,7 @@ impl From<StoreError> for EngineError {
             StoreError::TaskNotCancelable { task_id, state } => {
                 EngineError::TaskNotCancelable { task_id, state }
             }
+            e @ StoreError::Unavailable(_) => EngineError::StoreUnavailable(e.to_string()),
             other @ (StoreError::Backend(_)
             | StoreError::Corrupt(_)
             | StoreError::ImportRefused(_)

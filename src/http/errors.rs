@@ -6,6 +6,10 @@
 use crate::engine::EngineError;
 use crate::protocol::{RpcError, WireVersion};
 
+/// How long a client is asked to wait before retrying a request the database could not take
+/// (a failover takes seconds).
+const STORE_RETRY_AFTER_MS: u64 = 1000;
+
 /// The JSON-RPC error a client of `version` gets for `error`.
 pub fn rpc_error(error: EngineError, version: WireVersion) -> RpcError {
     match error {
@@ -26,6 +30,10 @@ pub fn rpc_error(error: EngineError, version: WireVersion) -> RpcError {
         },
         EngineError::Overloaded { retry_after_ms, .. } => RpcError::Overloaded { retry_after_ms },
         EngineError::ShuttingDown => RpcError::ShuttingDown,
+        EngineError::StoreUnavailable(why) => RpcError::StoreUnavailable {
+            why,
+            retry_after_ms: STORE_RETRY_AFTER_MS,
+        },
         e @ (EngineError::Store(_) | EngineError::Internal(_)) => RpcError::Internal(e.to_string()),
     }
 }
@@ -39,6 +47,12 @@ pub fn push_error(error: crate::push::ConfigError) -> RpcError {
         e @ ConfigError::Store(
             PushError::ConfigNotFound { .. } | PushError::TooManyConfigs { .. },
         ) => RpcError::InvalidParams(e.to_string()),
+        ConfigError::Store(PushError::Store(e @ crate::store::StoreError::Unavailable(_))) => {
+            RpcError::StoreUnavailable {
+                why: e.to_string(),
+                retry_after_ms: STORE_RETRY_AFTER_MS,
+            }
+        }
         ConfigError::Store(PushError::Store(e)) => RpcError::Internal(e.to_string()),
         e @ ConfigError::Target(_) => RpcError::InvalidParams(e.to_string()),
     }

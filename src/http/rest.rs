@@ -368,7 +368,8 @@ pub fn error_response(error: &RpcError, status: Option<StatusCode>) -> HttpRespo
         RpcError::Unauthenticated(_) => {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        RpcError::Overloaded { retry_after_ms } => {
+        RpcError::Overloaded { retry_after_ms }
+        | RpcError::StoreUnavailable { retry_after_ms, .. } => {
             headers.insert(
                 header::RETRY_AFTER,
                 HeaderValue::from(retry_after_ms.div_ceil(1000).max(1)),

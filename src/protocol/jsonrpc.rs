@@ -52,6 +52,9 @@ pub enum RpcError {
     Unauthenticated(String),
     #[error("conversation not found: {0}")]
     ConversationNotFound(String),
+    /// Nothing of the request was stored; the same request may be sent again.
+    #[error("{why}; nothing was stored, retry in {retry_after_ms} ms")]
+    StoreUnavailable { why: String, retry_after_ms: u64 },
 }
 
 /// How one error is spelled on each binding: the one table, so the bindings cannot disagree.
@@ -138,6 +141,9 @@ impl RpcError {
             RpcError::ConversationNotFound(_) => {
                 spelling(-32015, "CONVERSATION_NOT_FOUND", 404, "NOT_FOUND")
             }
+            RpcError::StoreUnavailable { .. } => {
+                spelling(-32016, "STORE_UNAVAILABLE", 503, "UNAVAILABLE")
+            }
         }
     }
 
@@ -170,6 +176,10 @@ impl RpcError {
             RpcError::ShuttingDown,
             RpcError::Unauthenticated(none()),
             RpcError::ConversationNotFound(none()),
+            RpcError::StoreUnavailable {
+                why: none(),
+                retry_after_ms: 0,
+            },
         ]
         .iter()
         .map(RpcError::spelling)
@@ -188,7 +198,8 @@ impl RpcError {
                 details.insert("contextId".into(), json!(context_id));
                 details.insert("taskId".into(), json!(task_id));
             }
-            RpcError::Overloaded { retry_after_ms } => {
+            RpcError::Overloaded { retry_after_ms }
+            | RpcError::StoreUnavailable { retry_after_ms, .. } => {
                 details.insert("retryAfterMs".into(), json!(retry_after_ms));
             }
             _ => {}

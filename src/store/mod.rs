@@ -26,6 +26,10 @@ use std::sync::Arc;
 pub enum StoreError {
     #[error("storage backend: {0}")]
     Backend(String),
+    /// The database cannot be reached or its connection broke (a failover, say): nothing of
+    /// the operation is stored, and the same request may be retried.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
     #[error("stored record is unreadable: {0}")]
     Corrupt(String),
     #[error("invalid page token")]

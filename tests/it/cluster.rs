@@ -363,13 +363,23 @@ async fn a_turn_longer_than_its_lease_keeps_it_by_renewing() {
 }
 
 /// `colloquy serve` on the database `url` with the echo agent answering after `delay_ms`.
-struct ChildNode {
-    child: Child,
-    url: String,
+pub(crate) struct ChildNode {
+    pub(crate) child: Child,
+    pub(crate) url: String,
 }
 
 impl ChildNode {
-    async fn start(database: &str, lease_secs: u64, delay_ms: u64) -> ChildNode {
+    pub(crate) async fn start(database: &str, lease_secs: u64, delay_ms: u64) -> ChildNode {
+        ChildNode::start_with_env(database, lease_secs, delay_ms, &[]).await
+    }
+
+    /// [`ChildNode::start`] with more environment variables (settings) for the node.
+    pub(crate) async fn start_with_env(
+        database: &str,
+        lease_secs: u64,
+        delay_ms: u64,
+        env: &[(&str, &str)],
+    ) -> ChildNode {
         let port = free_port();
         let data = tempfile::tempdir().expect("temp dir");
         let mut child = Command::new(env!("CARGO_BIN_EXE_colloquy"))
@@ -378,6 +388,7 @@ impl ChildNode {
             .args(["--echo-delay-ms", &delay_ms.to_string()])
             .env("COLLOQUY_STORE__URL", database)
             .env("COLLOQUY_CLUSTER__LEASE_SECS", lease_secs.to_string())
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -396,13 +407,13 @@ impl ChildNode {
         panic!("colloquy did not come up");
     }
 
-    fn signal(&self, signal: libc::c_int) {
+    pub(crate) fn signal(&self, signal: libc::c_int) {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
     }
 
     /// Starts a turn and returns its task id at once.
-    async fn send_immediately(&self, text: &str, context_id: &str) -> String {
+    pub(crate) async fn send_immediately(&self, text: &str, context_id: &str) -> String {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
             "message": user_message(V1, text, Some(context_id), None),
             "configuration": {"returnImmediately": true},

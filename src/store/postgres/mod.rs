@@ -10,6 +10,7 @@
 //! Operations run on a small runtime of the store's own, so connections never live on (and
 //! stall with) an actor's thread. Every commit is durable when PostgreSQL acknowledges it.
 
+mod failover;
 mod ops;
 mod push;
 mod schema;
@@ -81,9 +82,14 @@ fn tls_connector(
     Ok(Some(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
 }
 
-/// Whether `url` names a PostgreSQL database.
+/// Whether `url` names a PostgreSQL database: a `postgres://` or `postgresql://` URL, or a
+/// key-value connection string naming its hosts (`host=a,b port=5432,5433 dbname=…`).
 pub fn is_postgres_url(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
+    let key_value = || {
+        url.split_whitespace().any(|pair| pair.starts_with("host="))
+            && url.parse::<tokio_postgres::Config>().is_ok()
+    };
+    url.starts_with("postgres://") || url.starts_with("postgresql://") || key_value()
 }
 
 /// The store. Cheap to clone.
@@ -157,7 +163,11 @@ impl Failure {
     pub(crate) fn into_store(self) -> StoreError {
         match self {
             Failure::Store(e) => e,
-            Failure::Pool(e) => StoreError::Backend(format!("database connection: {e}")),
+            // No connection to be had: none was used, nothing was written.
+            Failure::Pool(e) => StoreError::Unavailable(format!("database connection: {e}")),
+            Failure::Db(e) if failover::connection_lost(&e) => {
+                StoreError::Unavailable(format!("database: {e}"))
+            }
             Failure::Db(e) => StoreError::Backend(match e.as_db_error() {
                 Some(db) => format!("database: {} ({})", db.message(), db.code().code()),
                 None => format!("database: {e}"),
@@ -203,10 +213,11 @@ impl PgStore {
     }
 
     fn pool(options: &PgOptions) -> StoreResult<PgStore> {
-        let config: tokio_postgres::Config = options
+        let mut config: tokio_postgres::Config = options
             .url
             .parse()
             .map_err(|e| StoreError::Backend(format!("store.url: {e}")))?;
+        failover::bound_dead_hosts(&mut config);
         let manager_config = || ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
@@ -305,7 +316,9 @@ impl ConversationStore for PgStore {
         status: TaskStatus,
     ) -> BoxFuture<'static, StoreResult<()>> {
         let lease = lease.clone();
-        self.run_status(|ops| async move { retrying(|| ops.record_status(&lease, &status)).await })
+        self.run_status(
+            |ops| async move { ops.record_status_across_failover(&lease, &status).await },
+        )
     }
 
     fn renew_lease(&self, lease: &Lease) -> BoxFuture<'static, StoreResult<()>> {
@@ -314,7 +327,7 @@ impl ConversationStore for PgStore {
     }
 
     fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>> {
-        self.run_status(|ops| async move { retrying(|| ops.finish(&end)).await })
+        self.run_status(|ops| async move { ops.finish_across_failover(&end).await })
     }
 
     fn cancel_waiting(

@@ -23,10 +23,10 @@ pub(super) struct StoredTask {
 }
 
 /// A task row: the record and who owns it.
-struct TaskRow {
-    key: ConversationKey,
+pub(super) struct TaskRow {
+    pub(super) key: ConversationKey,
     principal: String,
-    stored: StoredTask,
+    pub(super) stored: StoredTask,
     bytes: usize,
 }
 
@@ -156,13 +156,17 @@ impl Ops {
         let tx = client.transaction().await?;
         let recent = free_for(&tx, turn, &key).await?;
         let mut stored = task_to_run(&tx, turn, &key).await?;
+        let before = turn.continuing.then(|| stored.clone());
         let Some(taken) = self.take(&tx, turn, &key).await? else {
             // Taken by another node between our read and our write.
             return Err(busy(&tx, turn, &key).await?.into());
         };
         let seq = taken.next_seq - 1;
         tx.execute(
-            "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)",
+            &tx.prepare_cached(
+                "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)",
+            )
+            .await?,
             &[
                 &key.as_bytes().as_slice(),
                 &(seq as i64),
@@ -180,7 +184,21 @@ impl Ops {
         let earlier = &stored.history_seqs[..stored.history_seqs.len() - 1];
         task.history = messages_at(&tx, &key, earlier).await?.0;
         task.history.push(turn.message.clone());
-        tx.commit().await?;
+        if let Err(e) = tx.commit().await {
+            if super::failover::connection_lost(&e) {
+                // Perhaps stored (and on the standby): the caller is told to retry, so take it back.
+                let start = super::failover::UnansweredStart {
+                    key,
+                    principal: turn.principal.clone(),
+                    task_id: turn.task_id.clone(),
+                    token: taken.token,
+                    seq,
+                    before,
+                };
+                super::failover::undo_unanswered_start(self.pool.clone(), start);
+            }
+            return Err(e.into());
+        }
         metrics::counter!("colloquy_leases_taken_total").increment(1);
         Ok(TurnBegun {
             lease: Lease {
@@ -207,7 +225,8 @@ impl Ops {
         let holder = self.holder.read().clone();
         let row = tx
             .query_opt(
-                "INSERT INTO colloquy_conversations (conv_key, principal_key, principal, \
+                &tx.prepare_cached(
+                    "INSERT INTO colloquy_conversations (conv_key, principal_key, principal, \
                      context_id, created_at, updated_at, updated_ms, turns, next_seq, token, \
                      running_task, lease_expires, lease_holder, agent_state) \
                  VALUES ($1, $2, $3, $4, $5, $5, $6, 1, 1, 1, $7, \
@@ -223,6 +242,8 @@ impl Ops {
                  WHERE colloquy_conversations.running_task IS NULL \
                      OR colloquy_conversations.lease_expires <= now() \
                  RETURNING turns, next_seq, token, agent_state",
+                )
+                .await?,
                 &[
                     &key.as_bytes().as_slice(),
                     &PrincipalKey::new(&turn.principal).as_bytes().as_slice(),
@@ -270,9 +291,13 @@ impl Ops {
         let client = self.client().await?;
         let renewed = client
             .execute(
-                "UPDATE colloquy_conversations \
+                &client
+                    .prepare_cached(
+                        "UPDATE colloquy_conversations \
                  SET lease_expires = now() + $4::FLOAT8 * INTERVAL '1 second' \
                  WHERE conv_key = $1 AND token = $2 AND running_task = $3",
+                    )
+                    .await?,
                 &[
                     &lease.key.as_bytes().as_slice(),
                     &(lease.token as i64),
@@ -299,7 +324,10 @@ impl Ops {
             .ok_or_else(|| stale(lease))?;
         if let Some(reply) = &end.reply {
             tx.execute(
-                "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)",
+                &tx.prepare_cached(
+                    "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)",
+                )
+                .await?,
                 &[&key, &next_seq, &encode(reply)],
             )
             .await?;
@@ -312,10 +340,13 @@ impl Ops {
         let now = crate::model::now();
         let agent_state = end.agent_state.as_ref().map(encode);
         tx.execute(
-            "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
+            &tx.prepare_cached(
+                "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
                  lease_holder = NULL, next_seq = $2, updated_at = $3, updated_ms = $4, \
                  agent_state = COALESCE($5, agent_state) \
              WHERE conv_key = $1",
+            )
+            .await?,
             &[&key, &next_seq, &now, &now.timestamp_millis(), &agent_state],
         )
         .await?;
@@ -340,8 +371,11 @@ impl Ops {
         let key = found.key;
         let conversation = tx
             .query_opt(
-                "SELECT running_task, lease_expires <= now() AS expired \
+                &tx.prepare_cached(
+                    "SELECT running_task, lease_expires <= now() AS expired \
                  FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE",
+                )
+                .await?,
                 &[&key.as_bytes().as_slice()],
             )
             .await?;
@@ -391,9 +425,12 @@ impl Ops {
         let tx = client.transaction().await?;
         let expired = tx
             .query(
-                "SELECT conv_key, running_task FROM colloquy_conversations \
+                &tx.prepare_cached(
+                    "SELECT conv_key, running_task FROM colloquy_conversations \
                  WHERE lease_expires <= now() AND running_task IS NOT NULL \
                  ORDER BY conv_key LIMIT 1000 FOR UPDATE",
+                )
+                .await?,
                 &[],
             )
             .await?;
@@ -405,8 +442,11 @@ impl Ops {
                 failed += 1;
             }
             tx.execute(
-                "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
+                &tx.prepare_cached(
+                    "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
                      lease_holder = NULL, token = token + 1 WHERE conv_key = $1",
+                )
+                .await?,
                 &[&key_bytes],
             )
             .await?;
@@ -422,8 +462,11 @@ impl Ops {
         let tx = client.transaction().await?;
         let abandoned = tx
             .query_opt(
-                "SELECT 1 FROM colloquy_conversations WHERE conv_key = $1 \
+                &tx.prepare_cached(
+                    "SELECT 1 FROM colloquy_conversations WHERE conv_key = $1 \
                  AND running_task = $2 AND lease_expires <= now() FOR UPDATE",
+                )
+                .await?,
                 &[&key.as_bytes().as_slice(), &task_id.as_bytes()],
             )
             .await?;
@@ -472,8 +515,8 @@ impl Ops {
         'pages: loop {
             let rows = client
                 .query(
-                    "SELECT seq, body FROM colloquy_messages WHERE conv_key = $1 AND seq >= $2 \
-                     ORDER BY seq LIMIT $3",
+                    &client.prepare_cached("SELECT seq, body FROM colloquy_messages WHERE conv_key = $1 AND seq >= $2 \
+                     ORDER BY seq LIMIT $3").await?,
                     &[&key.as_bytes().as_slice(), &next, &MESSAGE_BATCH],
                 )
                 .await?;
@@ -635,7 +678,11 @@ impl Ops {
         let client = self.client().await?;
         let total: i64 = client
             .query_one(
-                "SELECT count(*) FROM colloquy_conversations WHERE principal_key = $1",
+                &client
+                    .prepare_cached(
+                        "SELECT count(*) FROM colloquy_conversations WHERE principal_key = $1",
+                    )
+                    .await?,
                 &[&principal_key],
             )
             .await?
@@ -678,8 +725,11 @@ impl Ops {
         let tx = client.transaction().await?;
         let Some(row) = tx
             .query_opt(
-                "SELECT context_id, running_task, lease_expires <= now() AS expired \
+                &tx.prepare_cached(
+                    "SELECT context_id, running_task, lease_expires <= now() AS expired \
                  FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE",
+                )
+                .await?,
                 &[&key_bytes],
             )
             .await?
@@ -723,8 +773,12 @@ impl Ops {
         let client = self.client().await?;
         let row = client
             .query_opt(
-                "SELECT lease_holder FROM colloquy_conversations WHERE conv_key = $1 \
+                &client
+                    .prepare_cached(
+                        "SELECT lease_holder FROM colloquy_conversations WHERE conv_key = $1 \
                  AND running_task = $2 AND lease_expires > now()",
+                    )
+                    .await?,
                 &[&task.key.as_bytes().as_slice(), &task_id.as_bytes()],
             )
             .await?;
@@ -740,8 +794,12 @@ impl Ops {
         let client = self.client().await?;
         client
             .execute(
-                "INSERT INTO colloquy_probe (id, at) VALUES (1, now()) \
+                &client
+                    .prepare_cached(
+                        "INSERT INTO colloquy_probe (id, at) VALUES (1, now()) \
                  ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+                    )
+                    .await?,
                 &[],
             )
             .await?;
@@ -752,7 +810,12 @@ impl Ops {
     pub(super) async fn size_on_disk(&self) -> Result<u64, Failure> {
         let client = self.client().await?;
         let row = client
-            .query_one("SELECT pg_database_size(current_database())", &[])
+            .query_one(
+                &client
+                    .prepare_cached("SELECT pg_database_size(current_database())")
+                    .await?,
+                &[],
+            )
             .await?;
         Ok(row.try_get::<_, i64>(0)?.max(0) as u64)
     }
@@ -782,8 +845,11 @@ async fn free_for(
 ) -> Result<Vec<Message>, Failure> {
     let current = tx
         .query_opt(
-            "SELECT running_task, lease_expires <= now() AS expired, next_seq \
+            &tx.prepare_cached(
+                "SELECT running_task, lease_expires <= now() AS expired, next_seq \
              FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE",
+            )
+            .await?,
             &[&key.as_bytes().as_slice()],
         )
         .await?;
@@ -852,7 +918,10 @@ async fn busy(
 ) -> Result<StoreError, Failure> {
     let running = tx
         .query_opt(
-            "SELECT running_task FROM colloquy_conversations WHERE conv_key = $1",
+            &tx.prepare_cached(
+                "SELECT running_task FROM colloquy_conversations WHERE conv_key = $1",
+            )
+            .await?,
             &[&key.as_bytes().as_slice()],
         )
         .await?
@@ -870,8 +939,11 @@ async fn busy(
 async fn held(tx: &impl GenericClient, lease: &Lease) -> Result<i64, Failure> {
     let row = tx
         .query_opt(
-            "SELECT next_seq FROM colloquy_conversations \
+            &tx.prepare_cached(
+                "SELECT next_seq FROM colloquy_conversations \
              WHERE conv_key = $1 AND token = $2 AND running_task = $3 FOR UPDATE",
+            )
+            .await?,
             &[
                 &lease.key.as_bytes().as_slice(),
                 &(lease.token as i64),
@@ -886,15 +958,18 @@ async fn held(tx: &impl GenericClient, lease: &Lease) -> Result<i64, Failure> {
 /// Frees a conversation whose holder's lease expired, moving the token on.
 async fn release(tx: &impl GenericClient, key: &ConversationKey) -> Result<(), Failure> {
     tx.execute(
-        "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
+        &tx.prepare_cached(
+            "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
              lease_holder = NULL, token = token + 1 WHERE conv_key = $1",
+        )
+        .await?,
         &[&key.as_bytes().as_slice()],
     )
     .await?;
     Ok(())
 }
 
-async fn load_task(
+pub(super) async fn load_task(
     client: &impl GenericClient,
     task_id: &str,
     lock: bool,
@@ -904,7 +979,9 @@ async fn load_task(
     } else {
         "SELECT conv_key, principal, record FROM colloquy_tasks WHERE task_id = $1"
     };
-    let row = client.query_opt(sql, &[&task_id.as_bytes()]).await?;
+    let row = client
+        .query_opt(&client.prepare_cached(sql).await?, &[&task_id.as_bytes()])
+        .await?;
     row.as_ref().map(task_row).transpose()
 }
 
@@ -919,10 +996,10 @@ pub(super) async fn put_task(
     let status = &record.task.status;
     client
         .execute(
-            "INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, state, \
+            &client.prepare_cached("INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, state, \
                  status_ms, record) VALUES ($1, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT (conv_key, task_id) DO UPDATE SET state = excluded.state, \
-                 status_ms = excluded.status_ms, record = excluded.record",
+                 status_ms = excluded.status_ms, record = excluded.record").await?,
             &[
                 &key.as_bytes().as_slice(),
                 &record.task.id.as_bytes(),
@@ -960,8 +1037,8 @@ async fn messages_between(
 ) -> Result<Vec<Message>, Failure> {
     let rows = client
         .query(
-            "SELECT body FROM colloquy_messages WHERE conv_key = $1 AND seq >= $2 AND seq < $3 \
-             ORDER BY seq",
+            &client.prepare_cached("SELECT body FROM colloquy_messages WHERE conv_key = $1 AND seq >= $2 AND seq < $3 \
+             ORDER BY seq").await?,
             &[&key.as_bytes().as_slice(), &first, &end],
         )
         .await?;
@@ -982,7 +1059,11 @@ async fn messages_at(
     let wanted: Vec<i64> = seqs.iter().map(|s| *s as i64).collect();
     let rows = client
         .query(
-            "SELECT seq, body FROM colloquy_messages WHERE conv_key = $1 AND seq = ANY($2)",
+            &client
+                .prepare_cached(
+                    "SELECT seq, body FROM colloquy_messages WHERE conv_key = $1 AND seq = ANY($2)",
+                )
+                .await?,
             &[&key.as_bytes().as_slice(), &wanted],
         )
         .await?;

@@ -374,3 +374,287 @@ impl Cluster {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
     }
 }
+
+/// A PostgreSQL primary and a synchronous standby streaming from it (`pg_basebackup -R`), each
+/// in its own throwaway cluster: every commit the primary acknowledges is on the standby too.
+/// Both stop when dropped.
+pub struct Replicated {
+    primary: Cluster,
+    standby: Cluster,
+}
+
+/// A fresh primary with a synchronous standby attached, or None (said on stderr) where
+/// PostgreSQL is not installed and `CI` is not `true`.
+pub fn replicated(test: &str) -> Option<Replicated> {
+    let (bin, user) = binaries_or_skip(test)?;
+    let primary = Cluster::empty(&bin, user.as_deref());
+    primary.initdb();
+    // On the command line, not in postgresql.conf: the promoted standby must not wait for a
+    // standby of its own.
+    primary.start_server(
+        "-c wal_level=replica -c synchronous_commit=on -c synchronous_standby_names=standby",
+    );
+    let standby = Cluster::empty(&bin, user.as_deref());
+    let source = format!(
+        "host=127.0.0.1 port={} user=postgres application_name=standby",
+        primary.port
+    );
+    standby
+        .run(
+            "pg_basebackup",
+            &[
+                "-D",
+                path_str(&standby.dir.join("data")),
+                "-R",
+                "-X",
+                "stream",
+                "-d",
+                &source,
+            ],
+        )
+        .expect("pg_basebackup from the primary");
+    standby.start_server("");
+    Some(Replicated { primary, standby })
+}
+
+impl Replicated {
+    /// The database URL naming both hosts, primary first; only a host taking writes is used.
+    pub fn url(&self) -> String {
+        format!(
+            "postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+            self.primary.port, self.standby.port
+        )
+    }
+
+    /// The primary's URL alone.
+    pub fn primary_url(&self) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres",
+            self.primary.port
+        )
+    }
+
+    /// Whether the primary reports the standby as its synchronous one.
+    pub async fn standby_is_synchronous(&self) -> bool {
+        let Ok((client, connection)) =
+            tokio_postgres::connect(&self.primary_url(), tokio_postgres::NoTls).await
+        else {
+            return false;
+        };
+        tokio::spawn(connection);
+        client
+            .query_opt(
+                "SELECT 1 FROM pg_stat_replication WHERE application_name = 'standby' \
+                 AND sync_state = 'sync'",
+                &[],
+            )
+            .await
+            .is_ok_and(|row| row.is_some())
+    }
+
+    /// Kills the primary's postmaster and every process it started with SIGKILL: a machine gone.
+    pub fn kill_primary(&self) {
+        let pid_file = self.primary.dir.join("data").join("postmaster.pid");
+        let postmaster: libc::pid_t = std::fs::read_to_string(pid_file)
+            .expect("the primary's postmaster.pid")
+            .lines()
+            .next()
+            .and_then(|pid| pid.trim().parse().ok())
+            .expect("the postmaster's pid");
+        let children = children_of(postmaster);
+        // SAFETY: kill(2) on the processes of the cluster this test started.
+        unsafe { libc::kill(postmaster, libc::SIGKILL) };
+        for child in children {
+            unsafe { libc::kill(child, libc::SIGKILL) };
+        }
+    }
+
+    /// Promotes the standby to primary and waits until it takes writes.
+    pub fn promote_standby(&self) {
+        self.standby
+            .run(
+                "pg_ctl",
+                &[
+                    "-D",
+                    path_str(&self.standby.dir.join("data")),
+                    "-w",
+                    "-t",
+                    "60",
+                    "promote",
+                ],
+            )
+            .expect("the standby is promoted");
+    }
+}
+
+impl Drop for Replicated {
+    fn drop(&mut self) {
+        for cluster in [&self.standby, &self.primary] {
+            let data = cluster.dir.join("data");
+            let _ = cluster.run(
+                "pg_ctl",
+                &["-D", path_str(&data), "-m", "immediate", "-w", "stop"],
+            );
+            let _ = std::fs::remove_dir_all(&cluster.dir);
+        }
+    }
+}
+
+/// The pids whose parent is `parent` (from /proc).
+fn children_of(parent: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // The parent's pid is the second field after the command's closing ')'.
+                    let rest = &stat[stat.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<libc::pid_t>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+impl Cluster {
+    /// A fresh temp folder (owned by `user`, claimed by this process) and a free port.
+    fn empty(bin: &Path, user: Option<&str>) -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix(CLUSTER_PREFIX)
+            .tempdir()
+            .expect("a temp dir")
+            .keep();
+        std::fs::write(dir.join(OWNER_FILE), std::process::id().to_string()).expect("owner file");
+        if let Some(user) = user {
+            chown_to(&dir, user).expect("chown");
+        }
+        Cluster {
+            bin: bin.to_path_buf(),
+            dir,
+            port: super::free_port(),
+            user: user.map(str::to_owned),
+            certificate: None,
+        }
+    }
+
+    fn initdb(&self) {
+        let data = self.dir.join("data");
+        self.run(
+            "initdb",
+            &[
+                "-D",
+                path_str(&data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "-N",
+            ],
+        )
+        .expect("initdb");
+    }
+
+    /// Starts the server on its port with `extra` options; panics with its log if it does not.
+    fn start_server(&self, extra: &str) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {extra}",
+            self.port,
+            path_str(&self.dir)
+        );
+        let (data, log) = (self.dir.join("data"), self.dir.join("log"));
+        let started = self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&data),
+                "-l",
+                path_str(&log),
+                "-o",
+                &options,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        );
+        if let Err(e) = started {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("PostgreSQL did not start: {e}\n{log}");
+        }
+    }
+}
+
+/// The binaries and the user to run them as, or None (said on stderr) where PostgreSQL is not
+/// installed and `CI` is not `true`.
+fn binaries_or_skip(test: &str) -> Option<(PathBuf, Option<String>)> {
+    let user = (unsafe { libc::geteuid() } == 0).then(|| "nobody".to_owned());
+    if let Some(bin) = binaries() {
+        return Some((bin, user));
+    }
+    let why = "no PostgreSQL binaries (initdb, pg_ctl) found";
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test} needs PostgreSQL and CI=true: {why}");
+    }
+    eprintln!("skipping {test}: {why}");
+    None
+}
+
+/// A cluster of one test's own, to stop and start again (the shared one serves other tests).
+/// Removed when dropped.
+pub struct Standalone(Cluster);
+
+pub fn standalone(test: &str) -> Option<Standalone> {
+    let (bin, user) = binaries_or_skip(test)?;
+    let cluster = Cluster::empty(&bin, user.as_deref());
+    cluster.initdb();
+    cluster.start_server("");
+    Some(Standalone(cluster))
+}
+
+impl Standalone {
+    /// The database as a key-value connection string (libpq's other form than the URL).
+    pub fn key_value(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres target_session_attrs=read-write",
+            self.0.port
+        )
+    }
+
+    /// Stops the server at once (connections are cut, as by a crash).
+    pub fn stop(&self) {
+        let data = self.0.dir.join("data");
+        self.0
+            .run(
+                "pg_ctl",
+                &["-D", path_str(&data), "-m", "immediate", "-w", "stop"],
+            )
+            .expect("PostgreSQL stops");
+    }
+
+    pub fn start(&self) {
+        self.0.start_server("");
+    }
+
+    /// Starts it again with more server options (`-c name=value …`).
+    pub fn start_with(&self, options: &str) {
+        self.0.start_server(options);
+    }
+}
+
+impl Drop for Standalone {
+    fn drop(&mut self) {
+        let data = self.0.dir.join("data");
+        let _ = self.0.run(
+            "pg_ctl",
+            &["-D", path_str(&data), "-m", "immediate", "-w", "stop"],
+        );
+        let _ = std::fs::remove_dir_all(&self.0.dir);
+    }
+}
