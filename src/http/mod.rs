@@ -24,8 +24,10 @@ pub use state::AppState;
 use crate::engine::Engine;
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpResponse, HttpServer, web};
+use crate::store::ConversationStore;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -64,6 +66,25 @@ impl AdminServer {
     }
 }
 
+/// How long [`RunningServer::stop`] waits for the conversations' actors and tasks, stopping on
+/// their arbiters, to drop their handles on the store.
+pub const STORE_RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits until nothing holds `store`: the last holder closes it (sled's lock goes with it).
+async fn store_released(store: Weak<dyn ConversationStore>) {
+    let deadline = Instant::now() + STORE_RELEASE_WAIT;
+    while store.strong_count() > 0 {
+        if Instant::now() > deadline {
+            tracing::warn!(
+                holders = store.strong_count(),
+                "the store is still held after the stop; it closes when they let go"
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 impl RunningServer {
     pub fn url(&self) -> String {
         format!("http://{}/", self.addr)
@@ -76,6 +97,9 @@ impl RunningServer {
     /// current request and close; new turns get -32013; running turns have the grace period,
     /// then fail. Whatever connection is still open `grace + CLOSE_MARGIN` from now (a stream
     /// whose client stopped reading) is dropped by actix. The store is flushed.
+    ///
+    /// When it returns, nothing in this process holds the store any more (within
+    /// [`STORE_RELEASE_WAIT`]), so the data folder is free for a new server or `colloquy export`.
     pub async fn stop(self) {
         let connections_closed = self.handle.stop(true);
         self.engine.shutdown(self.grace).await;
@@ -84,6 +108,9 @@ impl RunningServer {
         if let Some(admin) = self.admin {
             admin.stop().await;
         }
+        let store = Arc::downgrade(self.engine.store());
+        drop(self.engine);
+        store_released(store).await;
     }
 
     /// Runs until the server stops (after [`RunningServer::stop`] or a signal handled elsewhere).
