@@ -22,9 +22,9 @@ pub use auth::{Auth, TokenConfigError, digest as token_digest};
 pub use state::AppState;
 
 use crate::engine::Engine;
+use crate::store::ConversationStore;
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpResponse, HttpServer, web};
-use crate::store::ConversationStore;
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
