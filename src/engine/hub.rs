@@ -62,6 +62,32 @@ impl Subscription {
     }
 }
 
+/// The sending side of a subscription fed from elsewhere (one that follows several turns).
+pub struct Forwarder {
+    pub tx: mpsc::Sender<StreamItem>,
+    overflowed: Arc<AtomicBool>,
+}
+
+impl Forwarder {
+    /// Ends the subscription as fallen behind (the stream says so).
+    pub fn overflowed(&self) {
+        self.overflowed.store(true, Ordering::Release);
+    }
+}
+
+impl Subscription {
+    /// An empty subscription with `buffer` items of room, and its sending side.
+    pub fn forwarding(buffer: usize) -> (Forwarder, Subscription) {
+        let (tx, items) = mpsc::channel(buffer);
+        let overflowed = Arc::new(AtomicBool::new(false));
+        let forwarder = Forwarder {
+            tx,
+            overflowed: overflowed.clone(),
+        };
+        (forwarder, Subscription { items, overflowed })
+    }
+}
+
 /// An update of the reply artifact carrying one chunk of text.
 fn reply_chunk(
     task: &Task,

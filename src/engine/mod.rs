@@ -8,6 +8,7 @@ mod context;
 mod directory;
 mod drive;
 mod error;
+mod follow;
 pub mod hub;
 mod shared;
 mod turn;
@@ -254,8 +255,24 @@ impl Engine {
         }
     }
 
-    /// Follows a task: the task with everything so far, then every later event.
+    /// Follows a task: the task with everything so far, then every later event, through waits
+    /// for input and the turns that answer them, until the task ends.
     pub async fn subscribe(&self, principal: &str, task_id: &str) -> EngineResult<Subscription> {
+        let first = self.subscribe_turn(principal, task_id).await?;
+        Ok(follow::follow(
+            self.clone(),
+            principal.to_owned(),
+            task_id.to_owned(),
+            first,
+        ))
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        self.shared().shutting_down.load(Ordering::Acquire)
+    }
+
+    /// The running turn's stream, or the waiting task alone.
+    async fn subscribe_turn(&self, principal: &str, task_id: &str) -> EngineResult<Subscription> {
         // A turn registers its hub just after storing its start; give that moment a chance.
         let deadline = Instant::now() + Duration::from_secs(1);
         loop {

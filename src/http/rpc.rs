@@ -234,6 +234,9 @@ async fn respond(
     {
         Ok(Reply::Json(result)) => HttpResponse::Ok().json(success(&id, result)),
         Ok(Reply::Stream(stream)) => sse::respond(stream, sse::Framing::JsonRpc { id, version }),
+        Err(error) if version == WireVersion::V03 && method == Method::SubscribeToTask => {
+            sse::respond_error(&error, sse::Framing::JsonRpc { id, version })
+        }
         Err(error) => error_response(StatusCode::OK, &id, &error, version),
     }
 }

@@ -108,8 +108,9 @@ pub fn respond(events: EventStream, framing: Framing) -> HttpResponse {
         match cursor.events.subscription.items.recv().await {
             Some(item) => {
                 cursor.done = match &item {
-                    // A stream that starts on a finished task has nothing more to say.
-                    StreamItem::Task(task) => task.status.state.ends_turn(),
+                    // A stream that starts on an ended task has nothing more to say (one on a
+                    // task waiting for input goes on: its subscription follows the task).
+                    StreamItem::Task(task) => task.status.state.is_terminal(),
                     StreamItem::Message(_) => true,
                     StreamItem::Event(_) => false,
                 };
@@ -127,9 +128,25 @@ pub fn respond(events: EventStream, framing: Framing) -> HttpResponse {
             None => None,
         }
     });
+    event_stream(stream)
+}
+
+/// An event stream carrying only `error`: v0.3's `tasks/resubscribe` answers an error before any
+/// event this way, as the reference server does, so a streaming client reads it as an error
+/// instead of failing on a JSON body.
+pub fn respond_error(error: &RpcError, framing: Framing) -> HttpResponse {
+    let event = framing.error(error);
+    event_stream(stream::once(async move {
+        Ok::<_, std::convert::Infallible>(event)
+    }))
+}
+
+fn event_stream(
+    events: impl futures_util::Stream<Item = Result<sse::Event, std::convert::Infallible>> + 'static,
+) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header(ContentEncoding::Identity)
         .insert_header(CacheControl(vec![CacheDirective::NoCache]))
-        .body(Sse::from_stream(stream).with_keep_alive(Duration::from_secs(15)))
+        .body(Sse::from_stream(events).with_keep_alive(Duration::from_secs(15)))
 }

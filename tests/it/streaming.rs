@@ -300,16 +300,12 @@ async fn cancel_ends_every_stream_and_terminal_tasks_refuse_subscribers() {
         assert_eq!(final_state(&origin_events), canceled);
         assert_eq!(final_state(&other.await.unwrap()), canceled);
 
-        let refused = server
-            .rpc(version, subscribe_method(version), json!({"id": task_id}))
-            .await;
+        let refused = subscribe_refused(&server, version, &task_id).await;
         assert_eq!(
             refused["error"]["code"],
             json!(if version == V1 { -32004 } else { -32602 })
         );
-        let unknown = server
-            .rpc(version, subscribe_method(version), json!({"id": "nope"}))
-            .await;
+        let unknown = subscribe_refused(&server, version, "nope").await;
         assert_eq!(unknown["error"]["code"], json!(-32001));
     }
     server.stop().await;
@@ -332,4 +328,116 @@ async fn an_input_required_stream_ends_with_a_final_waiting_event() {
         assert_v03_valid("SendStreamingMessageResponse", event);
     }
     server.stop().await;
+}
+
+fn state_name(version: &str, v1: &'static str, v03: &'static str) -> &'static str {
+    if version == V1 { v1 } else { v03 }
+}
+
+/// A task waiting for input: its id and contextId.
+async fn waiting_task(server: &TestServer, version: &str) -> (String, String) {
+    let asked = server
+        .send_text(version, "ask: your name?", None, None)
+        .await;
+    let task = task_of(&asked);
+    let waiting = state_name(version, "TASK_STATE_INPUT_REQUIRED", "input-required");
+    assert_eq!(task["status"]["state"], waiting, "{asked}");
+    let id = task["id"].as_str().expect("task id").to_owned();
+    let context = task["contextId"].as_str().expect("contextId").to_owned();
+    (id, context)
+}
+
+/// A subscription follows the task, not the turn: opened on a task waiting for input, it
+/// stays open through the wait and the answer's turn, and closes when the task completes.
+#[actix_rt::test]
+async fn a_subscription_stays_open_through_a_wait_for_input_until_the_task_ends() {
+    let server = start_scripted(|_| {}).await;
+    for version in [V1, V03] {
+        let (task_id, context_id) = waiting_task(&server, version).await;
+        let subscribed = server
+            .stream(version, subscribe_method(version), json!({"id": task_id}))
+            .await;
+        let mut subscriber = LiveStream::new(subscribed);
+        let first = subscriber.next_event().await.expect("the task first");
+        assert_eq!(streamed_task_id(&first), task_id);
+        // The wait is not the end: the stream is still open well after the snapshot.
+        let open = tokio::time::timeout(Duration::from_millis(300), subscriber.next_event()).await;
+        assert!(
+            open.is_err(),
+            "the stream ended or moved while waiting: {open:?}"
+        );
+
+        let answer = server
+            .send_text(version, "Ada", Some(&context_id), Some(&task_id))
+            .await;
+        let completed = state_name(version, "TASK_STATE_COMPLETED", "completed");
+        assert_eq!(task_of(&answer)["status"]["state"], completed, "{answer}");
+        let rest = tokio::time::timeout(Duration::from_secs(20), subscriber.rest())
+            .await
+            .expect("the stream closes once the task completed");
+        let mut events = vec![first];
+        events.extend(rest);
+        assert_eq!(final_state(&events), completed, "{events:?}");
+        let finals = events
+            .iter()
+            .filter(|e| e["result"]["final"] == json!(true))
+            .count();
+        if version == V03 {
+            assert_eq!(finals, 1, "only the completion is final: {events:?}");
+            for event in &events {
+                assert_v03_valid("SendStreamingMessageResponse", event);
+            }
+        }
+    }
+    server.stop().await;
+}
+
+/// A task canceled while it waits ends its subscribers' streams with the canceled state.
+#[actix_rt::test]
+async fn a_cancel_while_waiting_ends_the_subscription_canceled() {
+    let server = start_scripted(|_| {}).await;
+    for version in [V1, V03] {
+        let (task_id, _) = waiting_task(&server, version).await;
+        let subscribed = server
+            .stream(version, subscribe_method(version), json!({"id": task_id}))
+            .await;
+        let mut subscriber = LiveStream::new(subscribed);
+        let first = subscriber.next_event().await.expect("the task first");
+        let cancel = state_name(version, "CancelTask", "tasks/cancel");
+        let canceled = server.rpc(version, cancel, json!({"id": task_id})).await;
+        assert!(canceled.get("error").is_none(), "{canceled}");
+        let rest = tokio::time::timeout(Duration::from_secs(20), subscriber.rest())
+            .await
+            .expect("the stream closes once the task is canceled");
+        let mut events = vec![first];
+        events.extend(rest);
+        let state = state_name(version, "TASK_STATE_CANCELED", "canceled");
+        assert_eq!(final_state(&events), state, "{events:?}");
+    }
+    server.stop().await;
+}
+
+/// A refused subscription's error: a JSON-RPC error response on v1.0; on v0.3 an event stream
+/// holding one error event (as the reference server answers `tasks/resubscribe`).
+async fn subscribe_refused(server: &TestServer, version: &str, task_id: &str) -> Value {
+    if version == V1 {
+        return server
+            .rpc(version, subscribe_method(version), json!({"id": task_id}))
+            .await;
+    }
+    let response = server
+        .stream(version, subscribe_method(version), json!({"id": task_id}))
+        .await;
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
+    );
+    let events = sse_events(response).await;
+    assert_eq!(events.len(), 1, "one error event: {events:?}");
+    assert!(events[0].get("result").is_none(), "{events:?}");
+    events[0].clone()
 }
