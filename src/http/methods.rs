@@ -6,7 +6,6 @@ use super::state::AppState;
 use crate::engine::{EngineError, ValidMessage};
 use crate::model::{SendResult, format_time};
 use crate::protocol::codec::{self, TaskView};
-use crate::protocol::fields::Obj;
 use crate::protocol::params::{
     self, ContextParams, GetConversationParams, GetTaskParams, ListConversationsParams,
     ListTasksParams, TaskIdParams,
@@ -54,7 +53,6 @@ pub async fn dispatch(
         | Method::GetPushConfig
         | Method::ListPushConfigs
         | Method::DeletePushConfig => {
-            let params = Obj::new(&params, "")?;
             super::push::handle(state, version, principal, method, &params)
                 .await
                 .map(Reply::Json)
@@ -112,13 +110,12 @@ impl Call<'_> {
             .validate(request.message)
             .map_err(|e| self.engine_error(e))?;
         if let Some(configuration) = self.params.get("configuration") {
-            let configuration = Obj::new(configuration, "configuration")?;
             let continued = message.get().task_id.clone();
             let push = super::push::send_config(
                 self.state,
                 self.version,
                 self.principal,
-                &configuration,
+                configuration,
                 continued.as_deref(),
             )
             .await?;

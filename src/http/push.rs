@@ -6,8 +6,8 @@ use super::errors::push_error;
 use super::state::AppState;
 use crate::model::PushConfig;
 use crate::protocol::Method;
-use crate::protocol::fields::Obj;
-use crate::protocol::push::{decode_config, decode_send_config, encode_config};
+use crate::protocol::fields::field_error;
+use crate::protocol::push::{decode_config, decode_config_ref, decode_send_config, encode_config};
 use crate::protocol::{RpcError, WireVersion};
 use serde_json::{Value, json};
 
@@ -34,21 +34,24 @@ pub async fn handle(
     version: WireVersion,
     principal: &str,
     method: Method,
-    params: &Obj<'_>,
+    params: &Value,
 ) -> Result<Value, RpcError> {
     let configs = state.push.as_ref().ok_or(RpcError::PushNotSupported)?;
     let action =
         action(method).ok_or_else(|| RpcError::MethodNotFound(method.label().to_owned()))?;
-    // v1.0 names the task `taskId` and the config `id`; v0.3 the task `id` and the config
-    // `pushNotificationConfigId` (except in set, whose params are a config).
-    let (task_field, config_field) = match version {
-        WireVersion::V1 => ("taskId", "id"),
-        WireVersion::V03 => ("id", "pushNotificationConfigId"),
+    // v1.0 names the config `id`; v0.3 `pushNotificationConfigId` (except in set, whose params
+    // are a config).
+    let config_field = match version {
+        WireVersion::V1 => "id",
+        WireVersion::V03 => "pushNotificationConfigId",
     };
+    let required = |id: Option<String>| id.ok_or_else(|| field_error(config_field, "is required"));
     match action {
         Action::Create => {
-            let mut config = decode_config(version, params)?;
-            config.task_id = params.str("taskId")?.to_owned();
+            let config = decode_config(version, params, "")?;
+            if config.task_id.is_empty() {
+                return Err(field_error("taskId", "is required").into());
+            }
             let config = configs
                 .create(principal, config)
                 .await
@@ -56,20 +59,23 @@ pub async fn handle(
             Ok(encode_config(version, &config))
         }
         Action::Get => {
-            let task_id = params.str(task_field)?;
+            let named = decode_config_ref(version, params)?;
             let config_id = match version {
-                WireVersion::V1 => Some(params.str(config_field)?),
-                WireVersion::V03 => params.opt_str(config_field)?,
+                WireVersion::V1 => Some(required(named.config_id)?),
+                WireVersion::V03 => named.config_id,
             };
             let config = configs
-                .get(principal, task_id, config_id)
+                .get(principal, &named.task_id, config_id.as_deref())
                 .await
                 .map_err(push_error)?;
             Ok(encode_config(version, &config))
         }
         Action::List => {
-            let task_id = params.str(task_field)?;
-            let list = configs.list(principal, task_id).await.map_err(push_error)?;
+            let named = decode_config_ref(version, params)?;
+            let list = configs
+                .list(principal, &named.task_id)
+                .await
+                .map_err(push_error)?;
             let encoded: Vec<Value> = list.iter().map(|c| encode_config(version, c)).collect();
             Ok(match version {
                 WireVersion::V1 => json!({"configs": encoded, "nextPageToken": ""}),
@@ -77,10 +83,10 @@ pub async fn handle(
             })
         }
         Action::Delete => {
-            let task_id = params.str(task_field)?;
-            let config_id = params.str(config_field)?;
+            let named = decode_config_ref(version, params)?;
+            let config_id = required(named.config_id)?;
             configs
-                .delete(principal, task_id, config_id)
+                .delete(principal, &named.task_id, &config_id)
                 .await
                 .map_err(push_error)?;
             Ok(match version {
@@ -99,7 +105,7 @@ pub async fn send_config(
     state: &AppState,
     version: WireVersion,
     principal: &str,
-    configuration: &Obj<'_>,
+    configuration: &Value,
     continued_task: Option<&str>,
 ) -> Result<Vec<PushConfig>, RpcError> {
     let Some(mut config) = decode_send_config(version, configuration)? else {

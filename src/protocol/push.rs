@@ -6,79 +6,194 @@
 
 use super::WireVersion;
 use super::codec::{self, TaskView};
-use super::fields::{FieldResult, Obj, field_error};
+use super::fields::{FieldResult, field_error};
+use super::params::decode_at;
 use crate::model::{PushAuth, PushConfig, Task};
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-/// A config as a request gives it; `id` and `task_id` may still be empty (the caller fills
-/// them: a fresh id, the task a send creates).
-pub fn decode_config(version: WireVersion, params: &Obj) -> FieldResult<PushConfig> {
-    let task_id = params.opt_str("taskId")?.unwrap_or_default().to_owned();
-    let inner = match version {
-        WireVersion::V1 => Obj {
-            map: params.map,
-            path: params.path.clone(),
-        },
-        WireVersion::V03 => params.obj("pushNotificationConfig")?,
-    };
-    decode_inner(version, &inner, task_id)
+/// v1.0 `TaskPushNotificationConfig` (Create's params, and a send's
+/// `configuration.taskPushNotificationConfig`).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V1Config {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    task_id: Option<String>,
+    url: String,
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    authentication: Option<V1Auth>,
+}
+
+#[derive(Deserialize)]
+struct V1Auth {
+    scheme: String,
+    #[serde(default)]
+    credentials: Option<String>,
+}
+
+/// v0.3 `TaskPushNotificationConfig` (`tasks/pushNotificationConfig/set`'s params).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V03TaskConfig {
+    #[serde(default)]
+    task_id: Option<String>,
+    push_notification_config: V03Config,
+}
+
+/// v0.3 `PushNotificationConfig` (also a send's `configuration.pushNotificationConfig`).
+#[derive(Deserialize)]
+struct V03Config {
+    #[serde(default)]
+    id: Option<String>,
+    url: String,
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    authentication: Option<V03Auth>,
+}
+
+#[derive(Deserialize)]
+struct V03Auth {
+    schemes: Vec<String>,
+    #[serde(default)]
+    credentials: Option<String>,
+}
+
+impl V1Config {
+    fn into_config(self) -> PushConfig {
+        PushConfig {
+            id: self.id.unwrap_or_default(),
+            task_id: self.task_id.unwrap_or_default(),
+            url: self.url,
+            token: self.token,
+            authentication: self.authentication.map(|auth| PushAuth {
+                schemes: vec![auth.scheme],
+                credentials: auth.credentials,
+            }),
+            wire_version: WireVersion::V1.label().to_owned(),
+        }
+    }
+}
+
+impl V03Config {
+    fn into_config(self, task_id: String, at: &str) -> FieldResult<PushConfig> {
+        let authentication = match self.authentication {
+            Some(auth) if auth.schemes.is_empty() => {
+                return Err(field_error(
+                    format!("{at}.authentication.schemes"),
+                    "is required",
+                ));
+            }
+            auth => auth.map(|auth| PushAuth {
+                schemes: auth.schemes,
+                credentials: auth.credentials,
+            }),
+        };
+        Ok(PushConfig {
+            id: self.id.unwrap_or_default(),
+            task_id,
+            url: self.url,
+            token: self.token,
+            authentication,
+            wire_version: WireVersion::V03.label().to_owned(),
+        })
+    }
+}
+
+/// A config as a request gives it (`params`, found at `at`); `id` and `task_id` may still be
+/// empty (the caller fills them: a fresh id, the task a send creates).
+pub fn decode_config(version: WireVersion, params: &Value, at: &str) -> FieldResult<PushConfig> {
+    match version {
+        WireVersion::V1 => Ok(decode_at::<V1Config>(params, at)?.into_config()),
+        WireVersion::V03 => {
+            let config: V03TaskConfig = decode_at(params, at)?;
+            let inner = join(at, "pushNotificationConfig");
+            let task_id = config.task_id.unwrap_or_default();
+            config.push_notification_config.into_config(task_id, &inner)
+        }
+    }
 }
 
 /// The config a send carries in its `configuration` (v1.0 `taskPushNotificationConfig`, v0.3
 /// `pushNotificationConfig`), if any.
 pub fn decode_send_config(
     version: WireVersion,
-    configuration: &Obj,
+    configuration: &Value,
 ) -> FieldResult<Option<PushConfig>> {
+    let (field, at) = match version {
+        WireVersion::V1 => (
+            "taskPushNotificationConfig",
+            "configuration.taskPushNotificationConfig",
+        ),
+        WireVersion::V03 => (
+            "pushNotificationConfig",
+            "configuration.pushNotificationConfig",
+        ),
+    };
+    let Some(config) = configuration.get(field).filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
     match version {
-        WireVersion::V1 => configuration
-            .opt_obj("taskPushNotificationConfig")?
-            .map(|obj| decode_config(version, &obj))
-            .transpose(),
-        WireVersion::V03 => configuration
-            .opt_obj("pushNotificationConfig")?
-            .map(|obj| decode_inner(version, &obj, String::new()))
-            .transpose(),
+        WireVersion::V1 => decode_config(version, config, at).map(Some),
+        WireVersion::V03 => decode_at::<V03Config>(config, at)?
+            .into_config(String::new(), at)
+            .map(Some),
     }
 }
 
-fn decode_inner(version: WireVersion, obj: &Obj, task_id: String) -> FieldResult<PushConfig> {
-    let url = obj.str("url")?.to_owned();
-    let authentication = match obj.opt_obj("authentication")? {
-        None => None,
-        Some(auth) => {
-            let schemes = match version {
-                WireVersion::V1 => auth
-                    .opt_str("scheme")?
-                    .map(str::to_owned)
-                    .into_iter()
-                    .collect(),
-                WireVersion::V03 => auth.opt_strings("schemes")?,
-            };
-            if schemes.is_empty() {
-                return Err(field_error(
-                    auth.child_path(if version == WireVersion::V1 {
-                        "scheme"
-                    } else {
-                        "schemes"
-                    }),
-                    "is required",
-                ));
+/// Which config Get and Delete name, and whose task List lists: v1.0 `{taskId, id}`, v0.3
+/// `{id, pushNotificationConfigId}`.
+pub struct ConfigRef {
+    pub task_id: String,
+    pub config_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V1Ref {
+    task_id: String,
+    #[serde(default)]
+    id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct V03Ref {
+    id: String,
+    #[serde(default)]
+    push_notification_config_id: Option<String>,
+}
+
+/// The params of Get, List and Delete.
+pub fn decode_config_ref(version: WireVersion, params: &Value) -> FieldResult<ConfigRef> {
+    Ok(match version {
+        WireVersion::V1 => {
+            let r: V1Ref = decode_at(params, "")?;
+            ConfigRef {
+                task_id: r.task_id,
+                config_id: r.id,
             }
-            Some(PushAuth {
-                schemes,
-                credentials: auth.opt_str("credentials")?.map(str::to_owned),
-            })
         }
-    };
-    Ok(PushConfig {
-        id: obj.opt_str("id")?.unwrap_or_default().to_owned(),
-        task_id,
-        url,
-        token: obj.opt_str("token")?.map(str::to_owned),
-        authentication,
-        wire_version: version.label().to_owned(),
+        WireVersion::V03 => {
+            let r: V03Ref = decode_at(params, "")?;
+            ConfigRef {
+                task_id: r.id,
+                config_id: r.push_notification_config_id,
+            }
+        }
     })
+}
+
+fn join(at: &str, field: &str) -> String {
+    if at.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{at}.{field}")
+    }
 }
 
 /// The config as Get, List and Create answer it: without credentials.

@@ -1230,3 +1230,78 @@ async fn two_nodes_on_postgres_deliver_each_notification_once_and_in_order() {
     b.stop().await;
     receiver.stop().await;
 }
+
+/// A config that does not fit is refused with -32602 naming the field's path, in both versions,
+/// and nothing is stored.
+#[actix_rt::test]
+async fn a_malformed_config_is_refused_naming_the_field() {
+    let server = start_allowing_loopback().await;
+    let task_id = new_task(&server, V1).await;
+    let cases = [
+        (
+            V1,
+            "CreateTaskPushNotificationConfig",
+            json!({"taskId": task_id, "url": HOOK, "authentication": {"credentials": "x"}}),
+            "authentication",
+        ),
+        (
+            V1,
+            "CreateTaskPushNotificationConfig",
+            json!({"taskId": task_id, "url": 7}),
+            "url",
+        ),
+        (
+            V03,
+            "tasks/pushNotificationConfig/set",
+            json!({"taskId": task_id, "pushNotificationConfig": {"url": HOOK, "authentication": {"schemes": []}}}),
+            "pushNotificationConfig.authentication.schemes",
+        ),
+        (
+            V03,
+            "tasks/pushNotificationConfig/set",
+            json!({"taskId": task_id, "pushNotificationConfig": {"url": [HOOK]}}),
+            "pushNotificationConfig.url",
+        ),
+        (
+            V1,
+            "GetTaskPushNotificationConfig",
+            json!({"taskId": task_id}),
+            "id",
+        ),
+        (
+            V03,
+            "tasks/pushNotificationConfig/delete",
+            json!({"id": task_id}),
+            "pushNotificationConfigId",
+        ),
+    ];
+    for (version, method, params, field) in cases {
+        let refused = server.rpc(version, method, params.clone()).await;
+        assert_eq!(
+            refused["error"]["code"],
+            json!(-32602),
+            "{params}: {refused}"
+        );
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{params}: {message} names {field}");
+    }
+    for (version, method, params) in [
+        (
+            V1,
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": task_id}),
+        ),
+        (
+            V03,
+            "tasks/pushNotificationConfig/list",
+            json!({"id": task_id}),
+        ),
+    ] {
+        let listed = server.rpc(version, method, params).await;
+        assert!(
+            listed["result"] == json!([]) || listed["result"]["configs"] == json!([]),
+            "nothing stored: {listed}"
+        );
+    }
+    server.stop().await;
+}
