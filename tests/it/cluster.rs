@@ -231,23 +231,6 @@ async fn a_conversation_continues_across_nodes_with_its_whole_history() {
     b.stop().await;
 }
 
-/// One JSON-RPC call to `server` as the principal whose bearer token is `token`.
-async fn rpc_as(server: &TestServer, token: &str, method: &str, params: Value) -> Value {
-    let body = json!({"jsonrpc": "2.0", "id": next_id(), "method": method, "params": params});
-    server
-        .client
-        .post(&server.url)
-        .header("A2A-Version", V1)
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .expect("request sent")
-        .json()
-        .await
-        .expect("JSON response")
-}
-
 #[actix_rt::test]
 async fn two_principals_with_one_context_id_stay_apart_across_nodes() {
     let Some(url) = pg::database("cluster::two_principals_with_one_context_id") else {

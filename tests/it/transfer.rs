@@ -55,22 +55,6 @@ async fn server_on(url: Option<&str>, data: Option<&Path>) -> TestServer {
     .await
 }
 
-async fn rpc_as(server: &TestServer, token: &str, method: &str, params: Value) -> Value {
-    let body = json!({"jsonrpc": "2.0", "id": next_id(), "method": method, "params": params});
-    server
-        .client
-        .post(&server.url)
-        .header("A2A-Version", V1)
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .expect("request sent")
-        .json()
-        .await
-        .expect("JSON response")
-}
-
 async fn send_as(server: &TestServer, token: &str, text: &str, context_id: &str) -> Value {
     let params = json!({"message": user_message(V1, text, Some(context_id), None)});
     rpc_as(server, token, "SendMessage", params).await

@@ -415,16 +415,34 @@ impl TestServer {
 /// POSTs a JSON-RPC request body; returns the whole response object. Takes its client and URL
 /// rather than a server, so spawned tasks and child-process servers can use it.
 pub async fn post_rpc(client: &reqwest::Client, url: &str, version: &str, body: &Value) -> Value {
-    client
-        .post(url)
-        .header("A2A-Version", version)
-        .json(body)
+    post_rpc_as(client, url, version, None, body).await
+}
+
+/// [`post_rpc`] with the bearer token of a principal, if given.
+async fn post_rpc_as(
+    client: &reqwest::Client,
+    url: &str,
+    version: &str,
+    token: Option<&str>,
+    body: &Value,
+) -> Value {
+    let mut request = client.post(url).header("A2A-Version", version).json(body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request
         .send()
         .await
         .expect("request sent")
         .json()
         .await
         .expect("JSON response")
+}
+
+/// One v1.0 JSON-RPC call to `server` as the principal whose bearer token is `token`.
+pub async fn rpc_as(server: &TestServer, token: &str, method: &str, params: Value) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": next_id(), "method": method, "params": params});
+    post_rpc_as(&server.client, &server.url, V1, Some(token), &body).await
 }
 
 /// The texts of the messages in a `colloquy/getConversation` response.

@@ -136,10 +136,7 @@ fn start() -> Result<Cluster, Unavailable> {
             ],
         )
         .map_err(Unavailable::Failed)?;
-    let mut options = format!(
-        "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=300",
-        path_str(&cluster.dir)
-    );
+    let mut options = "-c max_connections=300".to_owned();
     if cluster.certificate.is_some() {
         let (certificate, key) = (
             cluster.dir.join("server.crt"),
@@ -151,28 +148,10 @@ fn start() -> Result<Cluster, Unavailable> {
             path_str(&key)
         ));
     }
-    let log = cluster.dir.join("log");
-    cluster
-        .run(
-            "pg_ctl",
-            &[
-                "-D",
-                path_str(&data),
-                "-l",
-                path_str(&log),
-                "-o",
-                &options,
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-        )
-        .map_err(|e| {
-            let log = std::fs::read_to_string(&log).unwrap_or_default();
-            let _ = std::fs::remove_dir_all(&cluster.dir);
-            Unavailable::Failed(format!("{e}\n{log}"))
-        })?;
+    cluster.pg_ctl_start(&options).map_err(|e| {
+        let _ = std::fs::remove_dir_all(&cluster.dir);
+        Unavailable::Failed(e)
+    })?;
     let _ = STOP.set((
         cluster.bin.clone(),
         cluster.dir.clone(),
@@ -336,6 +315,33 @@ fn chown_to(dir: &Path, user: &str) -> std::io::Result<()> {
 }
 
 impl Cluster {
+    /// `pg_ctl start` on loopback at the cluster's port, with `extra` server options; on failure
+    /// the error carries the server's log.
+    fn pg_ctl_start(&self, extra: &str) -> Result<(), String> {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {extra}",
+            self.port,
+            path_str(&self.dir)
+        );
+        let (data, log) = (self.dir.join("data"), self.dir.join("log"));
+        let args = [
+            "-D",
+            path_str(&data),
+            "-l",
+            path_str(&log),
+            "-o",
+            &options,
+            "-w",
+            "-t",
+            "60",
+            "start",
+        ];
+        self.run("pg_ctl", &args).map_err(|e| {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            format!("{e}\n{log}")
+        })
+    }
+
     /// Runs one of the cluster's programs (as its user); its output on failure.
     fn run(&self, program: &str, args: &[&str]) -> Result<(), String> {
         let program = self.bin.join(program);
@@ -563,30 +569,8 @@ impl Cluster {
 
     /// Starts the server on its port with `extra` options; panics with its log if it does not.
     fn start_server(&self, extra: &str) {
-        let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {extra}",
-            self.port,
-            path_str(&self.dir)
-        );
-        let (data, log) = (self.dir.join("data"), self.dir.join("log"));
-        let started = self.run(
-            "pg_ctl",
-            &[
-                "-D",
-                path_str(&data),
-                "-l",
-                path_str(&log),
-                "-o",
-                &options,
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-        );
-        if let Err(e) = started {
-            let log = std::fs::read_to_string(&log).unwrap_or_default();
-            panic!("PostgreSQL did not start: {e}\n{log}");
+        if let Err(e) = self.pg_ctl_start(extra) {
+            panic!("PostgreSQL did not start: {e}");
         }
     }
 }
