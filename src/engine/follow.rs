@@ -4,7 +4,7 @@
 
 use super::Engine;
 use super::hub::{StreamItem, Subscription};
-use crate::model::{TaskEvent, TaskState, TaskStatus};
+use crate::model::{TaskEvent, TaskState};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -105,9 +105,9 @@ async fn next_turn(
             let task = engine.get_task(principal, task_id).await.ok()?;
             if task.status.state.is_terminal() {
                 let end = TaskEvent::Status {
-                    task_id: task.id.clone(),
-                    context_id: task.context_id.clone(),
-                    status: TaskStatus::clone(&task.status),
+                    task_id: task.id,
+                    context_id: task.context_id,
+                    status: task.status,
                     is_final: true,
                 };
                 let _ = tx.send(StreamItem::Event(end)).await;

@@ -26,7 +26,8 @@ pub fn decode_at<T: DeserializeOwned>(value: &Value, at: &str) -> FieldResult<T>
     })
 }
 
-fn join(at: &str, relative: &str) -> String {
+/// The path of `relative` (a field, `[i]`, or `.` for itself) inside the value at `at`.
+pub(super) fn join(at: &str, relative: &str) -> String {
     match relative {
         "." => at.to_owned(),
         _ if at.is_empty() => relative.to_owned(),

@@ -7,7 +7,7 @@
 use super::WireVersion;
 use super::codec::{self, TaskView};
 use super::fields::{FieldResult, field_error};
-use super::params::decode_at;
+use super::params::{decode_at, join};
 use crate::model::{PushAuth, PushConfig, Task};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -84,7 +84,7 @@ impl V03Config {
         let authentication = match self.authentication {
             Some(auth) if auth.schemes.is_empty() => {
                 return Err(field_error(
-                    format!("{at}.authentication.schemes"),
+                    join(at, "authentication.schemes"),
                     "is required",
                 ));
             }
@@ -186,14 +186,6 @@ pub fn decode_config_ref(version: WireVersion, params: &Value) -> FieldResult<Co
             }
         }
     })
-}
-
-fn join(at: &str, field: &str) -> String {
-    if at.is_empty() {
-        field.to_owned()
-    } else {
-        format!("{at}.{field}")
-    }
 }
 
 /// The config as Get, List and Create answer it: without credentials.
