@@ -350,6 +350,7 @@ fn sled_options(store: &StoreConfig) -> SledOptions {
     SledOptions {
         cache_bytes: store.cache_bytes,
         checkpoint_every: Duration::from_millis(store.checkpoint_interval_ms),
+        snapshot_log_bytes: store.snapshot_log_bytes,
     }
 }
 

@@ -9,7 +9,7 @@
 //! `"1.0"`), TOML-like values (numbers, booleans, `[a, b]`) for the others.
 
 use crate::history::{HistoryLimits, MAX_LIMIT};
-use crate::store::embedded::DEFAULT_CHECKPOINT_EVERY;
+use crate::store::embedded::{DEFAULT_CHECKPOINT_EVERY, DEFAULT_SNAPSHOT_LOG_BYTES};
 use figment::providers::{Format, Serialized, Toml};
 use figment::value::{Dict, Map, Value as FigmentValue};
 use figment::{Figment, Metadata, Profile, Provider};
@@ -342,6 +342,9 @@ pub struct StoreConfig {
     pub cache_bytes: u64,
     /// Milliseconds between checkpoints of the write-ahead log into sled.
     pub checkpoint_interval_ms: u64,
+    /// sled's log written between two recovery snapshots (at least eight times the last
+    /// snapshot's size): a restart replays at most about this much.
+    pub snapshot_log_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -352,6 +355,7 @@ impl Default for StoreConfig {
             tls_ca_file: None,
             cache_bytes: 64 * 1024 * 1024,
             checkpoint_interval_ms: DEFAULT_CHECKPOINT_EVERY.as_millis() as u64,
+            snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
         }
     }
 }

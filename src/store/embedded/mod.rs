@@ -15,7 +15,7 @@ mod writer;
 
 pub use kv::{KvBackend, KvOp};
 pub use ops::Existing;
-pub use sled_backend::SledBackend;
+pub use sled_backend::{DEFAULT_SNAPSHOT_LOG_BYTES, SledBackend};
 pub use wal::DEFAULT_CHECKPOINT_EVERY;
 
 use super::{
@@ -39,6 +39,8 @@ pub struct SledOptions {
     pub cache_bytes: u64,
     /// How often the write-ahead log's memtable moves into sled (and its log is deleted).
     pub checkpoint_every: std::time::Duration,
+    /// sled's log written between its recovery snapshots (see [`SledBackend`]).
+    pub snapshot_log_bytes: u64,
 }
 
 #[derive(Clone)]
@@ -53,7 +55,8 @@ pub struct EmbeddedStore {
 impl EmbeddedStore {
     /// sled in `path`, behind the write-ahead log in `path/wal`. Blocks (opening reads the disk).
     pub fn open(path: &Path, options: &SledOptions) -> StoreResult<Self> {
-        let sled = SledBackend::open(path, options.cache_bytes)?;
+        let sled = SledBackend::open(path, options.cache_bytes)?
+            .snapshot_after_log_bytes(options.snapshot_log_bytes);
         let log = WalBackend::open(sled, &path.join("wal"), options.checkpoint_every)?;
         EmbeddedStore::over(Arc::new(log))
     }
@@ -65,6 +68,7 @@ impl EmbeddedStore {
             &SledOptions {
                 cache_bytes,
                 checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
+                snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
             },
         )
     }

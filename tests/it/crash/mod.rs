@@ -347,6 +347,8 @@ struct Rounds {
     restarts_failing_tasks: usize,
     /// How many restarts replayed the write-ahead log, from the server's log.
     replays: usize,
+    /// Recovery snapshots sled wrote while running (logged at debug level).
+    live_snapshots: usize,
 }
 
 /// `ROUNDS` rounds of load, each ended by SIGKILL at a random moment `kill_after` (in ms) into
@@ -442,6 +444,10 @@ async fn crash_rounds(
             .expect("server log")
             .matches("replayed the write-ahead log")
             .count(),
+        live_snapshots: std::fs::read_to_string(log)
+            .expect("server log")
+            .matches("sled snapshot written")
+            .count(),
     };
     eprintln!(
         "{} conversations, {} acknowledged turns, {} cut off, {} replays, {} tasks failed by \
@@ -535,8 +541,14 @@ async fn acknowledged_turns_survive_power_cuts() {
     let mut rng = rand::thread_rng();
     let mut dropped = 0;
     let mut kept = 0;
-    // Checkpoints every 50 ms, so the random cuts land before, during and after them.
-    let env = [("COLLOQUY_STORE__CHECKPOINT_INTERVAL_MS", "50")];
+    // Checkpoints every 50 ms, so the random cuts land before, during and after them, and
+    // sled's recovery snapshots after nearly every one: cuts land on those too, and each
+    // restart recovers from one written while the server ran.
+    let env = [
+        ("COLLOQUY_STORE__CHECKPOINT_INTERVAL_MS", "50"),
+        ("COLLOQUY_STORE__SNAPSHOT_LOG_BYTES", "4096"),
+        ("RUST_LOG", "warn,colloquy::store=debug"),
+    ];
     let rounds = crash_rounds(&disk.path().join("data"), &log, &env, 10..150, |round| {
         // The process is dead; the kernel may still be finishing its last requests.
         std::thread::sleep(Duration::from_millis(50));
@@ -548,12 +560,14 @@ async fn acknowledged_turns_survive_power_cuts() {
     let syncs = disk.sync_counts();
     eprintln!(
         "power cut: {ROUNDS} rounds, {} conversations, {} acknowledged turns checked, {} \
-         conversations cut off mid-turn, {} restarts replayed the log; unsynced changes: \
-         {dropped} dropped, {kept} kept; {} file and {} folder syncs; {:?}",
+         conversations cut off mid-turn, {} restarts replayed the log, {} live sled \
+         snapshots; unsynced changes: {dropped} dropped, {kept} kept; {} file and {} folder \
+         syncs; {:?}",
         rounds.conversations,
         rounds.acknowledged,
         rounds.cut_off,
         rounds.replays,
+        rounds.live_snapshots,
         syncs.file_syncs,
         syncs.dir_syncs,
         started.elapsed()
@@ -561,6 +575,11 @@ async fn acknowledged_turns_survive_power_cuts() {
     assert!(
         dropped > 0,
         "no cut dropped anything: the test proves nothing"
+    );
+    assert!(
+        rounds.live_snapshots >= ROUNDS / 4,
+        "sled wrote only {} snapshots while running",
+        rounds.live_snapshots
     );
 }
 

@@ -799,6 +799,21 @@ impl Tree {
         self.context.pagecache.flush()
     }
 
+    /// colloquy: writes a recovery snapshot now, so that the next open replays only the log
+    /// written after it (sled 0.34 otherwise writes one only when it opens a folder). Returns
+    /// the snapshot's size in bytes, or `None` when writes in flight kept the log's tip from
+    /// settling: call again later.
+    pub fn write_snapshot(&self) -> Result<Option<u64>> {
+        self.context.pagecache.write_live_snapshot()
+    }
+
+    /// colloquy: how far sled's log is written and stable, in bytes of log since the folder
+    /// was created. Between two readings lies what an open after the later one would replay,
+    /// were no snapshot written in between.
+    pub fn stable_log_position(&self) -> i64 {
+        self.context.pagecache.log.stable_offset()
+    }
+
     /// Asynchronously flushes all dirty IO buffers
     /// and calls fsync. If this succeeds, it is
     /// guaranteed that all previous writes will

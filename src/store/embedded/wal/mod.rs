@@ -250,21 +250,12 @@ impl<B: KvBackend> Shared<B> {
         };
         if !frozen.is_empty() {
             let started = Instant::now();
-            let mut moved = 0;
-            let mut writes = frozen.writes().peekable();
-            // One write at a time: sled's atomic batches lock its readers out. A crash part way
-            // leaves the old position, and recovery replays every batch of the cut from the log.
-            while writes.peek().is_some() {
-                let slice: Vec<KvOp> = writes.by_ref().take(INNER_BATCH_OPS).collect();
-                moved += slice.len();
-                self.inner.apply_each(slice)?;
-            }
-            self.inner.flush()?;
-            // Only once the cut is durable in the inner backend may its position say so.
-            self.inner.apply(vec![applied(covered)])?;
-            self.inner.flush()?;
+            let moved = move_into(&self.inner, &frozen, covered)?;
             metrics::histogram!("colloquy_store_checkpoint_seconds").record(started.elapsed());
             metrics::counter!("colloquy_store_checkpoint_writes_total").increment(moved as u64);
+            if let Err(e) = self.inner.checkpointed() {
+                tracing::warn!(error = %e, "the store's backend could not shorten its recovery");
+            }
         }
         // Readers still holding the table keep it; new ones find its writes in the inner backend.
         self.tables.write().frozen = None;
@@ -354,6 +345,25 @@ fn applied(seq: u64) -> KvOp {
     KvOp::Put(APPLIED_KEY.to_vec(), seq.to_le_bytes().to_vec())
 }
 
+/// Writes a table of the batches up to `covered` into the inner backend durably, then its
+/// position. Returns the writes moved.
+fn move_into<B: KvBackend>(inner: &B, table: &Memtable, covered: u64) -> StoreResult<usize> {
+    let mut moved = 0;
+    let mut writes = table.writes().peekable();
+    // One write at a time: sled's atomic batches lock its readers out. A crash part way
+    // leaves the old position, and recovery replays every batch of the cut from the log.
+    while writes.peek().is_some() {
+        let slice: Vec<KvOp> = writes.by_ref().take(INNER_BATCH_OPS).collect();
+        moved += slice.len();
+        inner.apply_each(slice)?;
+    }
+    inner.flush()?;
+    // Only once the cut is durable in the inner backend may its position say so.
+    inner.apply(vec![applied(covered)])?;
+    inner.flush()?;
+    Ok(moved)
+}
+
 /// Replays logged batches newer than the inner backend's; returns the last sequence number.
 fn recover<B: KvBackend>(inner: &B, dir: &Path) -> StoreResult<u64> {
     let applied = match inner.get(APPLIED_KEY)? {
@@ -367,15 +377,21 @@ fn recover<B: KvBackend>(inner: &B, dir: &Path) -> StoreResult<u64> {
     };
     let mut last_seq = applied;
     let mut replayed = 0u64;
-    log::read_all(dir, |seq, ops| {
+    // Collected as a checkpoint would, so a key written by many batches is written once (a
+    // batch at a time, sled took longer to replay a crash's log than the server to write it).
+    let table = Memtable::default();
+    log::read_all(dir, |seq, mut ops| {
         if seq > last_seq {
-            inner.apply(ops)?;
+            // The position is written last, once the writes are durable.
+            ops.retain(|op| !matches!(op, KvOp::Put(key, _) if key == APPLIED_KEY));
+            table.insert(ops);
             last_seq = seq;
             replayed += 1;
         }
         Ok(())
     })?;
     if replayed > 0 {
+        move_into(inner, &table, last_seq)?;
         tracing::info!(
             batches = replayed,
             "replayed the write-ahead log into the store"

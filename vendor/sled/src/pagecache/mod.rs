@@ -2135,6 +2135,69 @@ impl PageCache {
         Ok(())
     }
 
+    /// colloquy: writes a recovery snapshot while the database stays open, so that the next
+    /// open replays only the log written after it. sled 0.34 writes snapshots only when it
+    /// opens a folder, so the first open after a long run replayed the whole run's log.
+    ///
+    /// Every sled operation takes the concurrency-control lock, so holding it for writing
+    /// while the page table is read gives a state at one log position: the tip, once a flush
+    /// has made everything before it stable. A snapshot is a shortcut only: the one written at
+    /// open, and the log after it, stay enough to recover, so a crash at any point of this
+    /// leaves the folder recoverable.
+    ///
+    /// Returns the snapshot file's size, or `None` when the tip was at no position a snapshot
+    /// can name (a buffer being filled, or a segment just begun): try again after more writes.
+    pub(crate) fn write_live_snapshot(&self) -> Result<Option<u64>> {
+        self.flush()?;
+        let snapshot = {
+            let _cc = concurrency_control::write();
+            match self.snapshot_at_tip() {
+                Some(snapshot) => snapshot,
+                None => return Ok(None),
+            }
+        };
+        snapshot::write_snapshot(&self.config, &snapshot).map(Some)
+    }
+
+    /// The page table as a snapshot at the log's tip, if everything reserved is stable and the
+    /// tip is inside a segment whose header is written (as recovery itself would leave it).
+    fn snapshot_at_tip(&self) -> Option<Snapshot> {
+        let iobufs = &self.log.iobufs;
+        let iobuf = iobufs.current_iobuf();
+        let header = iobuf.get_header();
+        let segment_size = self.config.segment_size as Lsn;
+        let tip = iobuf.lsn;
+        let progress = tip % segment_size;
+        let max_reserved = iobufs.max_reserved_lsn.load(Acquire);
+        let settled = !header::is_sealed(header)
+            && header::offset(header) == 0
+            && progress >= SEG_HEADER_LEN as Lsn
+            && progress + (MAX_MSG_HEADER_LEN as Lsn) < segment_size
+            && max_reserved < tip
+            && iobufs.stable() >= max_reserved;
+        if !settled {
+            return None;
+        }
+        let active_segment =
+            iobuf.offset - LogOffset::try_from(progress).ok()?;
+
+        let pid_bound = *self.next_pid_to_allocate.lock();
+        let guard = pin();
+        let mut pt = Vec::with_capacity(usize::try_from(pid_bound).ok()?);
+        for pid in 0..pid_bound {
+            let page = self.inner.get(pid, &guard)?;
+            if page.cache_infos.is_empty() {
+                return None;
+            }
+            pt.push(page.to_page_state());
+        }
+        Some(Snapshot {
+            stable_lsn: Some(tip),
+            active_segment: Some(active_segment),
+            pt,
+        })
+    }
+
     /// A snapshot is to recover the pageTable at a point in time.
     ///
     /// This is called fuzzy snapshot because while

@@ -509,7 +509,12 @@ fn read_snapshot(config: &RunningConfig) -> Result<Option<Snapshot>> {
     Snapshot::deserialize(&mut bytes.as_slice()).map(Some)
 }
 
-fn write_snapshot(config: &RunningConfig, snapshot: &Snapshot) -> Result<()> {
+/// Returns the size of the snapshot file written (colloquy: for the live snapshots of
+/// `PageCache::write_live_snapshot`, which also call this).
+pub(crate) fn write_snapshot(
+    config: &RunningConfig,
+    snapshot: &Snapshot,
+) -> Result<u64> {
     trace!("writing snapshot {:?}", snapshot);
 
     let raw_bytes = snapshot.serialize();
@@ -560,6 +565,9 @@ fn write_snapshot(config: &RunningConfig, snapshot: &Snapshot) -> Result<()> {
     io_fail!(config, "snap write mv");
     std::fs::rename(&path_1, &path_2)?;
     io_fail!(config, "snap write mv post");
+    // colloquy: the rename must be durable before the older snapshots are removed, or a power
+    // cut could keep the removals and lose the rename.
+    std::fs::File::open(parent)?.sync_all()?;
 
     trace!("renamed snapshot to {}", path_2.to_string_lossy());
 
@@ -581,5 +589,5 @@ fn write_snapshot(config: &RunningConfig, snapshot: &Snapshot) -> Result<()> {
             }
         }
     }
-    Ok(())
+    Ok((bytes.len() + 12) as u64)
 }
