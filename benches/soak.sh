@@ -4,6 +4,9 @@
 #   benches/soak.sh                        # 6 rounds x 30 s, 64 in flight, 5 turns x 200 B
 #   ROUNDS=60 SECS=30 benches/soak.sh      # the 30-minute soak
 #
+# Stops early, saying so, when the disk holding the data folder has less than MIN_FREE_GB
+# (default 5) free. After the rounds it compares the first and last fifth of them (the first and
+# last 5 minutes of a 30-minute soak): turns/s and p99.
 # Every round starts new conversations throughout. Per round it prints turns/s, p99, the
 # server's RSS, the data folder's size and the bytes written to the device so far, each per
 # turn. Then it stops the server cleanly, restarts it twice on the same folder (time to /readyz),
@@ -24,9 +27,14 @@ start() {
 start
 wait_ready $PORT 60
 total=0
+ROWS=$WORK/rounds.tsv; : > "$ROWS"
 echo "| round | turns | turns/s | p50 ms | p99 ms | RSS MB | on disk MB | disk B/turn | device writes B/turn |"
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for round in $(seq 1 "$ROUNDS"); do
+  free_kb=$(df -Pk "$WORK" | awk 'NR == 2 {print $4}')
+  if [ "$free_kb" -lt $(( ${MIN_FREE_GB:-5} * 1048576 )) ]; then
+    echo "stopped before round $round: $((free_kb / 1048576)) GB left on the disk"; break
+  fi
   R=$("$COLLOQUY" loadgen --url "http://127.0.0.1:$PORT/" --conversations "$C" --turns "$TURNS" \
       --text-bytes "$TEXT" --duration "$SECS" --timeout-secs 60 --json | tail -1)
   ok=$(echo "$R" | jq .turns_ok)
@@ -36,7 +44,13 @@ for round in $(seq 1 "$ROUNDS"); do
   echo "$R" | jq -r --argjson round "$round" --argjson total "$total" --argjson rss "$(rss_kb $PID)" \
     --argjson disk "$disk" --argjson written "$written" \
     '"| \($round) | \(.turns_ok) | \(.turns_per_s | floor) | \(.latency_ms.p50) | \(.latency_ms.p99) | \($rss / 1024 | floor) | \($disk / 1048576 | floor) | \($disk / $total | floor) | \($written / $total | floor) |"'
+  echo "$R" | jq -r '"\(.turns_per_s) \(.latency_ms.p99)"' >> "$ROWS"
 done
+awk '{ tps[NR] = $1; p99[NR] = $2 } END {
+  n = NR < 5 ? 1 : int(NR / 5)
+  for (i = 1; i <= n; i++) { a += tps[i]; ap += p99[i]; b += tps[NR - n + i]; bp += p99[NR - n + i] }
+  printf "first %d rounds: %.0f turns/s, p99 %.1f ms; last %d: %.0f turns/s (%.0f%%), p99 %.1f ms (%.2fx)\n",
+    n, a / n, ap / n, n, b / n, 100 * b / a, bp / n, bp / ap }' "$ROWS"
 kill -TERM "$PID"; wait "$PID" || true; PID=
 echo
 # The first open after a run is the one that pays for it: sled replays the log written since its
