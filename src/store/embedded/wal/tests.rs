@@ -76,6 +76,11 @@ fn replays_logged_batches_the_inner_store_missed_and_stops_at_a_torn_record() {
         None,
         "a torn record was never acknowledged"
     );
+    assert_eq!(
+        backend.shared.inner.get(APPLIED_KEY).unwrap(),
+        Some(3u64.to_le_bytes().to_vec()),
+        "the replay's position is the last batch replayed, not any batch's own"
+    );
     backend.apply(vec![put("c", "4")]).unwrap();
     backend.flush().unwrap();
     assert_eq!(
