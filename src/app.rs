@@ -351,6 +351,7 @@ fn sled_options(store: &StoreConfig) -> SledOptions {
         cache_bytes: store.cache_bytes,
         checkpoint_every: Duration::from_millis(store.checkpoint_interval_ms),
         snapshot_log_bytes: store.snapshot_log_bytes,
+        zstd_level: (store.compression_level > 0).then_some(i32::from(store.compression_level)),
     }
 }
 

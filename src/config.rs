@@ -345,6 +345,9 @@ pub struct StoreConfig {
     /// sled's log written between two recovery snapshots (at least eight times the last
     /// snapshot's size): a restart replays at most about this much.
     pub snapshot_log_bytes: u64,
+    /// 0: sled's pages are stored uncompressed; 1-22: with zstd at that level. Applies to data
+    /// folders created with it (sled refuses to change it later).
+    pub compression_level: u8,
 }
 
 impl Default for StoreConfig {
@@ -356,6 +359,7 @@ impl Default for StoreConfig {
             cache_bytes: 64 * 1024 * 1024,
             checkpoint_interval_ms: DEFAULT_CHECKPOINT_EVERY.as_millis() as u64,
             snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
+            compression_level: 0,
         }
     }
 }
@@ -553,6 +557,12 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "store.checkpoint_interval_ms must be positive".into(),
             ));
+        }
+        if self.store.compression_level > 22 {
+            return Err(ConfigError::Invalid(format!(
+                "store.compression_level is {}; use 0 (none) or a zstd level from 1 to 22",
+                self.store.compression_level
+            )));
         }
         if let Some(url) = self.store.database_url()
             && !crate::store::postgres::is_postgres_url(url)

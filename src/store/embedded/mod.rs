@@ -41,6 +41,8 @@ pub struct SledOptions {
     pub checkpoint_every: std::time::Duration,
     /// sled's log written between its recovery snapshots (see [`SledBackend`]).
     pub snapshot_log_bytes: u64,
+    /// zstd level for a folder created now (None: uncompressed); see [`SledBackend::open_with`].
+    pub zstd_level: Option<i32>,
 }
 
 #[derive(Clone)]
@@ -55,7 +57,7 @@ pub struct EmbeddedStore {
 impl EmbeddedStore {
     /// sled in `path`, behind the write-ahead log in `path/wal`. Blocks (opening reads the disk).
     pub fn open(path: &Path, options: &SledOptions) -> StoreResult<Self> {
-        let sled = SledBackend::open(path, options.cache_bytes)?
+        let sled = SledBackend::open_with(path, options.cache_bytes, options.zstd_level)?
             .snapshot_after_log_bytes(options.snapshot_log_bytes);
         let log = WalBackend::open(sled, &path.join("wal"), options.checkpoint_every)?;
         EmbeddedStore::over(Arc::new(log))
@@ -69,6 +71,7 @@ impl EmbeddedStore {
                 cache_bytes,
                 checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
                 snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
+                zstd_level: None,
             },
         )
     }

@@ -49,16 +49,50 @@ const NOT_SLEDS: &[&str] = &["wal"];
 /// only when sled's background threads have finished with it, shortly after it is dropped.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 
+/// The zstd level of writes to a folder created compressed when none is configured.
+const DEFAULT_ZSTD_LEVEL: i32 = 3;
+/// sled counts a cached page at its compressed size, so a compressed folder's cache holds
+/// several times its budget in memory: it gets this fraction of it.
+const COMPRESSED_CACHE_DIVISOR: u64 = 4;
+
 impl SledBackend {
+    /// Opens (or creates, uncompressed) sled's folder at `path`, compressed if it was created so.
     pub fn open(path: &Path, cache_bytes: u64) -> StoreResult<Self> {
+        Self::open_with(path, cache_bytes, None)
+    }
+
+    /// As [`SledBackend::open`]; a folder created now is compressed with zstd at `zstd_level`
+    /// if given. sled refuses to open a folder with the setting changed, so an existing folder
+    /// keeps the one it was created with.
+    pub fn open_with(path: &Path, cache_bytes: u64, zstd_level: Option<i32>) -> StoreResult<Self> {
+        let level = match created_compressed(path)? {
+            Some(true) => Some(zstd_level.unwrap_or(DEFAULT_ZSTD_LEVEL)),
+            Some(false) => {
+                if zstd_level.is_some() {
+                    tracing::warn!(
+                        folder = %path.display(),
+                        "store.compression_level applies to new data folders; this one was \
+                         created uncompressed and stays so"
+                    );
+                }
+                None
+            }
+            None => zstd_level,
+        };
         // sled creates the folder without syncing its entry in the parent.
         durable::create_dir_all(path)
             .map_err(|e| StoreError::Backend(format!("creating {}: {e}", path.display())))?;
         // No periodic flush of its own: durability comes from our flushes (the log's checkpoints).
-        let config = sled::Config::new()
+        let mut config = sled::Config::new()
             .path(path)
             .cache_capacity(cache_bytes)
             .flush_every_ms(None);
+        if let Some(level) = level {
+            config = config
+                .use_compression(true)
+                .compression_factor(level)
+                .cache_capacity(cache_bytes / COMPRESSED_CACHE_DIVISOR);
+        }
         let deadline = Instant::now() + LOCK_WAIT;
         loop {
             match config.open() {
@@ -118,6 +152,23 @@ impl SledBackend {
         metrics::histogram!("colloquy_store_snapshot_seconds").record(started.elapsed());
         tracing::debug!(bytes, logged, elapsed = ?started.elapsed(), "sled snapshot written");
         Ok(())
+    }
+}
+
+/// Whether sled's folder at `path` was created compressed (its `conf` says), or None before
+/// it exists.
+fn created_compressed(path: &Path) -> StoreResult<Option<bool>> {
+    let conf = path.join("conf");
+    match std::fs::read_to_string(&conf) {
+        Ok(text) => Ok(Some(
+            text.lines()
+                .any(|line| line.trim() == "use_compression: true"),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StoreError::Backend(format!(
+            "reading {}: {e}",
+            conf.display()
+        ))),
     }
 }
 
