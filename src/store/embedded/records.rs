@@ -11,6 +11,11 @@
 //! - `r` ++ task id                                  -> empty (tasks whose turn is running: read at
 //!   start to fail what a crash cut off, without scanning the tasks)
 //! - `n` (push configs) and `o` (the notification outbox): see `push.rs`
+//!
+//! Values: a marker byte and a version, then MessagePack ([`encode`], [`decode`]): messages,
+//! tasks and conversation metadata in version 2 (`compact.rs`), read with version 1 and JSON
+//! records of earlier stores. A message records only that its contextId is its conversation's,
+//! so reading a conversation's messages takes that contextId.
 
 use super::compact;
 use super::kv::{KvBackend, KvOp};
