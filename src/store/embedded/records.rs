@@ -967,4 +967,72 @@ mod tests {
         assert!(v2 * 4 <= v1 * 3, "version 1: {v1} bytes, version 2: {v2}");
         assert!(encode_conversation(&meta).len() < encode(&meta).len());
     }
+
+    /// The task as it is read: the elided reply text put back.
+    fn whole(record: &TaskRecord, reply: &Message) -> TaskRecord {
+        let mut whole = record.clone();
+        whole.restore_reply(reply.text());
+        whole
+    }
+
+    #[test]
+    fn a_conversation_whose_records_are_in_every_version_reads_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = super::super::SledBackend::open(dir.path(), 1 << 20).unwrap();
+        let records = Records::new(Arc::new(backend));
+        let (mut meta, [user, reply], first) = typical_turn();
+        let context_id = meta.context_id.clone();
+        let keys = Keys::new(&meta.principal, &context_id);
+        let key = keys.conversation;
+        // The first turn as earlier versions stored it: JSON, then version 1.
+        let mut batch = WriteBatch::new();
+        batch.put_raw(message_key(&key, 0), serde_json::to_vec(&user).unwrap());
+        batch.put_raw(message_key(&key, 1), encode(&reply));
+        batch.put_raw(task_key(&first.task.id), encode(&first));
+        batch.put_raw(conversation_key(&key), encode(&meta));
+        records.apply(batch).unwrap();
+        assert_eq!(records.conversation(&key).unwrap(), Some(meta.clone()));
+        // The second turn in version 2, its user message without a contextId.
+        let mut second_user = Message::agent_text("second", &context_id, None);
+        second_user.role = Role::User;
+        second_user.context_id = None;
+        let second_reply = Message::agent_text("second reply", &context_id, None);
+        let mut second = whole(&first, &reply);
+        second.task.id = uuid::Uuid::new_v4().to_string();
+        second.task.artifacts[0].parts = vec![Part::text(second_reply.text())];
+        second.history_seqs = vec![2, 3];
+        second.elide_reply(&second_reply, 3);
+        let previous_meta = meta.clone();
+        meta.next_seq = 4;
+        meta.turns = 2;
+        let mut batch = WriteBatch::new();
+        batch.append_message(&key, &context_id, 2, &second_user);
+        batch.append_message(&key, &context_id, 3, &second_reply);
+        batch.put_task(&keys, &second, None);
+        batch.put_conversation(&keys, &meta, Some(&previous_meta));
+        records.apply(batch).unwrap();
+
+        assert_eq!(records.conversation(&key).unwrap(), Some(meta));
+        let all = vec![user, reply.clone(), second_user, second_reply.clone()];
+        let recent = records.recent_messages(&key, &context_id, 4, 4).unwrap();
+        assert_eq!(recent.into_iter().map(|(_, m)| m).collect::<Vec<_>>(), all);
+        let paged: Vec<Message> = records
+            .messages_from(&key, &context_id, 0, None)
+            .unwrap()
+            .map(|entry| entry.unwrap().1)
+            .collect();
+        assert_eq!(paged, all);
+        assert_eq!(
+            records.messages(&key, &context_id, &[1, 2]).unwrap(),
+            all[1..3]
+        );
+        let read = records.task(&first.task.id).unwrap().unwrap();
+        let artifact_text = read.task.artifacts[0].parts[0].as_text();
+        assert_eq!(artifact_text, Some(reply.text().as_str()));
+        assert_eq!(read, whole(&first, &reply));
+        assert_eq!(
+            records.task(&second.task.id).unwrap(),
+            Some(whole(&second, &second_reply))
+        );
+    }
 }
