@@ -82,9 +82,7 @@ impl<'a> StoredId<'a> {
 
     fn of(raw: Raw) -> Result<Self, String> {
         match raw {
-            Raw::Bytes(bytes) => Uuid::from_slice(&bytes)
-                .map(StoredId::Uuid)
-                .map_err(|e| e.to_string()),
+            Raw::Uuid(uuid) => Ok(StoredId::Uuid(uuid)),
             Raw::Text(text) => Ok(StoredId::Text(Cow::Owned(text))),
             other => Err(format!("an id, not {other:?}")),
         }
@@ -208,7 +206,8 @@ enum Raw {
     Nil,
     Bool(bool),
     Int(i64),
-    Bytes(Vec<u8>),
+    /// Bytes, which only a UUID is stored as.
+    Uuid(Uuid),
     Text(String),
 }
 
@@ -224,7 +223,7 @@ impl Visitor<'_> for RawVisitor {
     type Value = Raw;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("nil, a boolean, an integer, bytes or a string")
+        f.write_str("nil, a boolean, an integer, a UUID's 16 bytes or a string")
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<Raw, E> {
@@ -250,7 +249,7 @@ impl Visitor<'_> for RawVisitor {
     }
 
     fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Raw, E> {
-        Ok(Raw::Bytes(v.to_vec()))
+        Uuid::from_slice(v).map(Raw::Uuid).map_err(E::custom)
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Raw, E> {
@@ -628,6 +627,10 @@ mod tests {
     #[test]
     fn ids_are_bytes_only_when_they_format_back_the_same() {
         assert_eq!(StoredId::new(UUID), StoredId::Uuid(UUID.parse().unwrap()));
+        // MessagePack bin 8: 16 bytes are a UUID, other lengths are no id.
+        let bin = |len: u8| [&[0xC4, len][..], &vec![7; usize::from(len)]].concat();
+        assert!(rmp_serde::from_slice::<StoredId>(&bin(16)).is_ok());
+        assert!(rmp_serde::from_slice::<StoredId>(&bin(15)).is_err());
         let spellings = [
             UUID.to_uppercase(),
             UUID.replace('-', ""),
