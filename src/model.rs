@@ -1,7 +1,10 @@
 //! The internal model: messages, tasks and the events a task emits.
 //!
 //! Independent of wire versions: `protocol::v1` and `protocol::v03` map onto these types.
-//! The store persists them with serde, so field renames here are storage format changes.
+//! Stores persist them with serde (PostgreSQL as JSON; the embedded store's push records,
+//! and the records of its earlier versions it still reads), so field renames here are storage
+//! format changes. The embedded store's messages, tasks and conversations have stored forms of
+//! their own (`store/embedded/compact.rs`).
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};

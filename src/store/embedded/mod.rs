@@ -5,6 +5,7 @@
 //! blocking threads. What is synced when, so that an acknowledged write survives a power cut:
 //! `docs/durability.md`.
 
+mod compact;
 mod kv;
 mod ops;
 mod push;
@@ -98,7 +99,7 @@ impl EmbeddedStore {
             let Some(meta) = records.conversation(&key)? else {
                 return Ok(Vec::new());
             };
-            let recent = records.recent_messages(&key, meta.next_seq, limit)?;
+            let recent = records.recent_messages(&key, &meta.context_id, meta.next_seq, limit)?;
             Ok(recent.into_iter().map(|(_, m)| m).collect())
         })
     }

@@ -61,7 +61,9 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     }
     // A conversation never stored has no messages to read.
     let recent = match &stored {
-        Some(stored) => records.recent_messages(&key, stored.next_seq, turn.history_limit)?,
+        Some(stored) => {
+            records.recent_messages(&key, &turn.context_id, stored.next_seq, turn.history_limit)?
+        }
         None => Vec::new(),
     };
     let (mut record, previous) = if turn.continuing {
@@ -80,7 +82,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     meta.token += 1;
     meta.updated_at = crate::model::now();
     meta.running_task = Some(turn.task_id.clone());
-    batch.append_message(&key, seq, &turn.message);
+    batch.append_message(&key, &turn.context_id, seq, &turn.message);
     record.history_seqs.push(seq);
     record.task.status = TaskStatus::new(TaskState::Working, None);
     record.task.artifacts.clear();
@@ -104,7 +106,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
 
     let mut task = record.task.clone();
     let earlier = &record.history_seqs[..record.history_seqs.len() - 1];
-    task.history = records.messages(&key, earlier)?;
+    task.history = records.messages(&key, &turn.context_id, earlier)?;
     task.history.push(turn.message);
     records.apply(batch)?;
     let token = meta.token;
@@ -193,7 +195,7 @@ pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResu
     record.task.artifacts = end.artifacts;
     record.reply_in = None;
     if let Some(reply) = &end.reply {
-        batch.append_message(&lease.key, meta.next_seq, reply);
+        batch.append_message(&lease.key, &meta.context_id, meta.next_seq, reply);
         record.history_seqs.push(meta.next_seq);
         record.elide_reply(reply, meta.next_seq);
         meta.next_seq += 1;
@@ -251,7 +253,7 @@ pub fn cancel_waiting(
     super::push::enqueue(records, &mut batch, &record)?;
     records.apply(batch)?;
     let mut task = record.task;
-    task.history = records.messages(&key, &record.history_seqs)?;
+    task.history = records.messages(&key, &task.context_id, &record.history_seqs)?;
     Ok(task)
 }
 
@@ -366,7 +368,12 @@ pub fn import(
             }
         }
         for (offset, message) in item.messages.iter().enumerate() {
-            batch.append_message(&key, item.first_seq + offset as u64, message);
+            batch.append_message(
+                &key,
+                &item.meta.context_id,
+                item.first_seq + offset as u64,
+                message,
+            );
         }
         for task in item.tasks {
             let record = TaskRecord {
@@ -409,7 +416,7 @@ fn export_one(records: &Records, meta: ConversationMeta) -> StoreResult<Conversa
     let key = meta.key();
     let mut first_seq = None;
     let mut messages = Vec::new();
-    for entry in records.messages_from(&key, 0, None)? {
+    for entry in records.messages_from(&key, &meta.context_id, 0, None)? {
         let (seq, message, _) = entry?;
         if seq != *first_seq.get_or_insert(seq) + messages.len() as u64 {
             return Err(StoreError::Corrupt(format!(
@@ -466,7 +473,11 @@ pub fn task(records: &Records, principal: &str, task_id: &str) -> StoreResult<Op
         return Ok(None);
     };
     let mut task = record.task.clone();
-    task.history = records.messages(&record.conversation(), &record.history_seqs)?;
+    task.history = records.messages(
+        &record.conversation(),
+        &task.context_id,
+        &record.history_seqs,
+    )?;
     Ok(Some(task))
 }
 
@@ -526,8 +537,11 @@ fn listed_task(
         .view
         .history_length
         .map_or(seqs.len(), |n| n.min(seqs.len()));
-    let (history, history_bytes) =
-        records.messages_sized(&record.conversation(), &seqs[seqs.len() - shown..])?;
+    let (history, history_bytes) = records.messages_sized(
+        &record.conversation(),
+        &record.task.context_id,
+        &seqs[seqs.len() - shown..],
+    )?;
     let mut task = record.task;
     task.history = history;
     let mut bytes = record_bytes + history_bytes;
@@ -562,7 +576,7 @@ pub fn conversation_page(
     let mut budget = ResponseBudget::new(max_bytes);
     let mut messages = Vec::new();
     let mut next_page_token = String::new();
-    for entry in records.messages_from(key, first, page_token)? {
+    for entry in records.messages_from(key, &meta.context_id, first, page_token)? {
         let (seq, message, bytes) = entry?;
         if !budget.take(bytes) {
             next_page_token = message_page_token(seq);

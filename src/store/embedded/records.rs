@@ -11,7 +11,13 @@
 //! - `r` ++ task id                                  -> empty (tasks whose turn is running: read at
 //!   start to fail what a crash cut off, without scanning the tasks)
 //! - `n` (push configs) and `o` (the notification outbox): see `push.rs`
+//!
+//! Values: a marker byte and a version, then MessagePack ([`encode`], [`decode`]): messages,
+//! tasks and conversation metadata in version 2 (`compact.rs`), read with version 1 and JSON
+//! records of earlier stores. A message records only that its contextId is its conversation's,
+//! so reading a conversation's messages takes that contextId.
 
+use super::compact;
 use super::kv::{KvBackend, KvOp};
 use crate::model::{Message, Task, TaskState};
 use crate::store::{
@@ -209,23 +215,26 @@ fn conversation_index_key(keys: &Keys, meta: &ConversationMeta) -> Vec<u8> {
 }
 
 /// The first byte of a record in the binary encoding: 0xC1 begins no MessagePack value and no
-/// JSON text, so a record says which encoding it is in. The second byte is the version.
-const BINARY_RECORD: [u8; 2] = [0xC1, 1];
+/// JSON text, so a record says which encoding it is in. The second byte is the version:
+/// 1 is MessagePack with field names of the model's types (the push side's records still are);
+/// 2 is the compact stored forms of messages, tasks and conversation metadata (`compact.rs`),
+/// written for every such record since. Each version stays readable, as do the JSON records of
+/// stores before them: no migration, every record rewritten is in the newest version.
+const RECORD_V1: [u8; 2] = [0xC1, 1];
+const RECORD_V2: [u8; 2] = [0xC1, 2];
 
-/// A record as stored: MessagePack with field names (so optional fields may be left out and
-/// added), after [`BINARY_RECORD`]. About half the bytes of JSON and cheaper to read and write;
+/// A record in version 1: MessagePack with field names (so optional fields may be left out and
+/// added), after [`RECORD_V1`]. About half the bytes of JSON and cheaper to read and write;
 /// JSON stays on the wire.
 pub(super) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut bytes = BINARY_RECORD.to_vec();
+    let mut bytes = RECORD_V1.to_vec();
     // Writing our own plain data types into a Vec cannot fail.
     let _ = rmp_serde::encode::write_named(&mut bytes, value);
     bytes
 }
 
-/// Reads a record in the binary encoding, or in JSON as stores before it wrote them (a store
-/// keeps both readable; every record rewritten is binary).
+/// Reads a record in version 1, or in JSON as stores before it wrote them.
 pub(super) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> StoreResult<T> {
-    let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt(e.to_string());
     match bytes {
         [0xC1, 1, body @ ..] => rmp_serde::from_slice(body).map_err(|e| corrupt(&e)),
         [b'{', ..] => serde_json::from_slice(bytes).map_err(|e| corrupt(&e)),
@@ -233,6 +242,52 @@ pub(super) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> StoreResult<
             "a record in an encoding this version does not know".into(),
         )),
     }
+}
+
+fn corrupt(e: &dyn std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+/// Reads a record in version 2 with `read`, or in an earlier encoding.
+fn decode_versioned<T: for<'de> Deserialize<'de>>(
+    bytes: &[u8],
+    read: impl FnOnce(&[u8]) -> Result<T, compact::ReadError>,
+) -> StoreResult<T> {
+    match bytes {
+        [0xC1, 2, body @ ..] => read(body).map_err(|e| corrupt(&e)),
+        _ => decode(bytes),
+    }
+}
+
+fn in_v2(write: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut bytes = RECORD_V2.to_vec();
+    write(&mut bytes);
+    bytes
+}
+
+/// A message of the conversation whose contextId is `context_id`.
+fn encode_message(message: &Message, context_id: &str) -> Vec<u8> {
+    in_v2(|out| compact::write_message(out, message, context_id))
+}
+
+fn decode_message(bytes: &[u8], context_id: &str) -> StoreResult<Message> {
+    decode_versioned(bytes, |body| compact::read_message(body, context_id))
+}
+
+fn encode_task(record: &TaskRecord) -> Vec<u8> {
+    in_v2(|out| compact::write_task(out, record))
+}
+
+fn decode_task(bytes: &[u8]) -> StoreResult<TaskRecord> {
+    decode_versioned(bytes, compact::read_task)
+}
+
+fn encode_conversation(meta: &ConversationMeta) -> Vec<u8> {
+    in_v2(|out| compact::write_conversation(out, meta))
+}
+
+fn decode_conversation(bytes: &[u8]) -> StoreResult<ConversationMeta> {
+    decode_versioned(bytes, compact::read_conversation)
 }
 
 impl WriteBatch {
@@ -259,13 +314,22 @@ impl WriteBatch {
             .push(KvOp::Put(conversation_index_key(keys, meta), Vec::new()));
         self.ops.push(KvOp::Put(
             conversation_key(&keys.conversation),
-            encode(meta),
+            encode_conversation(meta),
         ));
     }
 
-    pub fn append_message(&mut self, key: &ConversationKey, seq: u64, message: &Message) {
-        self.ops
-            .push(KvOp::Put(message_key(key, seq), encode(message)));
+    /// Appends a message to the conversation `key` whose contextId is `context_id`.
+    pub fn append_message(
+        &mut self,
+        key: &ConversationKey,
+        context_id: &str,
+        seq: u64,
+        message: &Message,
+    ) {
+        self.ops.push(KvOp::Put(
+            message_key(key, seq),
+            encode_message(message, context_id),
+        ));
     }
 
     /// A write of a record kept beside these (the push side's, `push.rs`).
@@ -302,7 +366,7 @@ impl WriteBatch {
                 .push(KvOp::Delete(running_task_key(&record.task.id)));
         }
         self.ops
-            .push(KvOp::Put(task_key(&record.task.id), encode(record)));
+            .push(KvOp::Put(task_key(&record.task.id), encode_task(record)));
     }
 }
 
@@ -357,16 +421,18 @@ impl Records {
     pub fn conversation(&self, key: &ConversationKey) -> StoreResult<Option<ConversationMeta>> {
         self.backend
             .get(&conversation_key(key))?
-            .map(|bytes| decode(&bytes))
+            .map(|bytes| decode_conversation(&bytes))
             .transpose()
     }
 
     /// The `limit` messages before sequence number `next_seq` (a conversation's `next_seq`: its
     /// most recent ones), oldest first. Sequence numbers have no gaps, so this is one bounded
-    /// forward range scan, O(limit) however long the conversation.
+    /// forward range scan, O(limit) however long the conversation. Reading a conversation's
+    /// messages takes its contextId (`context_id`): a message stores only that it has it.
     pub fn recent_messages(
         &self,
         key: &ConversationKey,
+        context_id: &str,
         next_seq: u64,
         limit: usize,
     ) -> StoreResult<Vec<(u64, Message)>> {
@@ -376,7 +442,7 @@ impl Records {
             .scan(Bound::Included(from), Bound::Excluded(to), false)
             .map(|entry| {
                 let (k, v) = entry?;
-                Ok((seq_of(&k)?, decode(&v)?))
+                Ok((seq_of(&k)?, decode_message(&v, context_id)?))
             })
             .collect()
     }
@@ -387,6 +453,7 @@ impl Records {
     pub fn messages_from<'a>(
         &'a self,
         key: &ConversationKey,
+        context_id: &'a str,
         from: u64,
         page_token: Option<&str>,
     ) -> StoreResult<impl Iterator<Item = StoreResult<(u64, Message, usize)>> + 'a> {
@@ -401,18 +468,24 @@ impl Records {
         );
         Ok(scan.map(|entry| {
             let (k, v) = entry?;
-            Ok((seq_of(&k)?, decode(&v)?, v.len()))
+            Ok((seq_of(&k)?, decode_message(&v, context_id)?, v.len()))
         }))
     }
 
-    pub fn messages(&self, key: &ConversationKey, seqs: &[u64]) -> StoreResult<Vec<Message>> {
-        Ok(self.messages_sized(key, seqs)?.0)
+    pub fn messages(
+        &self,
+        key: &ConversationKey,
+        context_id: &str,
+        seqs: &[u64],
+    ) -> StoreResult<Vec<Message>> {
+        Ok(self.messages_sized(key, context_id, seqs)?.0)
     }
 
     /// The messages and their total stored size in bytes.
     pub fn messages_sized(
         &self,
         key: &ConversationKey,
+        context_id: &str,
         seqs: &[u64],
     ) -> StoreResult<(Vec<Message>, usize)> {
         let mut messages = Vec::with_capacity(seqs.len());
@@ -420,7 +493,7 @@ impl Records {
         for seq in seqs {
             if let Some(bytes) = self.backend.get(&message_key(key, *seq))? {
                 bytes_read += bytes.len();
-                messages.push(decode(&bytes)?);
+                messages.push(decode_message(&bytes, context_id)?);
             }
         }
         Ok((messages, bytes_read))
@@ -436,12 +509,12 @@ impl Records {
         let Some(bytes) = self.backend.get(&task_key(task_id))? else {
             return Ok(None);
         };
-        let mut record: TaskRecord = decode(&bytes)?;
+        let mut record = decode_task(&bytes)?;
         let mut size = bytes.len();
         if let Some(reply) = record.reply_in {
             let key = message_key(&record.conversation(), reply.seq);
             let text = match self.backend.get(&key)? {
-                Some(message) => decode::<Message>(&message)?.text(),
+                Some(message) => decode_message(&message, &record.task.context_id)?.text(),
                 None => String::new(),
             };
             size += text.len();
@@ -623,7 +696,7 @@ impl Records {
         };
         self.backend
             .scan(start, Bound::Excluded(vec![CONVERSATION + 1]), false)
-            .map(|entry| decode(&entry?.1))
+            .map(|entry| decode_conversation(&entry?.1))
     }
 
     /// The ids of a conversation's tasks (in the index's order: newest status first).
@@ -706,7 +779,7 @@ mod tests {
     fn records_round_trip_in_the_binary_encoding() {
         let message = message();
         let bytes = encode(&message);
-        assert_eq!(bytes[..2], BINARY_RECORD);
+        assert_eq!(bytes[..2], RECORD_V1);
         assert!(bytes.len() < serde_json::to_vec(&message).unwrap().len());
         assert_eq!(decode::<Message>(&bytes).unwrap(), message);
         let meta = ConversationMeta::new("p", "c");
@@ -777,5 +850,189 @@ mod tests {
             decode::<Message>(&[]),
             Err(StoreError::Corrupt(_))
         ));
+    }
+
+    /// A turn as the server stores it: a 200-character user message, the agent's reply, and
+    /// the completed task whose reply artifact is the reply's text.
+    fn typical_turn() -> (ConversationMeta, [Message; 2], TaskRecord) {
+        let context_id = uuid::Uuid::new_v4().to_string();
+        let task_id = uuid::Uuid::new_v4().to_string();
+        let mut user = Message::agent_text("x".repeat(200), &context_id, Some(&task_id));
+        user.role = Role::User;
+        let reply = Message::agent_text(format!("echo: {}", user.text()), &context_id, None);
+        let mut record = TaskRecord {
+            task: Task {
+                id: task_id,
+                context_id: context_id.clone(),
+                status: crate::model::TaskStatus::new(TaskState::Completed, None),
+                artifacts: vec![crate::model::Artifact {
+                    artifact_id: uuid::Uuid::new_v4().to_string(),
+                    name: Some("reply".into()),
+                    description: None,
+                    parts: vec![Part::text(reply.text())],
+                    metadata: None,
+                }],
+                history: Vec::new(),
+                metadata: None,
+            },
+            principal: crate::model::ANONYMOUS.into(),
+            history_seqs: vec![0, 1],
+            reply_in: None,
+        };
+        record.elide_reply(&reply, 1);
+        let mut meta = ConversationMeta::new(crate::model::ANONYMOUS, &context_id);
+        meta.turns = 1;
+        meta.next_seq = 2;
+        meta.token = 1;
+        (meta, [user, reply], record)
+    }
+
+    #[test]
+    fn messages_tasks_and_conversations_are_written_in_version_2() {
+        let (meta, [user, reply], record) = typical_turn();
+        let context_id = &meta.context_id;
+        for message in [&user, &reply] {
+            let bytes = encode_message(message, context_id);
+            assert_eq!(bytes[..2], RECORD_V2);
+            assert_eq!(&decode_message(&bytes, context_id).unwrap(), message);
+        }
+        let bytes = encode_task(&record);
+        assert_eq!(bytes[..2], RECORD_V2);
+        assert_eq!(decode_task(&bytes).unwrap(), record);
+        let bytes = encode_conversation(&meta);
+        assert_eq!(bytes[..2], RECORD_V2);
+        assert_eq!(decode_conversation(&bytes).unwrap(), meta);
+    }
+
+    #[test]
+    fn version_1_and_json_records_stay_readable() {
+        let (meta, [user, reply], record) = typical_turn();
+        let mut messages = vec![message(), user, reply];
+        messages[0].context_id = None;
+        for message in &messages {
+            for bytes in [encode(message), serde_json::to_vec(message).unwrap()] {
+                assert_eq!(&decode_message(&bytes, &meta.context_id).unwrap(), message);
+            }
+        }
+        for bytes in [encode(&record), serde_json::to_vec(&record).unwrap()] {
+            assert_eq!(decode_task(&bytes).unwrap(), record);
+        }
+        for bytes in [encode(&meta), serde_json::to_vec(&meta).unwrap()] {
+            assert_eq!(decode_conversation(&bytes).unwrap(), meta);
+        }
+    }
+
+    #[test]
+    fn a_version_no_reader_knows_is_corrupt_not_guessed() {
+        let (meta, [user, _], record) = typical_turn();
+        for version in [0, 3, 0xFF] {
+            let mut bytes = encode_message(&user, &meta.context_id);
+            bytes[1] = version;
+            assert!(matches!(
+                decode_message(&bytes, &meta.context_id),
+                Err(StoreError::Corrupt(_))
+            ));
+            let mut bytes = encode_task(&record);
+            bytes[1] = version;
+            assert!(matches!(decode_task(&bytes), Err(StoreError::Corrupt(_))));
+            let mut bytes = encode_conversation(&meta);
+            bytes[1] = version;
+            assert!(matches!(
+                decode_conversation(&bytes),
+                Err(StoreError::Corrupt(_))
+            ));
+        }
+        // A version 1 body under the version 2 marker is not read as either.
+        let mut bytes = encode(&user);
+        bytes[1] = 2;
+        assert!(matches!(
+            decode_message(&bytes, &meta.context_id),
+            Err(StoreError::Corrupt(_))
+        ));
+        let truncated = &encode_task(&record)[..20];
+        assert!(matches!(
+            decode_task(truncated),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn a_turn_takes_at_least_a_quarter_fewer_bytes_in_version_2() {
+        let (meta, [user, reply], record) = typical_turn();
+        let context_id = &meta.context_id;
+        let v1 = encode(&user).len() + encode(&reply).len() + encode(&record).len();
+        let v2 = encode_message(&user, context_id).len()
+            + encode_message(&reply, context_id).len()
+            + encode_task(&record).len();
+        assert!(v2 * 4 <= v1 * 3, "version 1: {v1} bytes, version 2: {v2}");
+        assert!(encode_conversation(&meta).len() < encode(&meta).len());
+    }
+
+    /// The task as it is read: the elided reply text put back.
+    fn whole(record: &TaskRecord, reply: &Message) -> TaskRecord {
+        let mut whole = record.clone();
+        whole.restore_reply(reply.text());
+        whole
+    }
+
+    #[test]
+    fn a_conversation_whose_records_are_in_every_version_reads_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = super::super::SledBackend::open(dir.path(), 1 << 20).unwrap();
+        let records = Records::new(Arc::new(backend));
+        let (mut meta, [user, reply], first) = typical_turn();
+        let context_id = meta.context_id.clone();
+        let keys = Keys::new(&meta.principal, &context_id);
+        let key = keys.conversation;
+        // The first turn as earlier versions stored it: JSON, then version 1.
+        let mut batch = WriteBatch::new();
+        batch.put_raw(message_key(&key, 0), serde_json::to_vec(&user).unwrap());
+        batch.put_raw(message_key(&key, 1), encode(&reply));
+        batch.put_raw(task_key(&first.task.id), encode(&first));
+        batch.put_raw(conversation_key(&key), encode(&meta));
+        records.apply(batch).unwrap();
+        assert_eq!(records.conversation(&key).unwrap(), Some(meta.clone()));
+        // The second turn in version 2, its user message without a contextId.
+        let mut second_user = Message::agent_text("second", &context_id, None);
+        second_user.role = Role::User;
+        second_user.context_id = None;
+        let second_reply = Message::agent_text("second reply", &context_id, None);
+        let mut second = whole(&first, &reply);
+        second.task.id = uuid::Uuid::new_v4().to_string();
+        second.task.artifacts[0].parts = vec![Part::text(second_reply.text())];
+        second.history_seqs = vec![2, 3];
+        second.elide_reply(&second_reply, 3);
+        let previous_meta = meta.clone();
+        meta.next_seq = 4;
+        meta.turns = 2;
+        let mut batch = WriteBatch::new();
+        batch.append_message(&key, &context_id, 2, &second_user);
+        batch.append_message(&key, &context_id, 3, &second_reply);
+        batch.put_task(&keys, &second, None);
+        batch.put_conversation(&keys, &meta, Some(&previous_meta));
+        records.apply(batch).unwrap();
+
+        assert_eq!(records.conversation(&key).unwrap(), Some(meta));
+        let all = vec![user, reply.clone(), second_user, second_reply.clone()];
+        let recent = records.recent_messages(&key, &context_id, 4, 4).unwrap();
+        assert_eq!(recent.into_iter().map(|(_, m)| m).collect::<Vec<_>>(), all);
+        let paged: Vec<Message> = records
+            .messages_from(&key, &context_id, 0, None)
+            .unwrap()
+            .map(|entry| entry.unwrap().1)
+            .collect();
+        assert_eq!(paged, all);
+        assert_eq!(
+            records.messages(&key, &context_id, &[1, 2]).unwrap(),
+            all[1..3]
+        );
+        let read = records.task(&first.task.id).unwrap().unwrap();
+        let artifact_text = read.task.artifacts[0].parts[0].as_text();
+        assert_eq!(artifact_text, Some(reply.text().as_str()));
+        assert_eq!(read, whole(&first, &reply));
+        assert_eq!(
+            records.task(&second.task.id).unwrap(),
+            Some(whole(&second, &second_reply))
+        );
     }
 }
