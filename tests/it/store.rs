@@ -2,7 +2,10 @@
 //! every store must do is in `store_conformance`; this is what is particular to sled's layout.
 
 use crate::store_conformance::store_turn;
-use colloquy::store::embedded::{EmbeddedStore, KvBackend, KvOp, SledBackend};
+use colloquy::store::embedded::{
+    DEFAULT_CHECKPOINT_EVERY, DEFAULT_SNAPSHOT_LOG_BYTES, EmbeddedStore, KvBackend, KvOp,
+    SledBackend, SledOptions,
+};
 use colloquy::store::{ConversationKey, ConversationStore, NAMESPACE_VERSION};
 use std::sync::Arc;
 
@@ -125,5 +128,39 @@ async fn acknowledged_writes_survive_reopening() {
         let messages = store.recent_messages(key, 5).await.unwrap();
         assert_eq!(messages.len(), 1);
         assert_eq!(messages[0].text(), format!("from {i}"));
+    }
+}
+
+/// A data folder keeps the compression it was created with, whatever a later start configures
+/// (sled refuses to open a folder with the setting changed), and what it holds reads back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_keeps_the_compression_it_was_created_with() {
+    let options = |zstd_level| SledOptions {
+        cache_bytes: 1 << 20,
+        checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
+        snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
+        zstd_level,
+    };
+    let text = "a reply worth compressing. ".repeat(100);
+    for (created, reopened) in [(Some(3), None), (None, Some(3))] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = EmbeddedStore::open(dir.path(), &options(created)).unwrap();
+            store_turn(&store, "p", "c", &text, None).await;
+        }
+        let conf =
+            String::from_utf8_lossy(&std::fs::read(dir.path().join("conf")).unwrap()).into_owned();
+        assert_eq!(
+            conf.contains("use_compression: true"),
+            created.is_some(),
+            "created with {created:?}: {conf}"
+        );
+        let store = EmbeddedStore::open(dir.path(), &options(reopened)).unwrap();
+        let messages = store
+            .recent_messages(ConversationKey::new("p", "c"), 5)
+            .await
+            .unwrap();
+        assert_eq!(messages.len(), 1, "created with {created:?}");
+        assert_eq!(messages[0].text(), text);
     }
 }

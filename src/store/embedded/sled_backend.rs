@@ -159,9 +159,11 @@ impl SledBackend {
 /// it exists.
 fn created_compressed(path: &Path) -> StoreResult<Option<bool>> {
     let conf = path.join("conf");
-    match std::fs::read_to_string(&conf) {
-        Ok(text) => Ok(Some(
-            text.lines()
+    // Text lines, then a checksum.
+    match std::fs::read(&conf) {
+        Ok(bytes) => Ok(Some(
+            String::from_utf8_lossy(&bytes)
+                .lines()
                 .any(|line| line.trim() == "use_compression: true"),
         )),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
