@@ -5,8 +5,8 @@
 #   ROUNDS=60 SECS=30 benches/soak.sh      # the 30-minute soak
 #
 # Stops early, saying so, when the disk holding the data folder has less than MIN_FREE_GB
-# (default 5) free. After the rounds it compares the first and last fifth of them (the first and
-# last 5 minutes of a 30-minute soak): turns/s and p99.
+# (default 5) free. After the rounds it compares the rounds of the first 5 minutes with those of
+# the last 5 (or the first and last round, in a shorter soak): turns/s and the rounds' mean p99.
 # Every round starts new conversations throughout. Per round it prints turns/s, p99, the
 # server's RSS, the data folder's size and the bytes written to the device so far, each per
 # turn. Then it stops the server cleanly, restarts it twice on the same folder (time to /readyz),
@@ -46,10 +46,11 @@ for round in $(seq 1 "$ROUNDS"); do
     '"| \($round) | \(.turns_ok) | \(.turns_per_s | floor) | \(.latency_ms.p50) | \(.latency_ms.p99) | \($rss / 1024 | floor) | \($disk / 1048576 | floor) | \($disk / $total | floor) | \($written / $total | floor) |"'
   echo "$R" | jq -r '"\(.turns_per_s) \(.latency_ms.p99)"' >> "$ROWS"
 done
-awk '{ tps[NR] = $1; p99[NR] = $2 } END {
-  n = NR < 5 ? 1 : int(NR / 5)
+awk -v secs="$SECS" '{ tps[NR] = $1; p99[NR] = $2 } END {
+  if (NR == 0) exit
+  n = int(300 / secs); if (n < 1) n = 1; if (n > NR / 2) n = 1
   for (i = 1; i <= n; i++) { a += tps[i]; ap += p99[i]; b += tps[NR - n + i]; bp += p99[NR - n + i] }
-  printf "first %d rounds: %.0f turns/s, p99 %.1f ms; last %d: %.0f turns/s (%.0f%%), p99 %.1f ms (%.2fx)\n",
+  printf "first %d rounds: %.0f turns/s, mean p99 %.1f ms; last %d: %.0f turns/s (%.0f%%), mean p99 %.1f ms (%.2fx)\n",
     n, a / n, ap / n, n, b / n, 100 * b / a, bp / n, bp / ap }' "$ROWS"
 kill -TERM "$PID"; wait "$PID" || true; PID=
 echo

@@ -834,8 +834,11 @@ impl RunningConfig {
                 let path_buf = de.path();
                 let path = path_buf.as_path();
                 let path_str = &*path.to_string_lossy();
+                // colloquy: a `.generating` file is a snapshot being written (or cut off
+                // while written, by a crash): never one to recover from.
                 if path_str.starts_with(&*absolute_path.to_string_lossy())
                     && !path_str.ends_with(".in___motion")
+                    && !path_str.ends_with(".generating")
                 {
                     Some(path.to_path_buf())
                 } else {

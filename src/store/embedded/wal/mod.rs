@@ -379,7 +379,7 @@ fn recover<B: KvBackend>(inner: &B, dir: &Path) -> StoreResult<u64> {
     let mut replayed = 0u64;
     // Collected as a checkpoint would, so a key written by many batches is written once (a
     // batch at a time, sled took longer to replay a crash's log than the server to write it).
-    let table = Memtable::default();
+    let mut table = Memtable::default();
     log::read_all(dir, |seq, mut ops| {
         if seq > last_seq {
             // The position is written last, once the writes are durable.
@@ -387,6 +387,10 @@ fn recover<B: KvBackend>(inner: &B, dir: &Path) -> StoreResult<u64> {
             table.insert(ops);
             last_seq = seq;
             replayed += 1;
+            // As much memory as a running server's memtable at most.
+            if table.bytes() > MEMTABLE_SOFT_LIMIT {
+                move_into(inner, &std::mem::take(&mut table), last_seq)?;
+            }
         }
         Ok(())
     })?;

@@ -547,8 +547,12 @@ pub(crate) fn write_snapshot(
 
     let parent = path_1.parent().unwrap();
     std::fs::create_dir_all(parent)?;
-    let mut f =
-        std::fs::OpenOptions::new().write(true).create(true).open(&path_1)?;
+    // colloquy: truncate, in case a crash left a longer file of this name.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path_1)?;
 
     // write the snapshot bytes, followed by a crc64 checksum at the end
     io_fail!(config, "snap write");
@@ -570,6 +574,15 @@ pub(crate) fn write_snapshot(
     std::fs::File::open(parent)?.sync_all()?;
 
     trace!("renamed snapshot to {}", path_2.to_string_lossy());
+
+    // colloquy: and snapshots a crash cut off while they were written.
+    for entry in parent.read_dir()? {
+        let path = entry?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        if name.map_or(false, |n| n.starts_with("snap.") && n.ends_with(".generating")) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 
     // clean up any old snapshots
     let candidates = config.get_snapshot_files()?;
