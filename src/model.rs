@@ -136,6 +136,8 @@ pub enum TaskState {
 }
 
 impl TaskState {
+    /// In the order of their codes ([`TaskState::code`]), which stored records and indexes hold:
+    /// append new states, never reorder.
     pub const ALL: [TaskState; 8] = [
         TaskState::Submitted,
         TaskState::Working,

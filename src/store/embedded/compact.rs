@@ -8,6 +8,9 @@
 //! contextId is "the conversation's own" (one byte) when it is, the reader being given that id.
 //! Whatever is stored comes back exactly; arbitrary JSON (data parts, metadata, an agent's state)
 //! is MessagePack of the JSON value, which keeps integers and floats apart.
+//!
+//! Fields are found by position and none has a default, so a field added to a stored form is a
+//! new record version (3), with version 2 still read as it is.
 
 use super::records::{ReplyRef, TaskRecord};
 use crate::model::{
