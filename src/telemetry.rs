@@ -90,6 +90,7 @@ const SERIES: &[Series] = &[
     series("colloquy_store_flush_waiters_total", Kind::Counter, None, "durability waits answered by flushes"),
     series("colloquy_store_flush_seconds", Kind::Histogram, SECONDS, "store flush latency (write-ahead log write + fdatasync)"),
     series("colloquy_store_checkpoint_seconds", Kind::Histogram, SECONDS, "time to move a memtable into sled and flush it"),
+    series("colloquy_store_snapshot_seconds", Kind::Histogram, SECONDS, "time to write one of sled's recovery snapshots while running"),
     series("colloquy_store_checkpoint_writes_total", Kind::Counter, None, "key writes moved from the memtables into sled"),
     series("colloquy_store_size_bytes", Kind::Gauge, BYTES, "store size on disk"),
     series("colloquy_store_pool_in_use", Kind::Gauge, None, "PostgreSQL connections in use"),
