@@ -175,11 +175,10 @@ fn snapshot_files(dir: &std::path::Path) -> Vec<String> {
     names
 }
 
-/// A clean stop leaves sled a recovery snapshot at its last write, so the next open has no log
-/// to replay (an open that replays writes a new snapshot; this one must not need to). A
-/// snapshot a crash cut off while it was written is not taken for one.
+/// A snapshot a crash cut off while sled wrote it is not taken for one (sled took it, failed
+/// its checksum and refused to open the folder).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_clean_stop_leaves_a_snapshot_at_the_last_write_and_a_cut_off_one_is_ignored() {
+async fn a_snapshot_cut_off_while_written_is_ignored() {
     let dir = tempfile::tempdir().unwrap();
     {
         let store = EmbeddedStore::open_sled(dir.path(), 1 << 20).unwrap();
@@ -187,8 +186,6 @@ async fn a_clean_stop_leaves_a_snapshot_at_the_last_write_and_a_cut_off_one_is_i
             store_turn(&store, "p", &format!("c{i}"), "some text", None).await;
         }
     }
-    let after_stop = snapshot_files(dir.path());
-    assert_eq!(after_stop.len(), 1, "{after_stop:?}");
     // What a crash in the middle of writing a newer snapshot leaves.
     std::fs::write(
         dir.path().join("snap.7FFFFFFFFFFFFFFF.generating"),
@@ -196,13 +193,11 @@ async fn a_clean_stop_leaves_a_snapshot_at_the_last_write_and_a_cut_off_one_is_i
     )
     .unwrap();
     let store = EmbeddedStore::open_sled(dir.path(), 1 << 20).unwrap();
-    let reopened: Vec<String> = snapshot_files(dir.path())
-        .into_iter()
-        .filter(|name| !name.ends_with(".generating"))
-        .collect();
-    assert_eq!(
-        reopened, after_stop,
-        "opening found nothing to replay after the snapshot the stop wrote"
+    assert!(
+        snapshot_files(dir.path())
+            .iter()
+            .any(|name| !name.ends_with(".generating")),
+        "sled recovered from its own snapshot"
     );
     for i in 0..50 {
         let messages = store

@@ -130,10 +130,10 @@ impl SledBackend {
         self
     }
 
-    /// Writes a recovery snapshot if the policy says it is time (or `always`, when anything was
-    /// logged since the last one). Called after a durable flush, by the only thread that
-    /// writes; sled locks its other operations out while it reads its page table.
-    fn snapshot(&self, always: bool) -> StoreResult<()> {
+    /// Writes a recovery snapshot if the policy says it is time. Called after a durable flush,
+    /// by the only thread that writes; sled locks its other operations out while it reads its
+    /// page table.
+    fn snapshot(&self) -> StoreResult<()> {
         let mut last = self.snapshots.last.lock();
         let (position, size) = *last;
         let logged = u64::try_from(self.db.stable_log_position() - position).unwrap_or(0);
@@ -141,7 +141,7 @@ impl SledBackend {
             .snapshots
             .after_log_bytes
             .max(size.saturating_mul(self.snapshots.size_factor));
-        if logged == 0 || (logged < due && !always) {
+        if logged == 0 || logged < due {
             return Ok(());
         }
         let started = Instant::now();
@@ -176,12 +176,11 @@ fn created_compressed(path: &Path) -> StoreResult<Option<bool>> {
 
 impl Drop for SledBackend {
     fn drop(&mut self) {
-        // Best effort: everything acknowledged was flushed already. A snapshot at the last
-        // position makes the next open replay nothing.
+        // Best effort: everything acknowledged was flushed already. (No snapshot here: the
+        // integration tests, dozens of sled folders in one process sharing sled's global lock,
+        // hung once with a stop's flush waiting; until that is understood, only checkpoints
+        // write them.)
         let _ = self.flush();
-        if let Err(e) = self.snapshot(true) {
-            tracing::warn!(error = %e, "could not write sled's snapshot at shutdown");
-        }
     }
 }
 
@@ -240,7 +239,7 @@ impl KvBackend for SledBackend {
     }
 
     fn checkpointed(&self) -> StoreResult<()> {
-        self.snapshot(false)
+        self.snapshot()
     }
 
     fn size_on_disk(&self) -> StoreResult<u64> {
