@@ -29,17 +29,17 @@ pub struct SledBackend {
 /// an open replays every byte of log written since the previous open (23 s after a 5-million-turn
 /// run); colloquy's patched sled can write one while open (`vendor/sled/COLLOQUY.md`).
 struct SnapshotPolicy {
-    /// Log written since the last snapshot that makes the next checkpoint write one...
+    /// Log written since the last snapshot that makes the next checkpoint write one, unless
+    /// that is less than [`SNAPSHOT_SIZE_FACTOR`] times the last snapshot's size.
     after_log_bytes: u64,
-    /// ...unless that is less than this many times the last snapshot's size (a snapshot holds
-    /// every page's place, so this keeps the writing it adds to a fraction of the log's).
-    size_factor: u64,
     /// sled's stable log position when the last snapshot was written, and that snapshot's size.
     last: parking_lot::Mutex<(i64, u64)>,
 }
 
 /// Log written between snapshots, by default: an open replays at most about this much.
 pub const DEFAULT_SNAPSHOT_LOG_BYTES: u64 = 512 << 20;
+/// A snapshot holds every page's place: waiting for this many times its size in log keeps the
+/// writing snapshots add to a fraction of the log's.
 const SNAPSHOT_SIZE_FACTOR: u64 = 8;
 
 /// Entries of sled's folder that are not sled's (the write-ahead log syncs its own).
@@ -100,7 +100,6 @@ impl SledBackend {
                     let backend = SledBackend {
                         snapshots: SnapshotPolicy {
                             after_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
-                            size_factor: SNAPSHOT_SIZE_FACTOR,
                             // Opening wrote one at the tip.
                             last: parking_lot::Mutex::new((db.stable_log_position(), 0)),
                         },
@@ -140,7 +139,7 @@ impl SledBackend {
         let due = self
             .snapshots
             .after_log_bytes
-            .max(size.saturating_mul(self.snapshots.size_factor));
+            .max(size.saturating_mul(SNAPSHOT_SIZE_FACTOR));
         if logged == 0 || logged < due {
             return Ok(());
         }
