@@ -540,10 +540,23 @@ mod tests {
     const CONTEXT: &str = "5f0c6f4e-3b1a-4c55-9d7e-2a8b1c0d9e7f";
     const UUID: &str = "0b7e2c1a-9f3d-4e8b-a6c5-1d2e3f4a5b6c";
 
-    fn message_round_trip(message: &Message, own_context: &str) -> Message {
+    /// `value` written with `write` and read back with `read`.
+    fn round_trip<T>(
+        value: &T,
+        write: impl FnOnce(&mut Vec<u8>, &T),
+        read: impl FnOnce(&[u8]) -> Result<T, ReadError>,
+    ) -> T {
         let mut bytes = Vec::new();
-        write_message(&mut bytes, message, own_context);
-        read_message(&bytes, own_context).unwrap()
+        write(&mut bytes, value);
+        read(&bytes).unwrap()
+    }
+
+    fn message_round_trip(message: &Message, own_context: &str) -> Message {
+        round_trip(
+            message,
+            |out, m| write_message(out, m, own_context),
+            |body| read_message(body, own_context),
+        )
     }
 
     fn sub_millisecond() -> DateTime<Utc> {
@@ -714,9 +727,7 @@ mod tests {
     }
 
     fn task_round_trip(record: &TaskRecord) -> TaskRecord {
-        let mut bytes = Vec::new();
-        write_task(&mut bytes, record);
-        read_task(&bytes).unwrap()
+        round_trip(record, write_task, read_task)
     }
 
     #[test]
@@ -751,9 +762,7 @@ mod tests {
     }
 
     fn read_back_conversation(meta: &ConversationMeta) -> ConversationMeta {
-        let mut bytes = Vec::new();
-        write_conversation(&mut bytes, meta);
-        read_conversation(&bytes).unwrap()
+        round_trip(meta, write_conversation, read_conversation)
     }
 
     #[test]
