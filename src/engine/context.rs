@@ -132,9 +132,11 @@ impl ContextActor {
         }
         let permit = Permit::take(&self.shared)?;
         let continuing = start.task_id.is_some();
+        // Time-ordered (UUIDv7, 74 random bits): the embedded store keys tasks by id, so new
+        // tasks land in its newest leaves.
         let task_id = start
             .task_id
-            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let (stop_tx, stop) = oneshot::channel();
         let claim = self
             .slot

@@ -17,7 +17,8 @@ async fn keys_of_another_namespace_version_are_never_loaded_or_listed() {
     let begun = store_turn(&store, "p", "current", "hello", None).await;
     store.flush().await.unwrap();
 
-    // Copy every record of that conversation under a key of another namespace version.
+    // Copy every record of that conversation under a key of another namespace version (its
+    // messages are under its number, which the copied metadata names too).
     let current = *begun.lease.key.as_bytes();
     let mut forged = current;
     forged[0] = NAMESPACE_VERSION + 1;
@@ -34,10 +35,7 @@ async fn keys_of_another_namespace_version_are_never_loaded_or_listed() {
             copies.push(KvOp::Put(other, value));
         }
     }
-    assert!(
-        copies.len() >= 3,
-        "meta, message and listing entry were copied"
-    );
+    assert!(copies.len() >= 2, "meta and listing entry were copied");
     backend.apply(copies).unwrap();
 
     assert!(

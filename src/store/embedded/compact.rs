@@ -44,11 +44,12 @@ pub(super) fn read_task(body: &[u8]) -> Result<TaskRecord, ReadError> {
     Ok(rmp_serde::from_slice::<StoredTask>(body)?.into_record())
 }
 
-pub(super) fn write_conversation(out: &mut Vec<u8>, meta: &ConversationMeta) {
-    write(out, &StoredConversation::new(meta));
+/// The metadata and the conversation's number (None for one stored before numbers).
+pub(super) fn write_conversation(out: &mut Vec<u8>, meta: &ConversationMeta, number: Option<u64>) {
+    write(out, &StoredConversation::new(meta, number));
 }
 
-pub(super) fn read_conversation(body: &[u8]) -> Result<ConversationMeta, ReadError> {
+pub(super) fn read_conversation(body: &[u8]) -> Result<(ConversationMeta, Option<u64>), ReadError> {
     Ok(rmp_serde::from_slice::<StoredConversation>(body)?.into_meta())
 }
 
@@ -437,6 +438,9 @@ struct StoredTask<'a> {
     history_seqs: Cow<'a, [u64]>,
     /// [`ReplyRef`]: the artifact's index and the reply's sequence number.
     reply_in: Option<(usize, u64)>,
+    /// Added after the first records of version 2: those end before it.
+    #[serde(default)]
+    conversation_number: Option<u64>,
 }
 
 impl<'a> StoredTask<'a> {
@@ -456,6 +460,7 @@ impl<'a> StoredTask<'a> {
             principal: Cow::Borrowed(&record.principal),
             history_seqs: Cow::Borrowed(&record.history_seqs),
             reply_in: record.reply_in.map(|r| (r.artifact, r.seq)),
+            conversation_number: record.conversation_number,
         }
     }
 
@@ -485,6 +490,7 @@ impl<'a> StoredTask<'a> {
             reply_in: self
                 .reply_in
                 .map(|(artifact, seq)| ReplyRef { artifact, seq }),
+            conversation_number: self.conversation_number,
         }
     }
 }
@@ -500,10 +506,13 @@ struct StoredConversation<'a> {
     running_task: Option<StoredId<'a>>,
     token: u64,
     agent_state: Option<Cow<'a, Value>>,
+    /// Added after the first records of version 2: those end before it.
+    #[serde(default)]
+    number: Option<u64>,
 }
 
 impl<'a> StoredConversation<'a> {
-    fn new(meta: &'a ConversationMeta) -> Self {
+    fn new(meta: &'a ConversationMeta, number: Option<u64>) -> Self {
         StoredConversation {
             context_id: StoredId::new(&meta.context_id),
             principal: Cow::Borrowed(&meta.principal),
@@ -514,11 +523,12 @@ impl<'a> StoredConversation<'a> {
             running_task: meta.running_task.as_deref().map(StoredId::new),
             token: meta.token,
             agent_state: meta.agent_state.as_ref().map(Cow::Borrowed),
+            number,
         }
     }
 
-    fn into_meta(self) -> ConversationMeta {
-        ConversationMeta {
+    fn into_meta(self) -> (ConversationMeta, Option<u64>) {
+        let meta = ConversationMeta {
             context_id: self.context_id.into_string(),
             principal: self.principal.into_owned(),
             created_at: self.created_at.0,
@@ -528,7 +538,8 @@ impl<'a> StoredConversation<'a> {
             running_task: self.running_task.map(StoredId::into_string),
             token: self.token,
             agent_state: self.agent_state.map(Cow::into_owned),
-        }
+        };
+        (meta, self.number)
     }
 }
 
@@ -723,6 +734,7 @@ mod tests {
                 artifact: 0,
                 seq: 300,
             }),
+            conversation_number: Some(u64::MAX),
         }
     }
 
@@ -740,6 +752,7 @@ mod tests {
             record.task.status.message = None;
             record.task.context_id = "a context that is not a uuid".into();
             record.reply_in = None;
+            record.conversation_number = None;
             assert_eq!(task_round_trip(&record), record);
         }
     }
@@ -762,7 +775,38 @@ mod tests {
     }
 
     fn read_back_conversation(meta: &ConversationMeta) -> ConversationMeta {
-        round_trip(meta, write_conversation, read_conversation)
+        for number in [None, Some(0), Some(u64::MAX)] {
+            let mut bytes = Vec::new();
+            write_conversation(&mut bytes, meta, number);
+            assert_eq!(read_conversation(&bytes).unwrap().1, number);
+        }
+        let mut bytes = Vec::new();
+        write_conversation(&mut bytes, meta, Some(7));
+        read_conversation(&bytes).unwrap().0
+    }
+
+    /// The first records of version 2 were written before conversations had numbers: their
+    /// arrays end one field earlier, and read as conversations (and tasks) without one.
+    #[test]
+    fn version_2_records_from_before_numbers_read_without_one() {
+        let meta = ConversationMeta::new("anonymous", CONTEXT);
+        let mut bytes = Vec::new();
+        write_conversation(&mut bytes, &meta, Some(3));
+        // A fixarray header (0x9N) followed by the fields; the number (3) is the last byte.
+        assert_eq!((bytes[0], bytes.last()), (0x9A, Some(&3)));
+        bytes[0] = 0x99;
+        bytes.pop();
+        assert_eq!(read_conversation(&bytes).unwrap(), (meta, None));
+
+        let mut record = full_task();
+        record.conversation_number = Some(5);
+        let mut bytes = Vec::new();
+        write_task(&mut bytes, &record);
+        assert_eq!((bytes[0], bytes.last()), (0x9C, Some(&5)));
+        bytes[0] = 0x9B;
+        bytes.pop();
+        record.conversation_number = None;
+        assert_eq!(read_task(&bytes).unwrap(), record);
     }
 
     #[test]

@@ -96,10 +96,12 @@ impl EmbeddedStore {
         limit: usize,
     ) -> BoxFuture<'static, StoreResult<Vec<Message>>> {
         self.read(move |records| {
-            let Some(meta) = records.conversation(&key)? else {
+            let Some(stored) = records.conversation(&key)? else {
                 return Ok(Vec::new());
             };
-            let recent = records.recent_messages(&key, &meta.context_id, meta.next_seq, limit)?;
+            let meta = &stored.meta;
+            let recent =
+                records.recent_messages(&stored.place, &meta.context_id, meta.next_seq, limit)?;
             Ok(recent.into_iter().map(|(_, m)| m).collect())
         })
     }
@@ -227,7 +229,7 @@ impl ConversationStore for EmbeddedStore {
         &self,
         key: ConversationKey,
     ) -> BoxFuture<'static, StoreResult<Option<ConversationMeta>>> {
-        self.read(move |records| records.conversation(&key))
+        self.read(move |records| Ok(records.conversation(&key)?.map(|stored| stored.meta)))
     }
 
     fn conversation_page(

@@ -7,7 +7,8 @@
 //! next taken.
 
 use super::records::{
-    Keys, ListedTask, Records, TaskFilter, TaskRecord, WriteBatch, message_page_token,
+    Conversation, Keys, ListedTask, Place, Records, TaskFilter, TaskRecord, WriteBatch,
+    message_page_token,
 };
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
@@ -30,7 +31,7 @@ pub struct LiveTurns(Mutex<HashMap<ConversationKey, LiveTurn>>);
 struct LiveTurn {
     token: u64,
     keys: Keys,
-    meta: ConversationMeta,
+    conversation: Conversation,
     record: TaskRecord,
 }
 
@@ -46,10 +47,16 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     let keys = Keys::new(&turn.principal, &turn.context_id);
     let key = keys.conversation;
     let stored = records.conversation(&key)?;
-    let mut meta = stored
-        .clone()
-        .unwrap_or_else(|| ConversationMeta::new(&turn.principal, &turn.context_id));
     let mut batch = WriteBatch::new();
+    let mut conversation = match &stored {
+        Some(stored) => stored.clone(),
+        None => Conversation {
+            meta: ConversationMeta::new(&turn.principal, &turn.context_id),
+            place: Place::Numbered(records.number_new_conversation(&mut batch)?),
+        },
+    };
+    let place = conversation.place;
+    let meta = &mut conversation.meta;
     if let Some(running) = meta.running_task.take() {
         if live.holder(&key).is_some() {
             return Err(StoreError::Busy {
@@ -61,9 +68,12 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     }
     // A conversation never stored has no messages to read.
     let recent = match &stored {
-        Some(stored) => {
-            records.recent_messages(&key, &turn.context_id, stored.next_seq, turn.history_limit)?
-        }
+        Some(stored) => records.recent_messages(
+            &place,
+            &turn.context_id,
+            stored.meta.next_seq,
+            turn.history_limit,
+        )?,
         None => Vec::new(),
     };
     let (mut record, previous) = if turn.continuing {
@@ -74,7 +84,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
         ensure_open(&record)?;
         (record.clone(), Some(record))
     } else {
-        (new_task_record(&turn), None)
+        (new_task_record(&turn, &place), None)
     };
     let seq = meta.next_seq;
     meta.next_seq += 1;
@@ -82,7 +92,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     meta.token += 1;
     meta.updated_at = crate::model::now();
     meta.running_task = Some(turn.task_id.clone());
-    batch.append_message(&key, &turn.context_id, seq, &turn.message);
+    batch.append_message(&place, &turn.context_id, seq, &turn.message);
     record.history_seqs.push(seq);
     record.task.status = TaskStatus::new(TaskState::Working, None);
     record.task.artifacts.clear();
@@ -102,18 +112,20 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
         &turn.principal,
         &turn.push_configs,
     )?;
-    batch.put_conversation(&keys, &meta, stored.as_ref());
+    let token = meta.token;
+    let turns = meta.turns;
+    let agent_state = meta.agent_state.clone();
+    batch.put_conversation(&keys, &conversation, stored.as_ref().map(|s| &s.meta));
 
     let mut task = record.task.clone();
     let earlier = &record.history_seqs[..record.history_seqs.len() - 1];
-    task.history = records.messages(&key, &turn.context_id, earlier)?;
+    task.history = records.messages(&place, &turn.context_id, earlier)?;
     task.history.push(turn.message);
     records.apply(batch)?;
-    let token = meta.token;
     let live_turn = LiveTurn {
         token,
         keys,
-        meta: meta.clone(),
+        conversation,
         record,
     };
     live.0.lock().insert(key, live_turn);
@@ -125,12 +137,12 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
         },
         task,
         recent: recent.into_iter().map(|(_, m)| m).collect(),
-        turn: meta.turns,
-        agent_state: meta.agent_state,
+        turn: turns,
+        agent_state,
     })
 }
 
-fn new_task_record(turn: &BeginTurn) -> TaskRecord {
+fn new_task_record(turn: &BeginTurn, place: &Place) -> TaskRecord {
     TaskRecord {
         task: Task {
             id: turn.task_id.clone(),
@@ -143,16 +155,17 @@ fn new_task_record(turn: &BeginTurn) -> TaskRecord {
         principal: turn.principal.clone(),
         history_seqs: Vec::new(),
         reply_in: None,
+        conversation_number: place.number(),
     }
 }
 
 /// The conversation's metadata and the lease's task as stored, if the lease still holds the
 /// conversation: its turn is live here with that token (a newer take replaced it otherwise).
-fn held(live: &LiveTurns, lease: &Lease) -> StoreResult<(Keys, ConversationMeta, TaskRecord)> {
+fn held(live: &LiveTurns, lease: &Lease) -> StoreResult<(Keys, Conversation, TaskRecord)> {
     let turns = live.0.lock();
     match turns.get(&lease.key) {
         Some(turn) if turn.token == lease.token && turn.record.task.id == lease.task_id => {
-            Ok((turn.keys, turn.meta.clone(), turn.record.clone()))
+            Ok((turn.keys, turn.conversation.clone(), turn.record.clone()))
         }
         _ => Err(StoreError::StaleToken {
             task_id: lease.task_id.clone(),
@@ -187,15 +200,16 @@ pub fn record_status(
 /// Appends the reply, stores the final state and releases the conversation.
 pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResult<()> {
     let lease = &end.lease;
-    let (keys, previous_meta, previous) = held(live, lease)?;
-    let mut meta = previous_meta.clone();
+    let (keys, mut conversation, previous) = held(live, lease)?;
+    let previous_meta = conversation.meta.clone();
+    let meta = &mut conversation.meta;
     let mut record = previous.clone();
     let mut batch = WriteBatch::new();
     record.task.status = end.status;
     record.task.artifacts = end.artifacts;
     record.reply_in = None;
     if let Some(reply) = &end.reply {
-        batch.append_message(&lease.key, &meta.context_id, meta.next_seq, reply);
+        batch.append_message(&conversation.place, &meta.context_id, meta.next_seq, reply);
         record.history_seqs.push(meta.next_seq);
         record.elide_reply(reply, meta.next_seq);
         meta.next_seq += 1;
@@ -207,7 +221,7 @@ pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResu
     if end.agent_state.is_some() {
         meta.agent_state = end.agent_state;
     }
-    batch.put_conversation(&keys, &meta, Some(&previous_meta));
+    batch.put_conversation(&keys, &conversation, Some(&previous_meta));
     records.apply(batch)?;
     live.0.lock().remove(&lease.key);
     Ok(())
@@ -232,7 +246,7 @@ pub fn cancel_waiting(
     let key = keys.conversation;
     let running_here = records
         .conversation(&key)?
-        .is_some_and(|meta| meta.running_task.as_deref() == Some(task_id));
+        .is_some_and(|stored| stored.meta.running_task.as_deref() == Some(task_id));
     if running_here && live.holder(&key).is_some() {
         return Err(StoreError::Busy {
             context_id: previous.task.context_id.clone(),
@@ -252,8 +266,9 @@ pub fn cancel_waiting(
     batch.put_task(&keys, &record, Some(&previous));
     super::push::enqueue(records, &mut batch, &record)?;
     records.apply(batch)?;
+    let place = record.place();
     let mut task = record.task;
-    task.history = records.messages(&key, &task.context_id, &record.history_seqs)?;
+    task.history = records.messages(&place, &task.context_id, &record.history_seqs)?;
     Ok(task)
 }
 
@@ -313,20 +328,21 @@ pub fn delete_conversation(
     live: &LiveTurns,
     key: &ConversationKey,
 ) -> StoreResult<bool> {
-    let Some(meta) = records.conversation(key)? else {
+    let Some(stored) = records.conversation(key)? else {
         return Ok(false);
     };
-    if let Some(task_id) = meta
+    if let Some(task_id) = stored
+        .meta
         .running_task
         .clone()
         .filter(|_| live.holder(key).is_some())
     {
         return Err(StoreError::Busy {
-            context_id: meta.context_id,
+            context_id: stored.meta.context_id,
             task_id,
         });
     }
-    records.delete_conversation(&meta)?;
+    records.delete_conversation(&stored)?;
     Ok(true)
 }
 
@@ -367,9 +383,14 @@ pub fn import(
                 )));
             }
         }
+        // Overwritten, a conversation keeps its place; a new one is numbered.
+        let place = match &previous {
+            Some(previous) => previous.place,
+            None => Place::Numbered(records.number_new_conversation(&mut batch)?),
+        };
         for (offset, message) in item.messages.iter().enumerate() {
             batch.append_message(
-                &key,
+                &place,
                 &item.meta.context_id,
                 item.first_seq + offset as u64,
                 message,
@@ -381,10 +402,15 @@ pub fn import(
                 principal: item.meta.principal.clone(),
                 history_seqs: task.history_seqs,
                 reply_in: None,
+                conversation_number: place.number(),
             };
             batch.put_task(&keys, &record, None);
         }
-        batch.put_conversation(&keys, &item.meta, previous.as_ref());
+        let conversation = Conversation {
+            meta: item.meta,
+            place,
+        };
+        batch.put_conversation(&keys, &conversation, previous.as_ref().map(|p| &p.meta));
         imported.conversations += 1;
     }
     records.apply(batch)?;
@@ -399,12 +425,12 @@ pub fn export(
     limit: usize,
 ) -> StoreResult<Vec<ConversationRecords>> {
     let mut page = Vec::new();
-    for meta in records.conversations_after(after.as_ref()) {
-        let meta = meta?;
-        if principal.is_some_and(|p| p != meta.principal) {
+    for stored in records.conversations_after(after.as_ref()) {
+        let stored = stored?;
+        if principal.is_some_and(|p| p != stored.meta.principal) {
             continue;
         }
-        page.push(export_one(records, meta)?);
+        page.push(export_one(records, stored)?);
         if page.len() >= limit {
             break;
         }
@@ -412,11 +438,11 @@ pub fn export(
     Ok(page)
 }
 
-fn export_one(records: &Records, meta: ConversationMeta) -> StoreResult<ConversationRecords> {
-    let key = meta.key();
+fn export_one(records: &Records, stored: Conversation) -> StoreResult<ConversationRecords> {
+    let Conversation { meta, place } = stored;
     let mut first_seq = None;
     let mut messages = Vec::new();
-    for entry in records.messages_from(&key, &meta.context_id, 0, None)? {
+    for entry in records.messages_from(&place, &meta.context_id, 0, None)? {
         let (seq, message, _) = entry?;
         if seq != *first_seq.get_or_insert(seq) + messages.len() as u64 {
             return Err(StoreError::Corrupt(format!(
@@ -426,7 +452,7 @@ fn export_one(records: &Records, meta: ConversationMeta) -> StoreResult<Conversa
         }
         messages.push(message);
     }
-    let mut task_ids = records.conversation_task_ids(&key)?;
+    let mut task_ids = records.conversation_task_ids(&place)?;
     task_ids.sort_unstable();
     let mut tasks = Vec::with_capacity(task_ids.len());
     for id in task_ids {
@@ -473,20 +499,22 @@ pub fn task(records: &Records, principal: &str, task_id: &str) -> StoreResult<Op
         return Ok(None);
     };
     let mut task = record.task.clone();
-    task.history = records.messages(
-        &record.conversation(),
-        &task.context_id,
-        &record.history_seqs,
-    )?;
+    task.history = records.messages(&record.place(), &task.context_id, &record.history_seqs)?;
     Ok(Some(task))
 }
 
 pub fn list_tasks(records: &Records, principal: &str, query: TaskQuery) -> StoreResult<Page<Task>> {
+    let conversation = match query.context_id.as_deref() {
+        None => None,
+        Some(context_id) => {
+            let key = ConversationKey::new(principal, context_id);
+            // A conversation never stored has no tasks at either place.
+            let stored = records.conversation(&key)?;
+            Some(stored.map_or(Place::Hashed(key), |stored| stored.place))
+        }
+    };
     let filter = TaskFilter {
-        conversation: query
-            .context_id
-            .as_deref()
-            .map(|c| ConversationKey::new(principal, c)),
+        conversation,
         state: query.state,
         status_after: query.status_after,
     };
@@ -538,7 +566,7 @@ fn listed_task(
         .history_length
         .map_or(seqs.len(), |n| n.min(seqs.len()));
     let (history, history_bytes) = records.messages_sized(
-        &record.conversation(),
+        &record.place(),
         &record.task.context_id,
         &seqs[seqs.len() - shown..],
     )?;
@@ -566,7 +594,7 @@ pub fn conversation_page(
     from: MessagesFrom,
     max_bytes: usize,
 ) -> StoreResult<Option<ConversationPage>> {
-    let Some(meta) = records.conversation(key)? else {
+    let Some(Conversation { meta, place }) = records.conversation(key)? else {
         return Ok(None);
     };
     let (first, page_token) = match &from {
@@ -576,7 +604,7 @@ pub fn conversation_page(
     let mut budget = ResponseBudget::new(max_bytes);
     let mut messages = Vec::new();
     let mut next_page_token = String::new();
-    for entry in records.messages_from(key, &meta.context_id, first, page_token)? {
+    for entry in records.messages_from(&place, &meta.context_id, first, page_token)? {
         let (seq, message, bytes) = entry?;
         if !budget.take(bytes) {
             next_page_token = message_page_token(seq);

@@ -2,15 +2,23 @@
 //! typed reads and batched writes. Store operations (`ops.rs`) are built from these.
 //!
 //! Key layout (one keyspace, a record-type byte first):
-//! - `c` ++ conversation key                         -> [`ConversationMeta`]
-//! - `m` ++ conversation key ++ seq (u64 BE)         -> [`Message`]
+//! - `c` ++ conversation key                         -> [`ConversationMeta`] and its number
+//! - `M` ++ number (u64 BE) ++ seq (u64 BE)          -> [`Message`]
 //! - `t` ++ task id                                  -> [`TaskRecord`]
-//! - `i` ++ conversation key ++ !status ms ++ task id -> state byte (tasks of a conversation, newest first)
+//! - `I` ++ number ++ !status ms ++ task id          -> state byte (tasks of a conversation, newest first)
 //! - `p` ++ principal key ++ !status ms ++ task id    -> state byte (tasks of a principal, newest first)
 //! - `l` ++ principal key ++ !updated ms ++ conv key  -> empty (conversations, newest first)
 //! - `r` ++ task id                                  -> empty (tasks whose turn is running: read at
 //!   start to fail what a crash cut off, without scanning the tasks)
 //! - `n` (push configs) and `o` (the notification outbox): see `push.rs`
+//! - `#conversations`                                -> the number the next new conversation gets
+//!
+//! A conversation's messages and task index entries sit under the number it was given when it
+//! was created ([`Place`]), so a new conversation's writes land beside the other new ones, in
+//! the tree's newest leaves, not all over a tree hashed keys spread them across (where, as the
+//! store grew, most writes had to page a leaf in first). New task ids are time-ordered UUIDs for
+//! the same reason. Conversations stored before numbers keep their messages and index entries
+//! under their hashed key (`m` and `i` in place of `M` and `I`).
 //!
 //! Values: a marker byte and a version, then MessagePack ([`encode`], [`decode`]): messages,
 //! tasks and conversation metadata in version 2 (`compact.rs`), read with version 1 and JSON
@@ -37,6 +45,9 @@ pub struct TaskRecord {
     /// Set when an artifact's text is the reply message's, stored once, in the message.
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "r")]
     pub reply_in: Option<ReplyRef>,
+    /// Its conversation's number (None: a conversation stored before numbers; see [`Place`]).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "n")]
+    pub conversation_number: Option<u64>,
 }
 
 /// Which artifact's text is the reply message at `seq`.
@@ -59,6 +70,11 @@ fn sole_text(parts: &[crate::model::Part]) -> Option<&str> {
 impl TaskRecord {
     pub fn conversation(&self) -> ConversationKey {
         ConversationKey::new(&self.principal, &self.task.context_id)
+    }
+
+    /// Where its conversation's messages are.
+    pub fn place(&self) -> Place {
+        Place::of(self.conversation_number, self.conversation())
     }
 
     /// Leaves out of the record an artifact text that is the reply's (stored at `seq`): the
@@ -131,12 +147,62 @@ pub struct WriteBatch {
 }
 
 const CONVERSATION: u8 = b'c';
-const MESSAGE: u8 = b'm';
+const MESSAGE: u8 = b'M';
+const HASHED_MESSAGE: u8 = b'm';
 const TASK: u8 = b't';
-const TASKS_BY_CONVERSATION: u8 = b'i';
+const TASKS_BY_CONVERSATION: u8 = b'I';
+const HASHED_TASKS_BY_CONVERSATION: u8 = b'i';
 const TASKS_BY_PRINCIPAL: u8 = b'p';
 const CONVERSATIONS_BY_PRINCIPAL: u8 = b'l';
 const RUNNING_TASKS: u8 = b'r';
+const NEXT_CONVERSATION_NUMBER: &[u8] = b"#conversations";
+
+/// Where a conversation's messages and task index entries are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// Under the number the conversation was given at creation.
+    Numbered(u64),
+    /// Under its hashed key: a conversation stored before numbers.
+    Hashed(ConversationKey),
+}
+
+impl Place {
+    fn of(number: Option<u64>, key: ConversationKey) -> Self {
+        number.map_or(Place::Hashed(key), Place::Numbered)
+    }
+
+    pub fn number(&self) -> Option<u64> {
+        match self {
+            Place::Numbered(number) => Some(*number),
+            Place::Hashed(_) => None,
+        }
+    }
+
+    /// The record type byte (`numbered` or `hashed`) and the conversation's part of the key.
+    fn prefix(&self, numbered: u8, hashed: u8) -> Vec<u8> {
+        match self {
+            Place::Numbered(number) => prefixed(numbered, &[&number.to_be_bytes()]),
+            Place::Hashed(key) => prefixed(hashed, &[key.as_bytes()]),
+        }
+    }
+
+    fn message_key(&self, seq: u64) -> Vec<u8> {
+        let mut key = self.prefix(MESSAGE, HASHED_MESSAGE);
+        key.extend_from_slice(&seq.to_be_bytes());
+        key
+    }
+
+    fn task_index_prefix(&self) -> Vec<u8> {
+        self.prefix(TASKS_BY_CONVERSATION, HASHED_TASKS_BY_CONVERSATION)
+    }
+}
+
+/// A conversation as stored: its metadata and where its messages are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conversation {
+    pub meta: ConversationMeta,
+    pub place: Place,
+}
 
 fn prefixed(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
     let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
@@ -155,10 +221,6 @@ fn inverted_millis(t: &DateTime<Utc>) -> [u8; 8] {
 
 fn conversation_key(key: &ConversationKey) -> Vec<u8> {
     prefixed(CONVERSATION, &[key.as_bytes()])
-}
-
-fn message_key(key: &ConversationKey, seq: u64) -> Vec<u8> {
-    prefixed(MESSAGE, &[key.as_bytes(), &seq.to_be_bytes()])
 }
 
 fn task_key(task_id: &str) -> Vec<u8> {
@@ -194,11 +256,11 @@ impl Keys {
 fn task_index_keys(keys: &Keys, record: &TaskRecord) -> [Vec<u8>; 2] {
     let ts = inverted_millis(&record.task.status.timestamp);
     let id = record.task.id.as_bytes();
+    let mut by_conversation = record.place().task_index_prefix();
+    by_conversation.extend_from_slice(&ts);
+    by_conversation.extend_from_slice(id);
     [
-        prefixed(
-            TASKS_BY_CONVERSATION,
-            &[keys.conversation.as_bytes(), &ts, id],
-        ),
+        by_conversation,
         prefixed(TASKS_BY_PRINCIPAL, &[keys.principal.as_bytes(), &ts, id]),
     ]
 }
@@ -282,12 +344,24 @@ fn decode_task(bytes: &[u8]) -> StoreResult<TaskRecord> {
     decode_versioned(bytes, compact::read_task)
 }
 
-fn encode_conversation(meta: &ConversationMeta) -> Vec<u8> {
-    in_v2(|out| compact::write_conversation(out, meta))
+fn encode_conversation(meta: &ConversationMeta, number: Option<u64>) -> Vec<u8> {
+    in_v2(|out| compact::write_conversation(out, meta, number))
 }
 
-fn decode_conversation(bytes: &[u8]) -> StoreResult<ConversationMeta> {
-    decode_versioned(bytes, compact::read_conversation)
+/// The metadata and the number (None in records of stores before numbers).
+fn decode_conversation(bytes: &[u8]) -> StoreResult<(ConversationMeta, Option<u64>)> {
+    match bytes {
+        [0xC1, 2, body @ ..] => compact::read_conversation(body).map_err(|e| corrupt(&e)),
+        _ => Ok((decode(bytes)?, None)),
+    }
+}
+
+fn decode_conversation_at(bytes: &[u8], key: ConversationKey) -> StoreResult<Conversation> {
+    let (meta, number) = decode_conversation(bytes)?;
+    Ok(Conversation {
+        meta,
+        place: Place::of(number, key),
+    })
 }
 
 impl WriteBatch {
@@ -303,9 +377,10 @@ impl WriteBatch {
     pub fn put_conversation(
         &mut self,
         keys: &Keys,
-        meta: &ConversationMeta,
+        conversation: &Conversation,
         previous: Option<&ConversationMeta>,
     ) {
+        let meta = &conversation.meta;
         if let Some(previous) = previous {
             self.ops
                 .push(KvOp::Delete(conversation_index_key(keys, previous)));
@@ -314,20 +389,14 @@ impl WriteBatch {
             .push(KvOp::Put(conversation_index_key(keys, meta), Vec::new()));
         self.ops.push(KvOp::Put(
             conversation_key(&keys.conversation),
-            encode_conversation(meta),
+            encode_conversation(meta, conversation.place.number()),
         ));
     }
 
-    /// Appends a message to the conversation `key` whose contextId is `context_id`.
-    pub fn append_message(
-        &mut self,
-        key: &ConversationKey,
-        context_id: &str,
-        seq: u64,
-        message: &Message,
-    ) {
+    /// Appends a message to the conversation at `place` whose contextId is `context_id`.
+    pub fn append_message(&mut self, place: &Place, context_id: &str, seq: u64, message: &Message) {
         self.ops.push(KvOp::Put(
-            message_key(key, seq),
+            place.message_key(seq),
             encode_message(message, context_id),
         ));
     }
@@ -373,7 +442,7 @@ impl WriteBatch {
 /// Filters of a task listing, as the index can apply them.
 #[derive(Debug, Clone, Default)]
 pub struct TaskFilter {
-    pub conversation: Option<ConversationKey>,
+    pub conversation: Option<Place>,
     pub state: Option<TaskState>,
     pub status_after: Option<DateTime<Utc>>,
 }
@@ -386,6 +455,8 @@ pub struct Records {
     /// Some push-notification config may be stored: until one is, a status change need not
     /// look for its task's configs (`push.rs`).
     pub(super) push_configs_stored: Arc<std::sync::atomic::AtomicBool>,
+    /// The number the next new conversation gets, once read (only the store thread writes).
+    next_number: Arc<parking_lot::Mutex<Option<u64>>>,
 }
 
 impl Records {
@@ -393,6 +464,36 @@ impl Records {
         Records {
             backend,
             push_configs_stored: Arc::default(),
+            next_number: Arc::default(),
+        }
+    }
+
+    /// A number for a new conversation: the batch that stores the conversation also stores the
+    /// next one, so no two conversations are ever given the same (a number taken by a batch
+    /// that is then not applied is skipped, never reused in this process).
+    pub fn number_new_conversation(&self, batch: &mut WriteBatch) -> StoreResult<u64> {
+        let mut next = self.next_number.lock();
+        let number = match *next {
+            Some(number) => number,
+            None => self.stored_next_number()?,
+        };
+        let following = number
+            .checked_add(1)
+            .ok_or_else(|| StoreError::Corrupt("conversation numbers are exhausted".into()))?;
+        *next = Some(following);
+        batch.put_raw(
+            NEXT_CONVERSATION_NUMBER.to_vec(),
+            following.to_be_bytes().to_vec(),
+        );
+        Ok(number)
+    }
+
+    fn stored_next_number(&self) -> StoreResult<u64> {
+        match self.backend.get(NEXT_CONVERSATION_NUMBER)? {
+            None => Ok(0),
+            Some(bytes) => <[u8; 8]>::try_from(bytes.as_slice())
+                .map(u64::from_be_bytes)
+                .map_err(|_| StoreError::Corrupt("the next conversation number".into())),
         }
     }
 
@@ -418,10 +519,10 @@ impl Records {
             .apply(vec![KvOp::Put(b"zprobe".to_vec(), stamp)])
     }
 
-    pub fn conversation(&self, key: &ConversationKey) -> StoreResult<Option<ConversationMeta>> {
+    pub fn conversation(&self, key: &ConversationKey) -> StoreResult<Option<Conversation>> {
         self.backend
             .get(&conversation_key(key))?
-            .map(|bytes| decode_conversation(&bytes))
+            .map(|bytes| decode_conversation_at(&bytes, *key))
             .transpose()
     }
 
@@ -431,13 +532,13 @@ impl Records {
     /// messages takes its contextId (`context_id`): a message stores only that it has it.
     pub fn recent_messages(
         &self,
-        key: &ConversationKey,
+        place: &Place,
         context_id: &str,
         next_seq: u64,
         limit: usize,
     ) -> StoreResult<Vec<(u64, Message)>> {
-        let from = message_key(key, next_seq.saturating_sub(limit as u64));
-        let to = message_key(key, next_seq);
+        let from = place.message_key(next_seq.saturating_sub(limit as u64));
+        let to = place.message_key(next_seq);
         self.backend
             .scan(Bound::Included(from), Bound::Excluded(to), false)
             .map(|entry| {
@@ -452,7 +553,7 @@ impl Records {
     /// of its size in a response).
     pub fn messages_from<'a>(
         &'a self,
-        key: &ConversationKey,
+        place: &Place,
         context_id: &'a str,
         from: u64,
         page_token: Option<&str>,
@@ -462,8 +563,8 @@ impl Records {
             None => from,
         };
         let scan = self.backend.scan(
-            Bound::Included(message_key(key, from)),
-            Bound::Included(message_key(key, u64::MAX)),
+            Bound::Included(place.message_key(from)),
+            Bound::Included(place.message_key(u64::MAX)),
             false,
         );
         Ok(scan.map(|entry| {
@@ -474,24 +575,24 @@ impl Records {
 
     pub fn messages(
         &self,
-        key: &ConversationKey,
+        place: &Place,
         context_id: &str,
         seqs: &[u64],
     ) -> StoreResult<Vec<Message>> {
-        Ok(self.messages_sized(key, context_id, seqs)?.0)
+        Ok(self.messages_sized(place, context_id, seqs)?.0)
     }
 
     /// The messages and their total stored size in bytes.
     pub fn messages_sized(
         &self,
-        key: &ConversationKey,
+        place: &Place,
         context_id: &str,
         seqs: &[u64],
     ) -> StoreResult<(Vec<Message>, usize)> {
         let mut messages = Vec::with_capacity(seqs.len());
         let mut bytes_read = 0;
         for seq in seqs {
-            if let Some(bytes) = self.backend.get(&message_key(key, *seq))? {
+            if let Some(bytes) = self.backend.get(&place.message_key(*seq))? {
                 bytes_read += bytes.len();
                 messages.push(decode_message(&bytes, context_id)?);
             }
@@ -512,7 +613,7 @@ impl Records {
         let mut record = decode_task(&bytes)?;
         let mut size = bytes.len();
         if let Some(reply) = record.reply_in {
-            let key = message_key(&record.conversation(), reply.seq);
+            let key = record.place().message_key(reply.seq);
             let text = match self.backend.get(&key)? {
                 Some(message) => decode_message(&message, &record.task.context_id)?.text(),
                 None => String::new(),
@@ -551,7 +652,7 @@ impl Records {
         page_token: Option<&str>,
     ) -> StoreResult<Page<ListedTask>> {
         let prefix = match &query.conversation {
-            Some(key) => prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]),
+            Some(place) => place.task_index_prefix(),
             None => prefixed(
                 TASKS_BY_PRINCIPAL,
                 &[PrincipalKey::new(principal).as_bytes()],
@@ -604,8 +705,8 @@ impl Records {
             let Some(conversation) = ConversationKey::from_bytes(&key[prefix.len() + 8..]) else {
                 continue;
             };
-            if let Some(meta) = self.conversation(&conversation)? {
-                items.push(meta);
+            if let Some(stored) = self.conversation(&conversation)? {
+                items.push(stored.meta);
             }
         }
         Ok(Page {
@@ -689,19 +790,24 @@ impl Records {
     pub fn conversations_after(
         &self,
         after: Option<&ConversationKey>,
-    ) -> impl Iterator<Item = StoreResult<ConversationMeta>> + '_ {
+    ) -> impl Iterator<Item = StoreResult<Conversation>> + '_ {
         let start = match after {
             Some(key) => Bound::Excluded(conversation_key(key)),
             None => Bound::Included(vec![CONVERSATION]),
         };
         self.backend
             .scan(start, Bound::Excluded(vec![CONVERSATION + 1]), false)
-            .map(|entry| decode_conversation(&entry?.1))
+            .map(|entry| {
+                let (key, value) = entry?;
+                let key = ConversationKey::from_bytes(&key[1..])
+                    .ok_or_else(|| StoreError::Corrupt("a conversation key".into()))?;
+                decode_conversation_at(&value, key)
+            })
     }
 
     /// The ids of a conversation's tasks (in the index's order: newest status first).
-    pub fn conversation_task_ids(&self, key: &ConversationKey) -> StoreResult<Vec<String>> {
-        let prefix = prefixed(TASKS_BY_CONVERSATION, &[key.as_bytes()]);
+    pub fn conversation_task_ids(&self, place: &Place) -> StoreResult<Vec<String>> {
+        let prefix = place.task_index_prefix();
         let mut ids = Vec::new();
         for entry in self
             .backend
@@ -717,22 +823,23 @@ impl Records {
     }
 
     /// Removes a conversation: its metadata, messages, tasks and index entries.
-    pub fn delete_conversation(&self, meta: &ConversationMeta) -> StoreResult<()> {
+    pub fn delete_conversation(&self, conversation: &Conversation) -> StoreResult<()> {
+        let meta = &conversation.meta;
+        let place = &conversation.place;
         let keys = Keys::new(&meta.principal, &meta.context_id);
-        let key = keys.conversation;
         let mut ops = vec![
-            KvOp::Delete(conversation_key(&key)),
+            KvOp::Delete(conversation_key(&keys.conversation)),
             KvOp::Delete(conversation_index_key(&keys, meta)),
         ];
         let messages = self.backend.scan(
-            Bound::Included(message_key(&key, 0)),
-            Bound::Included(message_key(&key, u64::MAX)),
+            Bound::Included(place.message_key(0)),
+            Bound::Included(place.message_key(u64::MAX)),
             false,
         );
         for entry in messages {
             ops.push(KvOp::Delete(entry?.0));
         }
-        for task_id in self.conversation_task_ids(&key)? {
+        for task_id in self.conversation_task_ids(place)? {
             if let Some(record) = self.task(&task_id)? {
                 ops.extend(
                     task_index_keys(&keys, &record)
@@ -818,6 +925,7 @@ mod tests {
             principal: "p".into(),
             history_seqs: vec![0, 1],
             reply_in: None,
+            conversation_number: None,
         };
         let mut stored = whole.clone();
         stored.elide_reply(&reply, 1);
@@ -878,6 +986,7 @@ mod tests {
             principal: crate::model::ANONYMOUS.into(),
             history_seqs: vec![0, 1],
             reply_in: None,
+            conversation_number: None,
         };
         record.elide_reply(&reply, 1);
         let mut meta = ConversationMeta::new(crate::model::ANONYMOUS, &context_id);
@@ -896,12 +1005,14 @@ mod tests {
             assert_eq!(bytes[..2], RECORD_V2);
             assert_eq!(&decode_message(&bytes, context_id).unwrap(), message);
         }
+        let mut record = record;
+        record.conversation_number = Some(7);
         let bytes = encode_task(&record);
         assert_eq!(bytes[..2], RECORD_V2);
         assert_eq!(decode_task(&bytes).unwrap(), record);
-        let bytes = encode_conversation(&meta);
+        let bytes = encode_conversation(&meta, Some(7));
         assert_eq!(bytes[..2], RECORD_V2);
-        assert_eq!(decode_conversation(&bytes).unwrap(), meta);
+        assert_eq!(decode_conversation(&bytes).unwrap(), (meta, Some(7)));
     }
 
     #[test]
@@ -918,7 +1029,7 @@ mod tests {
             assert_eq!(decode_task(&bytes).unwrap(), record);
         }
         for bytes in [encode(&meta), serde_json::to_vec(&meta).unwrap()] {
-            assert_eq!(decode_conversation(&bytes).unwrap(), meta);
+            assert_eq!(decode_conversation(&bytes).unwrap(), (meta.clone(), None));
         }
     }
 
@@ -935,7 +1046,7 @@ mod tests {
             let mut bytes = encode_task(&record);
             bytes[1] = version;
             assert!(matches!(decode_task(&bytes), Err(StoreError::Corrupt(_))));
-            let mut bytes = encode_conversation(&meta);
+            let mut bytes = encode_conversation(&meta, None);
             bytes[1] = version;
             assert!(matches!(
                 decode_conversation(&bytes),
@@ -965,7 +1076,7 @@ mod tests {
             + encode_message(&reply, context_id).len()
             + encode_task(&record).len();
         assert!(v2 * 4 <= v1 * 3, "version 1: {v1} bytes, version 2: {v2}");
-        assert!(encode_conversation(&meta).len() < encode(&meta).len());
+        assert!(encode_conversation(&meta, Some(1 << 40)).len() < encode(&meta).len());
     }
 
     /// The task as it is read: the elided reply text put back.
@@ -984,14 +1095,17 @@ mod tests {
         let context_id = meta.context_id.clone();
         let keys = Keys::new(&meta.principal, &context_id);
         let key = keys.conversation;
-        // The first turn as earlier versions stored it: JSON, then version 1.
+        // The first turn as earlier versions stored it (JSON, then version 1), under its
+        // hashed key: stores before numbers had no other.
+        let place = Place::Hashed(key);
         let mut batch = WriteBatch::new();
-        batch.put_raw(message_key(&key, 0), serde_json::to_vec(&user).unwrap());
-        batch.put_raw(message_key(&key, 1), encode(&reply));
+        batch.put_raw(place.message_key(0), serde_json::to_vec(&user).unwrap());
+        batch.put_raw(place.message_key(1), encode(&reply));
         batch.put_raw(task_key(&first.task.id), encode(&first));
         batch.put_raw(conversation_key(&key), encode(&meta));
         records.apply(batch).unwrap();
-        assert_eq!(records.conversation(&key).unwrap(), Some(meta.clone()));
+        let stored = records.conversation(&key).unwrap().unwrap();
+        assert_eq!((&stored.meta, stored.place), (&meta, place));
         // The second turn in version 2, its user message without a contextId.
         let mut second_user = Message::agent_text("second", &context_id, None);
         second_user.role = Role::User;
@@ -1006,24 +1120,25 @@ mod tests {
         meta.next_seq = 4;
         meta.turns = 2;
         let mut batch = WriteBatch::new();
-        batch.append_message(&key, &context_id, 2, &second_user);
-        batch.append_message(&key, &context_id, 3, &second_reply);
+        batch.append_message(&place, &context_id, 2, &second_user);
+        batch.append_message(&place, &context_id, 3, &second_reply);
         batch.put_task(&keys, &second, None);
-        batch.put_conversation(&keys, &meta, Some(&previous_meta));
+        let conversation = Conversation { meta, place };
+        batch.put_conversation(&keys, &conversation, Some(&previous_meta));
         records.apply(batch).unwrap();
 
-        assert_eq!(records.conversation(&key).unwrap(), Some(meta));
+        assert_eq!(records.conversation(&key).unwrap(), Some(conversation));
         let all = vec![user, reply.clone(), second_user, second_reply.clone()];
-        let recent = records.recent_messages(&key, &context_id, 4, 4).unwrap();
+        let recent = records.recent_messages(&place, &context_id, 4, 4).unwrap();
         assert_eq!(recent.into_iter().map(|(_, m)| m).collect::<Vec<_>>(), all);
         let paged: Vec<Message> = records
-            .messages_from(&key, &context_id, 0, None)
+            .messages_from(&place, &context_id, 0, None)
             .unwrap()
             .map(|entry| entry.unwrap().1)
             .collect();
         assert_eq!(paged, all);
         assert_eq!(
-            records.messages(&key, &context_id, &[1, 2]).unwrap(),
+            records.messages(&place, &context_id, &[1, 2]).unwrap(),
             all[1..3]
         );
         let read = records.task(&first.task.id).unwrap().unwrap();
@@ -1034,5 +1149,85 @@ mod tests {
             records.task(&second.task.id).unwrap(),
             Some(whole(&second, &second_reply))
         );
+        let filter = TaskFilter {
+            conversation: Some(place),
+            ..TaskFilter::default()
+        };
+        // The first task was stored without index entries above; the second is indexed at the
+        // conversation's hashed place.
+        let listed = records.list_tasks("", &filter, 10, None).unwrap();
+        let ids: Vec<_> = listed.items.into_iter().map(|t| t.task_id).collect();
+        assert_eq!(ids, [second.task.id.clone()]);
+    }
+
+    #[test]
+    fn conversation_numbers_are_never_given_twice_across_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let numbers = |count: usize| {
+            let backend = super::super::SledBackend::open(dir.path(), 1 << 20).unwrap();
+            let records = Records::new(Arc::new(backend));
+            let mut batch = WriteBatch::new();
+            let numbers: Vec<u64> = (0..count)
+                .map(|_| records.number_new_conversation(&mut batch).unwrap())
+                .collect();
+            records.apply(batch).unwrap();
+            // Taken, but its batch never applied: skipped in this process, given again after.
+            records
+                .number_new_conversation(&mut WriteBatch::new())
+                .unwrap();
+            records.backend().flush().unwrap();
+            numbers
+        };
+        assert_eq!(numbers(3), [0, 1, 2]);
+        assert_eq!(numbers(2), [3, 4]);
+    }
+
+    #[test]
+    fn numbered_conversations_keep_their_messages_and_tasks_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = super::super::SledBackend::open(dir.path(), 1 << 20).unwrap();
+        let records = Records::new(Arc::new(backend));
+        let mut batch = WriteBatch::new();
+        let mut turns = Vec::new();
+        // Numbers 255 and 256 differ in two bytes; 1 and 256 would share a prefix as text.
+        for number in [1u64, 255, 256] {
+            let (meta, [user, reply], mut record) = typical_turn();
+            let keys = Keys::new(&meta.principal, &meta.context_id);
+            let place = Place::Numbered(number);
+            record.conversation_number = Some(number);
+            batch.append_message(&place, &meta.context_id, 0, &user);
+            batch.append_message(&place, &meta.context_id, 1, &reply);
+            batch.put_task(&keys, &record, None);
+            batch.put_conversation(
+                &keys,
+                &Conversation {
+                    meta: meta.clone(),
+                    place,
+                },
+                None,
+            );
+            turns.push((meta, place, [user, reply], record));
+        }
+        records.apply(batch).unwrap();
+        for (meta, place, messages, record) in turns {
+            let stored = records.conversation(&meta.key()).unwrap().unwrap();
+            assert_eq!(stored.place, place);
+            let read: Vec<Message> = records
+                .messages_from(&place, &meta.context_id, 0, None)
+                .unwrap()
+                .map(|entry| entry.unwrap().1)
+                .collect();
+            assert_eq!(read, messages);
+            assert_eq!(
+                records.conversation_task_ids(&place).unwrap(),
+                [record.task.id.clone()]
+            );
+            let read = records.task(&record.task.id).unwrap().unwrap();
+            assert_eq!(read.place(), place);
+            assert_eq!(
+                read.task.artifacts[0].parts[0].as_text(),
+                Some(messages[1].text().as_str())
+            );
+        }
     }
 }
