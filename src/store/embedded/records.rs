@@ -1220,7 +1220,7 @@ mod tests {
             assert_eq!(read, messages);
             assert_eq!(
                 records.conversation_task_ids(&place).unwrap(),
-                [record.task.id.clone()]
+                std::slice::from_ref(&record.task.id)
             );
             let read = records.task(&record.task.id).unwrap().unwrap();
             assert_eq!(read.place(), place);
