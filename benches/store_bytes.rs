@@ -13,9 +13,11 @@ use std::ops::Bound;
 fn record_type(first: u8) -> &'static str {
     match first {
         b'c' => "conversation metadata (c)",
-        b'm' => "messages (m)",
+        b'M' => "messages (M)",
+        b'm' => "messages under hashed keys (m)",
         b't' => "tasks (t)",
-        b'i' => "tasks by conversation index (i)",
+        b'I' => "tasks by conversation index (I)",
+        b'i' => "tasks by conversation index under hashed keys (i)",
         b'p' => "tasks by principal index (p)",
         b'l' => "conversations by principal index (l)",
         b'r' => "running-task index (r)",
