@@ -49,6 +49,8 @@ async fn keys_of_another_namespace_version_are_never_loaded_or_listed() {
         "only the current version's conversation is listed"
     );
     assert_eq!(listed.total_size, 1);
+    let exported = store.export_conversations(None, None, 10).await.unwrap();
+    assert_eq!(exported.len(), 1, "only the current version's is exported");
     assert_eq!(
         store
             .recent_messages(begun.lease.key, 10)

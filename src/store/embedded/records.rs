@@ -797,11 +797,11 @@ impl Records {
         };
         self.backend
             .scan(start, Bound::Excluded(vec![CONVERSATION + 1]), false)
-            .map(|entry| {
-                let (key, value) = entry?;
-                let key = ConversationKey::from_bytes(&key[1..])
-                    .ok_or_else(|| StoreError::Corrupt("a conversation key".into()))?;
-                decode_conversation_at(&value, key)
+            .filter_map(|entry| match entry {
+                Err(e) => Some(Err(e)),
+                // A key of another namespace version is not this version's to load.
+                Ok((key, value)) => ConversationKey::from_bytes(&key[1..])
+                    .map(|key| decode_conversation_at(&value, key)),
             })
     }
 
