@@ -345,8 +345,8 @@ pub struct StoreConfig {
     /// sled's log written between two recovery snapshots (at least eight times the last
     /// snapshot's size): a restart replays at most about this much.
     pub snapshot_log_bytes: u64,
-    /// 0: sled's pages are stored uncompressed; 1-22: with zstd at that level. Applies to data
-    /// folders created with it (sled refuses to change it later).
+    /// 0: sled's pages are stored uncompressed; 1-22: with zstd at that level (default 3).
+    /// Applies to data folders created with it (sled refuses to change it later).
     pub compression_level: u8,
 }
 
@@ -359,7 +359,7 @@ impl Default for StoreConfig {
             cache_bytes: 64 * 1024 * 1024,
             checkpoint_interval_ms: DEFAULT_CHECKPOINT_EVERY.as_millis() as u64,
             snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
-            compression_level: 0,
+            compression_level: 3,
         }
     }
 }

@@ -69,7 +69,8 @@ impl SledBackend {
             Some(true) => Some(zstd_level.unwrap_or(DEFAULT_ZSTD_LEVEL)),
             Some(false) => {
                 if zstd_level.is_some() {
-                    tracing::warn!(
+                    // Folders from before compression was the default: not a mistake to warn of.
+                    tracing::info!(
                         folder = %path.display(),
                         "store.compression_level applies to new data folders; this one was \
                          created uncompressed and stays so"

@@ -11,6 +11,13 @@ use super::{
 
 use crate::*;
 
+
+#[cfg(feature = "compression")]
+thread_local! {
+    static COMPRESSOR: std::cell::RefCell<zstd::block::Compressor> =
+        std::cell::RefCell::new(zstd::block::Compressor::new());
+}
+
 /// A sequential store which allows users to create
 /// reservations placed at known log offsets, used
 /// for writing persistent data structures that need
@@ -127,14 +134,20 @@ impl Log {
         #[cfg(feature = "compression")]
         {
             if self.config.use_compression && pid != BATCH_MANIFEST_PID {
-                use zstd::block::compress;
-
                 let buf = item.serialize();
 
                 let _measure = Measure::new(&M.compress);
 
-                let compressed_buf =
-                    compress(&buf, self.config.compression_factor).unwrap();
+                // colloquy: one zstd context per thread, reused; `zstd::block::compress`
+                // created and initialised a context for every page written, which cost more
+                // than compressing a small page.
+                let compressed_buf = COMPRESSOR
+                    .with(|compressor| {
+                        compressor
+                            .borrow_mut()
+                            .compress(&buf, self.config.compression_factor)
+                    })
+                    .unwrap();
 
                 return self.reserve_inner(
                     log_kind,

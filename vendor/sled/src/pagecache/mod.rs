@@ -259,6 +259,12 @@ pub(crate) fn u32_to_arr(number: u32) -> [u8; 4] {
     number.to_le_bytes()
 }
 
+#[cfg(feature = "compression")]
+thread_local! {
+    static DECOMPRESSOR: std::cell::RefCell<zstd::block::Decompressor> =
+        std::cell::RefCell::new(zstd::block::Decompressor::new());
+}
+
 #[allow(clippy::needless_pass_by_value)]
 pub(crate) fn maybe_decompress(in_buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
     #[cfg(feature = "compression")]
@@ -269,7 +275,18 @@ pub(crate) fn maybe_decompress(in_buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
         let _ivec_varint = u64::deserialize(scootable_in_buf)
             .expect("this had to be serialized with an extra length frame");
         let _measure = Measure::new(&M.decompress);
-        let out_buf = decode_all(scootable_in_buf).expect(
+        // colloquy: a reused per-thread context when the frame says its size (frames written
+        // by `Compressor` do), instead of a stream decoder set up for every page read.
+        let frame: &[u8] = scootable_in_buf;
+        let size = zstd::zstd_safe::get_frame_content_size(frame);
+        if size < 1 << 32 {
+            if let Ok(out_buf) = DECOMPRESSOR.with(|decompressor| {
+                decompressor.borrow_mut().decompress(frame, size as usize)
+            }) {
+                return Ok(out_buf);
+            }
+        }
+        let out_buf = decode_all(frame).expect(
             "failed to decompress data. \
              This is not expected, please open an issue on \
              https://github.com/spacejam/sled so we can \
