@@ -72,9 +72,13 @@ impl TaskRecord {
         ConversationKey::new(&self.principal, &self.task.context_id)
     }
 
-    /// Where its conversation's messages are.
+    /// Where its conversation's messages are (hashing its key only for a conversation stored
+    /// before numbers).
     pub fn place(&self) -> Place {
-        Place::of(self.conversation_number, self.conversation())
+        match self.conversation_number {
+            Some(number) => Place::Numbered(number),
+            None => Place::Hashed(self.conversation()),
+        }
     }
 
     /// Leaves out of the record an artifact text that is the reply's (stored at `seq`): the
