@@ -9,7 +9,9 @@
 //! `"1.0"`), TOML-like values (numbers, booleans, `[a, b]`) for the others.
 
 use crate::history::{HistoryLimits, MAX_LIMIT};
-use crate::store::embedded::{DEFAULT_CHECKPOINT_EVERY, DEFAULT_SNAPSHOT_LOG_BYTES};
+use crate::store::embedded::{
+    DEFAULT_CHECKPOINT_EVERY, DEFAULT_COMPRESSION_LEVEL, DEFAULT_SNAPSHOT_LOG_BYTES,
+};
 use figment::providers::{Format, Serialized, Toml};
 use figment::value::{Dict, Map, Value as FigmentValue};
 use figment::{Figment, Metadata, Profile, Provider};
@@ -359,7 +361,7 @@ impl Default for StoreConfig {
             cache_bytes: 64 * 1024 * 1024,
             checkpoint_interval_ms: DEFAULT_CHECKPOINT_EVERY.as_millis() as u64,
             snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
-            compression_level: 3,
+            compression_level: DEFAULT_COMPRESSION_LEVEL,
         }
     }
 }

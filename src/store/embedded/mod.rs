@@ -16,7 +16,7 @@ mod writer;
 
 pub use kv::{KvBackend, KvOp};
 pub use ops::Existing;
-pub use sled_backend::{DEFAULT_SNAPSHOT_LOG_BYTES, SledBackend};
+pub use sled_backend::{DEFAULT_COMPRESSION_LEVEL, DEFAULT_SNAPSHOT_LOG_BYTES, SledBackend};
 pub use wal::DEFAULT_CHECKPOINT_EVERY;
 
 use super::{

@@ -49,8 +49,9 @@ const NOT_SLEDS: &[&str] = &["wal"];
 /// only when sled's background threads have finished with it, shortly after it is dropped.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 
-/// The zstd level of writes to a folder created compressed when none is configured.
-const DEFAULT_ZSTD_LEVEL: i32 = 3;
+/// `store.compression_level` by default, and the zstd level of writes to a folder created
+/// compressed when none is configured.
+pub const DEFAULT_COMPRESSION_LEVEL: u8 = 3;
 /// sled counts a cached page at its compressed size, so a compressed folder's cache holds
 /// several times its budget in memory: it gets this fraction of it.
 const COMPRESSED_CACHE_DIVISOR: u64 = 4;
@@ -66,7 +67,7 @@ impl SledBackend {
     /// keeps the one it was created with.
     pub fn open_with(path: &Path, cache_bytes: u64, zstd_level: Option<i32>) -> StoreResult<Self> {
         let level = match created_compressed(path)? {
-            Some(true) => Some(zstd_level.unwrap_or(DEFAULT_ZSTD_LEVEL)),
+            Some(true) => Some(zstd_level.unwrap_or(i32::from(DEFAULT_COMPRESSION_LEVEL))),
             Some(false) => {
                 if zstd_level.is_some() {
                     // Folders from before compression was the default: not a mistake to warn of.

@@ -11,7 +11,6 @@ use super::{
 
 use crate::*;
 
-
 #[cfg(feature = "compression")]
 thread_local! {
     static COMPRESSOR: std::cell::RefCell<zstd::block::Compressor> =
