@@ -11,6 +11,11 @@
 # server's RSS, the data folder's size and the bytes written to the device so far, each per
 # turn. Then it stops the server cleanly, restarts it twice on the same folder (time to /readyz),
 # and prints where the bytes went by record type (benches/store_bytes.rs).
+#
+# MEMORY_LIMIT_MB=768 runs the server in a cgroup of its own with that memory limit, as a
+# container would (needs root and a writable /sys/fs/cgroup, v1 or v2); the server reads the limit
+# at start and sizes its budgets from it. Each round then also prints the cgroup's memory use, and
+# the soak stops if the kernel killed the server for memory.
 source "$(dirname "$0")/common.sh"
 ROUNDS=${ROUNDS:-6}; SECS=${SECS:-30}; C=${C:-64}; TURNS=${TURNS:-5}; TEXT=${TEXT:-200}
 PORT=${PORT:-18161}
@@ -18,18 +23,39 @@ PORT=${PORT:-18161}
 STORE_BYTES=$(bench_bin store_bytes)
 WORK=${WORK:-$(mktemp -d)}
 PID=
-cleanup() { [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"; }
+CGROUP=
+if [ -n "${MEMORY_LIMIT_MB:-}" ]; then
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    CGROUP=/sys/fs/cgroup/colloquy-soak-$$; LIMIT_FILE=memory.max; USAGE_FILE=memory.current
+  else
+    CGROUP=/sys/fs/cgroup/memory/colloquy-soak-$$; LIMIT_FILE=memory.limit_in_bytes
+    USAGE_FILE=memory.usage_in_bytes
+  fi
+  mkdir "$CGROUP"
+  echo $(( MEMORY_LIMIT_MB * 1048576 )) > "$CGROUP/$LIMIT_FILE"
+fi
+cleanup() {
+  [ -n "$PID" ] && kill "$PID" 2>/dev/null; wait 2>/dev/null || true
+  [ -n "${KEEP:-}" ] || rm -rf "$WORK"
+  [ -z "$CGROUP" ] || rmdir "$CGROUP" 2>/dev/null || true
+}
 trap cleanup EXIT
 start() {
-  "$COLLOQUY" serve --listen 127.0.0.1:$PORT --data "$WORK/data" 2>>"$WORK/server.log" &
+  # The server joins the cgroup before it starts, so it finds the limit.
+  if [ -n "$CGROUP" ]; then
+    sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' _ "$CGROUP" \
+      "$COLLOQUY" serve --listen 127.0.0.1:$PORT --data "$WORK/data" 2>>"$WORK/server.log" &
+  else
+    "$COLLOQUY" serve --listen 127.0.0.1:$PORT --data "$WORK/data" 2>>"$WORK/server.log" &
+  fi
   PID=$!
 }
 start
 wait_ready $PORT 60
 total=0
 ROWS=$WORK/rounds.tsv; : > "$ROWS"
-echo "| round | turns | turns/s | p50 ms | p99 ms | RSS MB | on disk MB | disk B/turn | device writes B/turn |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| round | turns | turns/s | p50 ms | p99 ms | RSS MB | cgroup MB | on disk MB | disk B/turn | device writes B/turn |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for round in $(seq 1 "$ROUNDS"); do
   free_kb=$(df -Pk "$WORK" | awk 'NR == 2 {print $4}')
   if [ "$free_kb" -lt $(( ${MIN_FREE_GB:-5} * 1048576 )) ]; then
@@ -37,13 +63,20 @@ for round in $(seq 1 "$ROUNDS"); do
   fi
   R=$("$COLLOQUY" loadgen --url "http://127.0.0.1:$PORT/" --conversations "$C" --turns "$TURNS" \
       --text-bytes "$TEXT" --duration "$SECS" --timeout-secs 60 --json | tail -1)
+  if ! kill -0 "$PID" 2>/dev/null; then
+    echo "the server died in round $round:" \
+      "$(grep -h oom_kill "$CGROUP/memory.events" "$CGROUP/memory.oom_control" 2>/dev/null | tr '\n' ' ')"
+    PID=; exit 1
+  fi
+  cgroup=-
+  [ -z "$CGROUP" ] || cgroup=$(( $(cat "$CGROUP/$USAGE_FILE") / 1048576 ))
   ok=$(echo "$R" | jq .turns_ok)
   total=$((total + ok))
   disk=$(du -sb "$WORK/data" | cut -f1)
   written=$(awk '/^write_bytes/ {print $2}' /proc/$PID/io)
   echo "$R" | jq -r --argjson round "$round" --argjson total "$total" --argjson rss "$(rss_kb $PID)" \
-    --argjson disk "$disk" --argjson written "$written" \
-    '"| \($round) | \(.turns_ok) | \(.turns_per_s | floor) | \(.latency_ms.p50) | \(.latency_ms.p99) | \($rss / 1024 | floor) | \($disk / 1048576 | floor) | \($disk / $total | floor) | \($written / $total | floor) |"'
+    --argjson disk "$disk" --argjson written "$written" --arg cgroup "$cgroup" \
+    '"| \($round) | \(.turns_ok) | \(.turns_per_s | floor) | \(.latency_ms.p50) | \(.latency_ms.p99) | \($rss / 1024 | floor) | \($cgroup) | \($disk / 1048576 | floor) | \($disk / $total | floor) | \($written / $total | floor) |"'
   echo "$R" | jq -r '"\(.turns_per_s) \(.latency_ms.p99)"' >> "$ROWS"
 done
 awk -v secs="$SECS" '{ tps[NR] = $1; p99[NR] = $2 } END {

@@ -352,6 +352,7 @@ fn sled_options(store: &StoreConfig) -> SledOptions {
         checkpoint_every: Duration::from_millis(store.checkpoint_interval_ms),
         snapshot_log_bytes: store.snapshot_log_bytes,
         zstd_level: (store.compression_level > 0).then_some(i32::from(store.compression_level)),
+        leaf_fanout: store.leaf_fanout,
     }
 }
 

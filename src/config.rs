@@ -10,7 +10,8 @@
 
 use crate::history::{HistoryLimits, MAX_LIMIT};
 use crate::store::embedded::{
-    DEFAULT_CHECKPOINT_EVERY, DEFAULT_COMPRESSION_LEVEL, DEFAULT_SNAPSHOT_LOG_BYTES,
+    DEFAULT_CHECKPOINT_EVERY, DEFAULT_COMPRESSION_LEVEL, DEFAULT_LEAF_FANOUT,
+    DEFAULT_SNAPSHOT_LOG_BYTES, MAX_LEAF_FANOUT, MIN_LEAF_FANOUT,
 };
 use figment::providers::{Format, Serialized, Toml};
 use figment::value::{Dict, Map, Value as FigmentValue};
@@ -350,6 +351,9 @@ pub struct StoreConfig {
     /// 0: sled's pages are stored uncompressed; 1-22: with zstd at that level (default 3).
     /// Applies to data folders created with it (sled refuses to change it later).
     pub compression_level: u8,
+    /// Entries a leaf of sled's tree holds before it splits (at least 8). Larger: fewer pages,
+    /// so less memory for sled's page table and a faster start; each page rewrite is larger.
+    pub leaf_fanout: usize,
 }
 
 impl Default for StoreConfig {
@@ -362,6 +366,7 @@ impl Default for StoreConfig {
             checkpoint_interval_ms: DEFAULT_CHECKPOINT_EVERY.as_millis() as u64,
             snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
             compression_level: DEFAULT_COMPRESSION_LEVEL,
+            leaf_fanout: DEFAULT_LEAF_FANOUT,
         }
     }
 }
@@ -564,6 +569,12 @@ impl Config {
             return Err(ConfigError::Invalid(format!(
                 "store.compression_level is {}; use 0 (none) or a zstd level from 1 to 22",
                 self.store.compression_level
+            )));
+        }
+        if !(MIN_LEAF_FANOUT..=MAX_LEAF_FANOUT).contains(&self.store.leaf_fanout) {
+            return Err(ConfigError::Invalid(format!(
+                "store.leaf_fanout is {}; use {MIN_LEAF_FANOUT} to {MAX_LEAF_FANOUT} entries",
+                self.store.leaf_fanout
             )));
         }
         if let Some(url) = self.store.database_url()

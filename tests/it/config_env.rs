@@ -147,6 +147,12 @@ async fn an_unknown_key_in_a_file_or_a_bad_value_in_the_environment_still_stops_
             .await;
     assert!(stderr.contains("COLLOQUY_HISTORY__LIMIT"), "{stderr}");
 
+    // A value of the right type outside its range names the key and the range.
+    let stderr =
+        refused_start(serve_command(&listen, dir.path()).env("COLLOQUY_STORE__LEAF_FANOUT", "4"))
+            .await;
+    assert!(stderr.contains("store.leaf_fanout is 4"), "{stderr}");
+
     let stderr = refused_start(serve_command(&listen, dir.path()).arg("--no-such-flag")).await;
     assert!(stderr.contains("no-such-flag"), "{stderr}");
 }

@@ -2,10 +2,7 @@
 //! every store must do is in `store_conformance`; this is what is particular to sled's layout.
 
 use crate::store_conformance::store_turn;
-use colloquy::store::embedded::{
-    DEFAULT_CHECKPOINT_EVERY, DEFAULT_SNAPSHOT_LOG_BYTES, EmbeddedStore, KvBackend, KvOp,
-    SledBackend, SledOptions,
-};
+use colloquy::store::embedded::{EmbeddedStore, KvBackend, KvOp, SledBackend, SledOptions};
 use colloquy::store::{ConversationKey, ConversationStore, NAMESPACE_VERSION};
 use std::sync::Arc;
 
@@ -136,10 +133,8 @@ async fn acknowledged_writes_survive_reopening() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_folder_keeps_the_compression_it_was_created_with() {
     let options = |zstd_level| SledOptions {
-        cache_bytes: 1 << 20,
-        checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
-        snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
         zstd_level,
+        ..SledOptions::with_cache(1 << 20)
     };
     let text = "a reply worth compressing. ".repeat(100);
     for (created, reopened) in [(Some(3), None), (None, Some(3))] {

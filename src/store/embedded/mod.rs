@@ -16,7 +16,10 @@ mod writer;
 
 pub use kv::{KvBackend, KvOp};
 pub use ops::Existing;
-pub use sled_backend::{DEFAULT_COMPRESSION_LEVEL, DEFAULT_SNAPSHOT_LOG_BYTES, SledBackend};
+pub use sled_backend::{
+    DEFAULT_COMPRESSION_LEVEL, DEFAULT_LEAF_FANOUT, DEFAULT_SNAPSHOT_LOG_BYTES, MAX_LEAF_FANOUT,
+    MIN_LEAF_FANOUT, SledBackend,
+};
 pub use wal::DEFAULT_CHECKPOINT_EVERY;
 
 use super::{
@@ -44,6 +47,21 @@ pub struct SledOptions {
     pub snapshot_log_bytes: u64,
     /// zstd level for a folder created now (None: uncompressed); see [`SledBackend::open_with`].
     pub zstd_level: Option<i32>,
+    /// Entries a sled leaf holds before it splits: fewer, larger pages.
+    pub leaf_fanout: usize,
+}
+
+impl SledOptions {
+    /// The defaults, with a `cache_bytes` page cache and the folder uncompressed.
+    pub fn with_cache(cache_bytes: u64) -> Self {
+        SledOptions {
+            cache_bytes,
+            checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
+            snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
+            zstd_level: None,
+            leaf_fanout: DEFAULT_LEAF_FANOUT,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -58,23 +76,14 @@ pub struct EmbeddedStore {
 impl EmbeddedStore {
     /// sled in `path`, behind the write-ahead log in `path/wal`. Blocks (opening reads the disk).
     pub fn open(path: &Path, options: &SledOptions) -> StoreResult<Self> {
-        let sled = SledBackend::open_with(path, options.cache_bytes, options.zstd_level)?
-            .snapshot_after_log_bytes(options.snapshot_log_bytes);
+        let sled = SledBackend::open_with(path, options)?;
         let log = WalBackend::open(sled, &path.join("wal"), options.checkpoint_every)?;
         EmbeddedStore::over(Arc::new(log))
     }
 
     /// sled in `path` with a `cache_bytes` page cache and the default checkpoint interval.
     pub fn open_sled(path: &Path, cache_bytes: u64) -> StoreResult<Self> {
-        EmbeddedStore::open(
-            path,
-            &SledOptions {
-                cache_bytes,
-                checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
-                snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
-                zstd_level: None,
-            },
-        )
+        EmbeddedStore::open(path, &SledOptions::with_cache(cache_bytes))
     }
 
     /// The store over any ordered key-value backend, with its own store thread.

@@ -209,6 +209,9 @@ pub struct Inner {
     pub print_profile_on_drop: bool,
     #[doc(hidden)]
     pub idgen_persist_interval: u64,
+    /// colloquy: entries a leaf holds before it splits (sled: 16). Not stored in `conf`.
+    #[doc(hidden)]
+    pub leaf_fanout: usize,
     #[doc(hidden)]
     pub version: (usize, usize),
     tmp_path: PathBuf,
@@ -237,6 +240,7 @@ impl Default for Inner {
             print_profile_on_drop: false,
             flush_every_ms: Some(500),
             idgen_persist_interval: 1_000_000,
+            leaf_fanout: 16,
             global_error: Arc::new(Atomic::default()),
             #[cfg(feature = "event_log")]
             event_log: Arc::new(crate::event_log::EventLog::default()),
@@ -515,6 +519,11 @@ impl Config {
             print_profile_on_drop,
             bool,
             "print a performance profile when the Config is dropped"
+        ),
+        (
+            leaf_fanout,
+            usize,
+            "colloquy: entries a leaf holds before it splits (default 16, at least 4)"
         )
     );
 
@@ -545,6 +554,10 @@ impl Config {
         supported!(
             self.compression_factor <= 22,
             "compression_factor must be <= 22"
+        );
+        supported!(
+            self.leaf_fanout >= 8,
+            "leaf_fanout must be at least 8 (a split leaf must not be small enough to merge)"
         );
         supported!(
             self.idgen_persist_interval > 0,

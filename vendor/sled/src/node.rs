@@ -596,13 +596,14 @@ impl Node {
         }
     }
 
-    pub(crate) fn should_split(&self) -> bool {
+    pub(crate) fn should_split(&self, leaf_fanout: usize) -> bool {
         let threshold = if cfg!(any(test, feature = "lock_free_delays")) {
             2
         } else if self.data.is_index() {
             256
         } else {
-            16
+            // colloquy: configurable (`Config::leaf_fanout`), was 16.
+            leaf_fanout
         };
 
         let size_checks = self.data.len() > threshold;

@@ -1685,7 +1685,7 @@ impl Tree {
                 retry!();
             }
 
-            if view.should_split() {
+            if view.should_split(self.context.leaf_fanout) {
                 self.split_node(&view, &parent_view, root_pid, guard)?;
                 retry!();
             }
