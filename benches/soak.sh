@@ -41,13 +41,9 @@ cleanup() {
 }
 trap cleanup EXIT
 start() {
-  # The server joins the cgroup before it starts, so it finds the limit.
-  if [ -n "$CGROUP" ]; then
-    sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' _ "$CGROUP" \
-      "$COLLOQUY" serve --listen 127.0.0.1:$PORT --data "$WORK/data" 2>>"$WORK/server.log" &
-  else
+  # The server joins the cgroup (if any) before it starts, so it finds the limit.
+  sh -c '[ -z "$1" ] || echo $$ > "$1/cgroup.procs" || exit 1; shift; exec "$@"' _ "$CGROUP" \
     "$COLLOQUY" serve --listen 127.0.0.1:$PORT --data "$WORK/data" 2>>"$WORK/server.log" &
-  fi
   PID=$!
 }
 start
