@@ -21,7 +21,7 @@ ROUNDS=${ROUNDS:-6}; SECS=${SECS:-30}; C=${C:-64}; TURNS=${TURNS:-5}; TEXT=${TEX
 PORT=${PORT:-18161}
 [ "${SKIP_BUILD:-}" = 1 ] || { build; cargo bench --no-run --bench store_bytes >&2; }
 STORE_BYTES=$(bench_bin store_bytes)
-WORK=${WORK:-$(mktemp -d)}
+WORK=${WORK:-$(mktemp -d)}; mkdir -p "$WORK"
 PID=
 CGROUP=
 if [ -n "${MEMORY_LIMIT_MB:-}" ]; then

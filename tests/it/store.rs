@@ -170,6 +170,38 @@ fn snapshot_files(dir: &std::path::Path) -> Vec<String> {
     names
 }
 
+/// A clean stop writes sled's snapshot at its log's tip, so the next open has none of sled's
+/// log to replay (after a long run that replay, up to `store.snapshot_log_bytes`, was most of
+/// the first open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_leaves_a_snapshot_at_the_tip_of_sleds_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let at_open;
+    {
+        let store = EmbeddedStore::open_sled(dir.path(), 1 << 20).unwrap();
+        at_open = snapshot_files(dir.path());
+        for i in 0..50 {
+            store_turn(&store, "p", &format!("c{i}"), "some text", None).await;
+        }
+    }
+    // sled writes none when it creates a folder; one file, named by its log position in
+    // fixed-width hex (later sorts after).
+    let at_stop = snapshot_files(dir.path());
+    assert_eq!(at_stop.len(), 1, "{at_open:?} then {at_stop:?}");
+    assert!(
+        at_open.iter().all(|name| *name < at_stop[0]),
+        "{at_open:?} then {at_stop:?}"
+    );
+    let store = EmbeddedStore::open_sled(dir.path(), 1 << 20).unwrap();
+    for i in 0..50 {
+        let messages = store
+            .recent_messages(ConversationKey::new("p", &format!("c{i}")), 5)
+            .await
+            .unwrap();
+        assert_eq!(messages.len(), 1);
+    }
+}
+
 /// A snapshot a crash cut off while sled wrote it is not taken for one (sled took it, failed
 /// its checksum and refused to open the folder).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -35,5 +35,10 @@ pub trait KvBackend: Send + Sync + 'static {
     fn checkpointed(&self) -> StoreResult<()> {
         Ok(())
     }
+    /// Told after the last checkpoint of a clean stop, by the same thread: a moment to leave
+    /// the next open nothing of the backend's own to replay (sled writes a snapshot).
+    fn closing(&self) -> StoreResult<()> {
+        Ok(())
+    }
     fn size_on_disk(&self) -> StoreResult<u64>;
 }

@@ -274,8 +274,16 @@ impl<B: KvBackend> Shared<B> {
                 checkpoints.requested = false;
                 checkpoints.stop
             };
-            if let Err(e) = self.checkpoint() {
-                tracing::error!(error = %e, "store checkpoint failed; the log keeps everything since the last one");
+            match self.checkpoint() {
+                Err(e) => {
+                    tracing::error!(error = %e, "store checkpoint failed; the log keeps everything since the last one");
+                }
+                Ok(()) if stopping => {
+                    if let Err(e) = self.inner.closing() {
+                        tracing::warn!(error = %e, "the store's backend could not shorten its next open");
+                    }
+                }
+                Ok(()) => {}
             }
             let mut checkpoints = self.checkpoints.lock();
             checkpoints.completed += 1;
