@@ -58,12 +58,13 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "stopped before round $round: $((free_kb / 1048576)) GB left on the disk"; break
   fi
   R=$("$COLLOQUY" loadgen --url "http://127.0.0.1:$PORT/" --conversations "$C" --turns "$TURNS" \
-      --text-bytes "$TEXT" --duration "$SECS" --timeout-secs 60 --json | tail -1)
+      --text-bytes "$TEXT" --duration "$SECS" --timeout-secs 60 --json | tail -1) || R=
   if ! kill -0 "$PID" 2>/dev/null; then
     echo "the server died in round $round:" \
       "$(grep -h oom_kill "$CGROUP/memory.events" "$CGROUP/memory.oom_control" 2>/dev/null | tr '\n' ' ')"
     PID=; exit 1
   fi
+  [ -n "$R" ] || { echo "the load generator failed in round $round"; exit 1; }
   cgroup=-
   [ -z "$CGROUP" ] || cgroup=$(( $(cat "$CGROUP/$USAGE_FILE") / 1048576 ))
   ok=$(echo "$R" | jq .turns_ok)

@@ -12,7 +12,7 @@ use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, t
 use crate::push::deliver::DeliveryOptions;
 use crate::push::sign::{DEFAULT_KEY_FILE, Signer};
 use crate::push::{PushConfigs, TargetPolicy};
-use crate::store::embedded::{EmbeddedStore, SledOptions};
+use crate::store::embedded::{DEFAULT_MEMTABLE_BYTES, EmbeddedStore, SledOptions, WalLimits};
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::{ConversationStore, SharedPushStore, SharedStore, StoreError};
 use std::sync::Arc;
@@ -349,7 +349,10 @@ async fn start_engine(
 fn sled_options(store: &StoreConfig) -> SledOptions {
     SledOptions {
         cache_bytes: store.cache_bytes,
-        checkpoint_every: Duration::from_millis(store.checkpoint_interval_ms),
+        wal: WalLimits {
+            checkpoint_every: Duration::from_millis(store.checkpoint_interval_ms),
+            memtable_bytes: memtable_limit(crate::container::memory_limit()),
+        },
         snapshot_log_bytes: store.snapshot_log_bytes,
         zstd_level: (store.compression_level > 0).then_some(i32::from(store.compression_level)),
         leaf_fanout: store.leaf_fanout,
@@ -381,6 +384,20 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         response_bytes: config.limits.response_bytes,
         lease: lease_duration(config),
     }
+}
+
+/// The smallest memtable limit a container's memory lowers the write-ahead log's to: a quarter
+/// of it (an early checkpoint) still holds a few hundred turns.
+const MIN_MEMTABLE_BYTES: usize = 16 << 20;
+
+/// The write-ahead log's memtable limit: the default, or a sixteenth of the container's memory
+/// when that is less (with the table being moved into sled, an eighth at most).
+pub fn memtable_limit(container: Option<u64>) -> usize {
+    container.map_or(DEFAULT_MEMTABLE_BYTES, |limit| {
+        usize::try_from(limit / 16)
+            .unwrap_or(usize::MAX)
+            .clamp(MIN_MEMTABLE_BYTES, DEFAULT_MEMTABLE_BYTES)
+    })
 }
 
 /// What one resident conversation (its actor, mailbox and directory entry) costs in memory,
@@ -466,6 +483,22 @@ mod tests {
         );
         contexts.max_resident_bytes = 1;
         assert_eq!(resident_limit(&contexts, None), 1, "never zero");
+    }
+
+    #[test]
+    fn the_write_ahead_logs_memory_fits_the_container() {
+        assert_eq!(memtable_limit(None), DEFAULT_MEMTABLE_BYTES, "no container");
+        assert_eq!(memtable_limit(Some(512 << 20)), 32 << 20, "a sixteenth");
+        assert_eq!(
+            memtable_limit(Some(64 << 20)),
+            MIN_MEMTABLE_BYTES,
+            "not below"
+        );
+        assert_eq!(
+            memtable_limit(Some(64 << 30)),
+            DEFAULT_MEMTABLE_BYTES,
+            "not above"
+        );
     }
 
     /// Config keeps its own defaults (it does not depend on the engine); they must stay the

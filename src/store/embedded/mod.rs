@@ -20,7 +20,7 @@ pub use sled_backend::{
     DEFAULT_COMPRESSION_LEVEL, DEFAULT_LEAF_FANOUT, DEFAULT_SNAPSHOT_LOG_BYTES, MAX_LEAF_FANOUT,
     MIN_LEAF_FANOUT, SledBackend,
 };
-pub use wal::DEFAULT_CHECKPOINT_EVERY;
+pub use wal::{DEFAULT_CHECKPOINT_EVERY, DEFAULT_MEMTABLE_BYTES, WalLimits};
 
 use super::{
     BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationRecords,
@@ -41,8 +41,8 @@ use writer::GroupCommit;
 pub struct SledOptions {
     /// sled's page cache.
     pub cache_bytes: u64,
-    /// How often the write-ahead log's memtable moves into sled (and its log is deleted).
-    pub checkpoint_every: std::time::Duration,
+    /// How often the write-ahead log's memtable moves into sled, and how large it may grow.
+    pub wal: WalLimits,
     /// sled's log written between its recovery snapshots (see [`SledBackend`]).
     pub snapshot_log_bytes: u64,
     /// zstd level for a folder created now (None: uncompressed); see [`SledBackend::open_with`].
@@ -56,7 +56,7 @@ impl SledOptions {
     pub fn with_cache(cache_bytes: u64) -> Self {
         SledOptions {
             cache_bytes,
-            checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
+            wal: WalLimits::default(),
             snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
             zstd_level: None,
             leaf_fanout: DEFAULT_LEAF_FANOUT,
@@ -77,7 +77,7 @@ impl EmbeddedStore {
     /// sled in `path`, behind the write-ahead log in `path/wal`. Blocks (opening reads the disk).
     pub fn open(path: &Path, options: &SledOptions) -> StoreResult<Self> {
         let sled = SledBackend::open_with(path, options)?;
-        let log = WalBackend::open(sled, &path.join("wal"), options.checkpoint_every)?;
+        let log = WalBackend::open(sled, &path.join("wal"), options.wal)?;
         EmbeddedStore::over(Arc::new(log))
     }
 

@@ -40,12 +40,38 @@ pub const APPLIED_KEY: &[u8] = b"zwal-applied";
 /// How often the memtable moves into the inner backend, unless configured. Bounds both the
 /// memtable and the log replayed at start-up after a crash to about this much writing.
 pub const DEFAULT_CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+/// The memtable size that makes writers wait for a checkpoint, unless configured.
+pub const DEFAULT_MEMTABLE_BYTES: usize = 256 << 20;
 /// Writes handed to the inner backend at a time when checkpointing.
 const INNER_BATCH_OPS: usize = 128;
-/// A memtable this large starts a checkpoint early...
-const MEMTABLE_SOFT_LIMIT: usize = 64 << 20;
-/// ...and one this large makes writers wait for it (the inner backend is not keeping up).
-const MEMTABLE_HARD_LIMIT: usize = 256 << 20;
+/// A memtable past this share of [`WalLimits::memtable_bytes`] starts a checkpoint early.
+const EARLY_CHECKPOINT_DIVISOR: usize = 4;
+
+/// How much the log holds in memory, and for how long.
+#[derive(Clone, Copy, Debug)]
+pub struct WalLimits {
+    /// How often the memtable moves into the inner backend.
+    pub checkpoint_every: Duration,
+    /// A memtable this large makes writers wait for a checkpoint (the inner backend is not
+    /// keeping up); a quarter of it starts one early. With the frozen table being moved, the
+    /// log holds at most about twice this in memory.
+    pub memtable_bytes: usize,
+}
+
+impl Default for WalLimits {
+    fn default() -> Self {
+        WalLimits {
+            checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
+            memtable_bytes: DEFAULT_MEMTABLE_BYTES,
+        }
+    }
+}
+
+impl WalLimits {
+    fn early_checkpoint_bytes(&self) -> usize {
+        self.memtable_bytes / EARLY_CHECKPOINT_DIVISOR
+    }
+}
 
 pub struct WalBackend<B: KvBackend> {
     shared: Arc<Shared<B>>,
@@ -62,7 +88,7 @@ struct Shared<B> {
     /// Set when a log write or sync failed: nothing more is acknowledged or checkpointed.
     log_failed: AtomicBool,
     checkpoints: Mutex<Checkpoints>,
-    checkpoint_every: Duration,
+    limits: WalLimits,
     checkpoint_wake: Condvar,
     checkpoint_done: Condvar,
 }
@@ -90,11 +116,10 @@ struct Checkpoints {
 }
 
 impl<B: KvBackend> WalBackend<B> {
-    /// Opens the log in `dir` over `inner`, replaying what the inner backend missed; a
-    /// checkpoint runs every `checkpoint_every`.
-    pub fn open(inner: B, dir: &Path, checkpoint_every: Duration) -> StoreResult<Self> {
+    /// Opens the log in `dir` over `inner`, replaying what the inner backend missed.
+    pub fn open(inner: B, dir: &Path, limits: WalLimits) -> StoreResult<Self> {
         log::create_dir(dir)?;
-        let last_seq = recover(&inner, dir)?;
+        let last_seq = recover(&inner, dir, limits.early_checkpoint_bytes())?;
         let segments = SegmentFiles::create(dir, last_seq)?;
         // The replayed segments are in the inner backend once it is flushed.
         inner.flush()?;
@@ -110,7 +135,7 @@ impl<B: KvBackend> WalBackend<B> {
             segments: Mutex::new(segments),
             log_failed: AtomicBool::new(false),
             checkpoints: Mutex::new(Checkpoints::default()),
-            checkpoint_every,
+            limits,
             checkpoint_wake: Condvar::new(),
             checkpoint_done: Condvar::new(),
         });
@@ -152,7 +177,7 @@ impl<B: KvBackend> Shared<B> {
     fn apply(&self, mut ops: Vec<KvOp>) -> StoreResult<()> {
         self.ensure_log_ok()?;
         log::ensure_loggable(&ops)?;
-        if self.tables.read().active.bytes() > MEMTABLE_SOFT_LIMIT {
+        if self.tables.read().active.bytes() > self.limits.early_checkpoint_bytes() {
             self.wait_for_room();
         }
         let mut pending = self.pending.lock();
@@ -173,7 +198,7 @@ impl<B: KvBackend> Shared<B> {
         let mut checkpoints = self.checkpoints.lock();
         checkpoints.requested = true;
         self.checkpoint_wake.notify_one();
-        while self.tables.read().active.bytes() > MEMTABLE_HARD_LIMIT && !checkpoints.stop {
+        while self.tables.read().active.bytes() > self.limits.memtable_bytes && !checkpoints.stop {
             let seen = checkpoints.completed;
             while checkpoints.completed == seen && !checkpoints.stop {
                 self.checkpoint_done.wait(&mut checkpoints);
@@ -269,7 +294,7 @@ impl<B: KvBackend> Shared<B> {
                 let mut checkpoints = self.checkpoints.lock();
                 if !checkpoints.requested && !checkpoints.stop {
                     self.checkpoint_wake
-                        .wait_for(&mut checkpoints, self.checkpoint_every);
+                        .wait_for(&mut checkpoints, self.limits.checkpoint_every);
                 }
                 checkpoints.requested = false;
                 checkpoints.stop
@@ -372,8 +397,9 @@ fn move_into<B: KvBackend>(inner: &B, table: &Memtable, covered: u64) -> StoreRe
     Ok(moved)
 }
 
-/// Replays logged batches newer than the inner backend's; returns the last sequence number.
-fn recover<B: KvBackend>(inner: &B, dir: &Path) -> StoreResult<u64> {
+/// Replays logged batches newer than the inner backend's, moving them in whenever
+/// `table_bytes` have collected; returns the last sequence number.
+fn recover<B: KvBackend>(inner: &B, dir: &Path, table_bytes: usize) -> StoreResult<u64> {
     let applied = match inner.get(APPLIED_KEY)? {
         Some(bytes) => u64::from_le_bytes(
             bytes
@@ -396,7 +422,7 @@ fn recover<B: KvBackend>(inner: &B, dir: &Path) -> StoreResult<u64> {
             last_seq = seq;
             replayed += 1;
             // As much memory as a running server's memtable at most.
-            if table.bytes() > MEMTABLE_SOFT_LIMIT {
+            if table.bytes() > table_bytes {
                 move_into(inner, &std::mem::take(&mut table), last_seq)?;
             }
         }

@@ -64,7 +64,7 @@ fn replays_logged_batches_the_inner_store_missed_and_stops_at_a_torn_record() {
         &[(3, vec![put("b", "3"), KvOp::Delete(b"a".to_vec())])],
         true,
     );
-    let backend = WalBackend::open(sled_at(dir.path()), &wal, DEFAULT_CHECKPOINT_EVERY).unwrap();
+    let backend = WalBackend::open(sled_at(dir.path()), &wal, WalLimits::default()).unwrap();
     assert_eq!(
         value(&backend, "a"),
         None,
@@ -107,7 +107,7 @@ fn an_inner_store_ahead_of_the_log_is_not_rolled_back() {
         &[(4, vec![put("a", "4")]), (5, vec![put("a", "5")])],
         false,
     );
-    let backend = WalBackend::open(sled_at(dir.path()), &wal, DEFAULT_CHECKPOINT_EVERY).unwrap();
+    let backend = WalBackend::open(sled_at(dir.path()), &wal, WalLimits::default()).unwrap();
     assert_eq!(value(&backend, "a").as_deref(), Some("6"));
     backend.apply(vec![put("a", "7")]).unwrap();
     assert_eq!(backend.shared.pending.lock().last_seq, 7);
@@ -117,7 +117,7 @@ fn an_inner_store_ahead_of_the_log_is_not_rolled_back() {
 fn acknowledged_writes_survive_when_only_the_log_has_them() {
     let dir = tempfile::tempdir().unwrap();
     let wal = dir.path().join("wal");
-    let backend = WalBackend::open(sled_at(dir.path()), &wal, DEFAULT_CHECKPOINT_EVERY).unwrap();
+    let backend = WalBackend::open(sled_at(dir.path()), &wal, WalLimits::default()).unwrap();
     for i in 0..50 {
         backend
             .apply(vec![put(&format!("k{i:02}"), &i.to_string())])
@@ -130,12 +130,8 @@ fn acknowledged_writes_survive_when_only_the_log_has_them() {
     let crashed_wal = crashed.path().join("wal");
     fs::create_dir_all(&crashed_wal).unwrap();
     fs::write(segment_path(&crashed_wal, 0), segment).unwrap();
-    let reopened = WalBackend::open(
-        sled_at(crashed.path()),
-        &crashed_wal,
-        DEFAULT_CHECKPOINT_EVERY,
-    )
-    .unwrap();
+    let reopened =
+        WalBackend::open(sled_at(crashed.path()), &crashed_wal, WalLimits::default()).unwrap();
     for i in 0..50 {
         assert_eq!(value(&reopened, &format!("k{i:02}")), Some(i.to_string()));
     }
@@ -147,7 +143,7 @@ fn reads_merge_the_memtable_over_the_store_before_and_after_a_checkpoint() {
     let backend = WalBackend::open(
         sled_at(dir.path()),
         &dir.path().join("wal"),
-        DEFAULT_CHECKPOINT_EVERY,
+        WalLimits::default(),
     )
     .unwrap();
     backend
@@ -190,7 +186,7 @@ fn reads_merge_the_memtable_over_the_store_before_and_after_a_checkpoint() {
     let reopened = WalBackend::open(
         sled_at(dir.path()),
         &dir.path().join("wal"),
-        DEFAULT_CHECKPOINT_EVERY,
+        WalLimits::default(),
     )
     .unwrap();
     expect(&reopened);
@@ -202,7 +198,7 @@ fn a_checkpoint_does_not_wait_for_a_reader_and_the_reader_keeps_its_view() {
     let backend = WalBackend::open(
         sled_at(dir.path()),
         &dir.path().join("wal"),
-        DEFAULT_CHECKPOINT_EVERY,
+        WalLimits::default(),
     )
     .unwrap();
     backend.apply(vec![put("a", "1"), put("b", "1")]).unwrap();
@@ -229,7 +225,7 @@ fn after_a_failed_log_write_nothing_more_is_acknowledged_or_checkpointed() {
     let backend = WalBackend::open(
         sled_at(dir.path()),
         &dir.path().join("wal"),
-        DEFAULT_CHECKPOINT_EVERY,
+        WalLimits::default(),
     )
     .unwrap();
     backend.apply(vec![put("k", "v")]).unwrap();
@@ -257,6 +253,31 @@ fn a_damaged_record_before_later_segments_refuses_to_open() {
     let wal = dir.path().join("wal");
     write_segment(&wal, 0, &[(1, vec![put("a", "1")])], true);
     write_segment(&wal, 1, &[(2, vec![put("b", "2")])], false);
-    let opened = WalBackend::open(sled_at(dir.path()), &wal, DEFAULT_CHECKPOINT_EVERY);
+    let opened = WalBackend::open(sled_at(dir.path()), &wal, WalLimits::default());
     assert!(matches!(opened, Err(StoreError::Corrupt(_))));
+}
+
+/// Writers wait for a checkpoint once the memtable holds its limit, so the log's memory is
+/// what it was given (a container's share), whatever the load; nothing is lost by waiting.
+#[test]
+fn the_memtable_stays_within_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    // No timed checkpoints: only the limit starts them.
+    let limits = WalLimits {
+        checkpoint_every: Duration::from_secs(3600),
+        memtable_bytes: 64 << 10,
+    };
+    let backend = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal"), limits).unwrap();
+    let text = "v".repeat(1024);
+    let mut largest = 0;
+    for i in 0..1_000 {
+        backend
+            .apply(vec![put(&format!("k{i:04}"), &text)])
+            .unwrap();
+        largest = largest.max(backend.shared.tables.read().active.bytes());
+    }
+    // At most one batch past the limit: the one that found it full.
+    assert!(largest <= limits.memtable_bytes + 4096, "largest {largest}");
+    assert_eq!(keys(&backend, false).len(), 1_000);
+    assert_eq!(value(&backend, "k0999").as_deref(), Some(text.as_str()));
 }
