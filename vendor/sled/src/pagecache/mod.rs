@@ -2094,7 +2094,12 @@ impl PageCache {
 
             trace!("load_snapshot pid {} {:?}", pid, state);
 
-            let mut cache_infos = Vec::default();
+            // colloquy: sized exactly. Grown by pushes, every page's list had room for 4 or
+            // more (192 bytes for one fragment), held for as long as sled runs.
+            let mut cache_infos = Vec::with_capacity(match *state {
+                PageState::Present { ref frags, .. } => 1 + frags.len(),
+                _ => 1,
+            });
 
             let guard = pin();
 
