@@ -389,12 +389,15 @@ pub fn engine_config(config: &Config) -> EngineConfig {
 /// The smallest memtable limit a container's memory lowers the write-ahead log's to: a quarter
 /// of it (an early checkpoint) still holds a few hundred turns.
 const MIN_MEMTABLE_BYTES: usize = 16 << 20;
+/// The share of a container's memory a memtable may hold: with the table being moved into
+/// sled beside it, the log holds at most twice that.
+const CONTAINER_SHARE_PER_MEMTABLE: u64 = 16;
 
 /// The write-ahead log's memtable limit: the default, or a sixteenth of the container's memory
-/// when that is less (with the table being moved into sled, an eighth at most).
+/// when that is less.
 pub fn memtable_limit(container: Option<u64>) -> usize {
     container.map_or(DEFAULT_MEMTABLE_BYTES, |limit| {
-        usize::try_from(limit / 16)
+        usize::try_from(limit / CONTAINER_SHARE_PER_MEMTABLE)
             .unwrap_or(usize::MAX)
             .clamp(MIN_MEMTABLE_BYTES, DEFAULT_MEMTABLE_BYTES)
     })

@@ -6,11 +6,15 @@ use crate::protocol::Method;
 use metrics::{KeyName, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0,
 ];
+
+/// How often histogram samples are folded into their buckets.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// The process-wide recorder (installed once; later servers in the same process share it).
 pub fn recorder() -> PrometheusHandle {
@@ -25,9 +29,27 @@ pub fn recorder() -> PrometheusHandle {
             // Fails only if another recorder is installed (a host embedding us); keep our handle anyway.
             let _ = metrics::set_global_recorder(recorder);
             describe();
+            start_upkeep(handle.clone());
             handle
         })
         .clone()
+}
+
+/// The recorder keeps every histogram sample until something folds them into buckets, which
+/// only a scrape did: a server nobody scraped grew by about 50 bytes a turn (8 million turns,
+/// 400 MB). A thread of its own, since the recorder outlives any runtime.
+fn start_upkeep(handle: PrometheusHandle) {
+    let started = std::thread::Builder::new()
+        .name("colloquy-metrics-upkeep".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_EVERY);
+                handle.run_upkeep();
+            }
+        });
+    if let Err(e) = started {
+        tracing::warn!(error = %e, "cannot start the metrics upkeep thread; histograms are folded at each scrape only");
+    }
 }
 
 #[derive(Clone, Copy)]
