@@ -170,6 +170,25 @@ fn snapshot_files(dir: &std::path::Path) -> Vec<String> {
     names
 }
 
+/// One turn in each of fifty conversations, as the snapshot tests leave a folder.
+async fn store_fifty_turns(store: &EmbeddedStore) {
+    for i in 0..50 {
+        store_turn(store, "p", &format!("c{i}"), "some text", None).await;
+    }
+}
+
+/// What [`store_fifty_turns`] wrote, read back whole.
+async fn assert_fifty_turns_read_back(store: &EmbeddedStore) {
+    for i in 0..50 {
+        let messages = store
+            .recent_messages(ConversationKey::new("p", &format!("c{i}")), 5)
+            .await
+            .unwrap();
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages[0].text(), "some text");
+    }
+}
+
 /// A clean stop writes sled's snapshot at its log's tip, so the next open has none of sled's
 /// log to replay (after a long run that replay, up to `store.snapshot_log_bytes`, was most of
 /// the first open).
@@ -180,9 +199,7 @@ async fn a_clean_stop_leaves_a_snapshot_at_the_tip_of_sleds_log() {
     {
         let store = EmbeddedStore::open_sled(dir.path(), 1 << 20).unwrap();
         at_open = snapshot_files(dir.path());
-        for i in 0..50 {
-            store_turn(&store, "p", &format!("c{i}"), "some text", None).await;
-        }
+        store_fifty_turns(&store).await;
     }
     // sled writes none when it creates a folder; one file, named by its log position in
     // fixed-width hex (later sorts after).
@@ -193,13 +210,7 @@ async fn a_clean_stop_leaves_a_snapshot_at_the_tip_of_sleds_log() {
         "{at_open:?} then {at_stop:?}"
     );
     let store = EmbeddedStore::open_sled(dir.path(), 1 << 20).unwrap();
-    for i in 0..50 {
-        let messages = store
-            .recent_messages(ConversationKey::new("p", &format!("c{i}")), 5)
-            .await
-            .unwrap();
-        assert_eq!(messages.len(), 1);
-    }
+    assert_fifty_turns_read_back(&store).await;
 }
 
 /// A snapshot a crash cut off while sled wrote it is not taken for one (sled took it, failed
@@ -209,9 +220,7 @@ async fn a_snapshot_cut_off_while_written_is_ignored() {
     let dir = tempfile::tempdir().unwrap();
     {
         let store = EmbeddedStore::open_sled(dir.path(), 1 << 20).unwrap();
-        for i in 0..50 {
-            store_turn(&store, "p", &format!("c{i}"), "some text", None).await;
-        }
+        store_fifty_turns(&store).await;
     }
     // What a crash in the middle of writing a newer snapshot leaves.
     std::fs::write(
@@ -226,12 +235,5 @@ async fn a_snapshot_cut_off_while_written_is_ignored() {
             .any(|name| !name.ends_with(".generating")),
         "sled recovered from its own snapshot"
     );
-    for i in 0..50 {
-        let messages = store
-            .recent_messages(ConversationKey::new("p", &format!("c{i}")), 5)
-            .await
-            .unwrap();
-        assert_eq!(messages.len(), 1);
-        assert_eq!(messages[0].text(), "some text");
-    }
+    assert_fifty_turns_read_back(&store).await;
 }
