@@ -1,6 +1,7 @@
 //! What the container (cgroup) this process runs in allows it.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// The memory limit of this process's cgroup in bytes, if it has one: the lowest `memory.max`
 /// (cgroup v2) or `memory.limit_in_bytes` (v1) of its cgroup and the cgroups above it. None when
@@ -9,9 +10,15 @@ use std::path::{Path, PathBuf};
 /// The cgroup is found through `/proc/self/cgroup`: in a container with its own cgroup namespace
 /// that is the root of `/sys/fs/cgroup`, but a systemd unit's `MemoryMax=` or a cgroup made by
 /// hand is a folder below it.
+///
+/// Read once per process: every budget sized from it at start (resident conversations, the
+/// write-ahead log's tables) sees the same limit.
 pub fn memory_limit() -> Option<u64> {
-    let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    lowest_limit(&membership, |path| std::fs::read_to_string(path).ok())
+    static LIMIT: OnceLock<Option<u64>> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        lowest_limit(&membership, |path| std::fs::read_to_string(path).ok())
+    })
 }
 
 /// The lowest limit among the files `limit_files` names that `read` finds.
