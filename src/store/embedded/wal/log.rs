@@ -29,32 +29,24 @@ pub(super) struct SegmentFiles {
 }
 
 impl SegmentFiles {
-    /// Starts a new segment after every existing one.
+    /// Starts a new segment after every existing one. The existing ones hold batches up to
+    /// `last_seq` at most; [`SegmentFiles::remove_covered`] deletes them once the inner store
+    /// has those.
     pub(super) fn create(dir: &Path, last_seq: u64) -> StoreResult<Self> {
-        let segment = list_segments(dir)?.last().map_or(0, |(n, _)| n + 1);
+        let closed: Vec<(u64, u64)> = list_segments(dir)?
+            .into_iter()
+            .map(|(segment, _)| (segment, last_seq))
+            .collect();
+        let segment = closed.last().map_or(0, |(n, _)| n + 1);
         Ok(SegmentFiles {
             dir: dir.to_owned(),
             file: create_segment(dir, segment)?,
             segment,
             bytes: 0,
             last_seq,
-            closed: Vec::new(),
+            closed,
             failed: None,
         })
-    }
-
-    /// Deletes the segments older than the current one (their records are in the inner store,
-    /// durably: the caller flushed it).
-    pub(super) fn remove_older(&self) -> StoreResult<()> {
-        for (n, path) in list_segments(&self.dir)? {
-            if n < self.segment {
-                remove(&path);
-            }
-        }
-        // A deleted segment that came back after a power cut could end in a torn record, and
-        // records in a later segment would then look like damage: the deletions must be durable
-        // before anything new is acknowledged.
-        sync_dir(&self.dir)
     }
 
     /// Writes encoded records ending at `last_seq` and syncs them.
@@ -133,14 +125,17 @@ impl SegmentFiles {
 /// Every complete record in `dir`'s segments, oldest first, to `visit`. The log ends at the
 /// first torn or corrupt record (a write cut off by a crash, never acknowledged); any record
 /// after it means damage to acknowledged data, and opening stops there rather than skip it.
+/// A torn record is cut off its segment (durably), so that segments written after it, before
+/// this one is deleted, do not look like damage at the next open.
 pub(super) fn read_all(
     dir: &Path,
     mut visit: impl FnMut(u64, Vec<KvOp>) -> StoreResult<()>,
 ) -> StoreResult<()> {
-    let mut ended_at: Option<PathBuf> = None;
+    // The segment that ends in a torn record, and the length of its whole records.
+    let mut ended_at: Option<(PathBuf, usize)> = None;
     for (_, path) in list_segments(dir)? {
         let bytes = fs::read(&path).map_err(|e| io_error("reading", &path, e))?;
-        if let Some(torn) = &ended_at {
+        if let Some((torn, _)) = &ended_at {
             if !bytes.is_empty() {
                 return Err(StoreError::Corrupt(format!(
                     "write-ahead log: {} has a damaged record but the later {} holds records; \
@@ -155,14 +150,28 @@ pub(super) fn read_all(
         while !rest.is_empty() {
             let Some((seq, ops, tail)) = decode_record(rest) else {
                 tracing::warn!(segment = %path.display(), "write-ahead log ends in a torn record; it was never acknowledged");
-                ended_at = Some(path.clone());
+                ended_at = Some((path.clone(), bytes.len() - rest.len()));
                 break;
             };
             rest = tail;
             visit(seq, ops)?;
         }
     }
-    Ok(())
+    match ended_at {
+        Some((path, whole)) => cut_torn_tail(&path, whole as u64),
+        None => Ok(()),
+    }
+}
+
+fn cut_torn_tail(path: &Path, whole: u64) -> StoreResult<()> {
+    OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|file| {
+            file.set_len(whole)?;
+            file.sync_data()
+        })
+        .map_err(|e| io_error("cutting a torn record off", path, e))
 }
 
 /// A record stores lengths as u32.

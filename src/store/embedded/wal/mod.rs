@@ -116,17 +116,26 @@ struct Checkpoints {
 }
 
 impl<B: KvBackend> WalBackend<B> {
-    /// Opens the log in `dir` over `inner`, replaying what the inner backend missed.
+    /// Opens the log in `dir` over `inner`. What the inner backend missed is read back into
+    /// memory as a frozen memtable, which the first checkpoint moves in: reads find it at once,
+    /// and the server is ready without waiting for the inner backend's slow writes.
     pub fn open(inner: B, dir: &Path, limits: WalLimits) -> StoreResult<Self> {
         log::create_dir(dir)?;
-        let last_seq = recover(&inner, dir, limits.early_checkpoint_bytes())?;
-        let segments = SegmentFiles::create(dir, last_seq)?;
-        // The replayed segments are in the inner backend once it is flushed.
-        inner.flush()?;
-        segments.remove_older()?;
+        let (last_seq, replayed) = recover(&inner, dir, limits.memtable_bytes)?;
+        // The old segments stay until the replayed batches are durable in the inner backend.
+        let mut segments = SegmentFiles::create(dir, last_seq)?;
+        let frozen = if replayed.is_empty() {
+            segments.remove_covered(last_seq);
+            None
+        } else {
+            Some((Arc::new(replayed), last_seq))
+        };
         let shared = Arc::new(Shared {
             inner,
-            tables: RwLock::default(),
+            tables: RwLock::new(Tables {
+                active: Arc::default(),
+                frozen,
+            }),
             pending: Mutex::new(Pending {
                 buffer: Vec::new(),
                 spare: Vec::new(),
@@ -240,14 +249,14 @@ impl<B: KvBackend> Shared<B> {
         written
     }
 
-    /// Moves the frozen memtable (freezing the active one first if none is) into the inner
-    /// backend and deletes the log segments it then covers.
+    /// Moves every logged batch into the inner backend and deletes the log segments that then
+    /// hold nothing it lacks.
     fn checkpoint(&self) -> StoreResult<()> {
         // A cut that may not be wholly logged must never reach the inner backend.
         self.ensure_log_ok()?;
-        if self.tables.read().frozen.is_none() {
-            self.freeze()?;
-        }
+        // A table still frozen (replayed at open, or left by a failed checkpoint) goes first.
+        self.drain_frozen()?;
+        self.freeze()?;
         self.drain_frozen()
     }
 
@@ -397,9 +406,14 @@ fn move_into<B: KvBackend>(inner: &B, table: &Memtable, covered: u64) -> StoreRe
     Ok(moved)
 }
 
-/// Replays logged batches newer than the inner backend's, moving them in whenever
-/// `table_bytes` have collected; returns the last sequence number.
-fn recover<B: KvBackend>(inner: &B, dir: &Path, table_bytes: usize) -> StoreResult<u64> {
+/// Reads back the logged batches newer than the inner backend's position into a memtable,
+/// moving them in whenever the table passes `table_bytes` (a running server's memtable limit).
+/// Returns the last logged sequence number and the table.
+fn recover<B: KvBackend>(
+    inner: &B,
+    dir: &Path,
+    table_bytes: usize,
+) -> StoreResult<(u64, Memtable)> {
     let applied = match inner.get(APPLIED_KEY)? {
         Some(bytes) => u64::from_le_bytes(
             bytes
@@ -409,10 +423,10 @@ fn recover<B: KvBackend>(inner: &B, dir: &Path, table_bytes: usize) -> StoreResu
         ),
         None => 0,
     };
+    let started = Instant::now();
     let mut last_seq = applied;
     let mut replayed = 0u64;
-    // Collected as a checkpoint would, so a key written by many batches is written once (a
-    // batch at a time, sled took longer to replay a crash's log than the server to write it).
+    // Collected as a checkpoint would, so a key written by many batches is written once.
     let mut table = Memtable::default();
     log::read_all(dir, |seq, mut ops| {
         if seq > last_seq {
@@ -421,7 +435,6 @@ fn recover<B: KvBackend>(inner: &B, dir: &Path, table_bytes: usize) -> StoreResu
             table.insert(ops);
             last_seq = seq;
             replayed += 1;
-            // As much memory as a running server's memtable at most.
             if table.bytes() > table_bytes {
                 move_into(inner, &std::mem::take(&mut table), last_seq)?;
             }
@@ -429,13 +442,13 @@ fn recover<B: KvBackend>(inner: &B, dir: &Path, table_bytes: usize) -> StoreResu
         Ok(())
     })?;
     if replayed > 0 {
-        move_into(inner, &table, last_seq)?;
         tracing::info!(
             batches = replayed,
-            "replayed the write-ahead log into the store"
+            elapsed = ?started.elapsed(),
+            "replayed the write-ahead log into memory; the first checkpoint moves it into the store"
         );
     }
-    Ok(last_seq)
+    Ok((last_seq, table))
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@ use super::log::{encode_record, list_segments, segment_path};
 use super::*;
 use crate::store::embedded::sled_backend::SledBackend;
 use std::fs;
+use std::path::PathBuf;
 
 fn put(key: &str, value: &str) -> KvOp {
     KvOp::Put(key.as_bytes().to_vec(), value.as_bytes().to_vec())
@@ -47,11 +48,19 @@ fn write_segment(dir: &Path, segment: u64, records: &[(u64, Vec<KvOp>)], torn_ta
     fs::write(segment_path(dir, segment), bytes).unwrap();
 }
 
-#[test]
-fn replays_logged_batches_the_inner_store_missed_and_stops_at_a_torn_record() {
-    let dir = tempfile::tempdir().unwrap();
-    let wal = dir.path().join("wal");
-    sled_holding(dir.path(), put("a", "1"), 1);
+/// Checkpoints only when asked to (or at a stop): a test sees the log before it is moved.
+fn no_periodic_checkpoints() -> WalLimits {
+    WalLimits {
+        checkpoint_every: Duration::from_secs(3600),
+        ..WalLimits::default()
+    }
+}
+
+/// The log of a crash: segment 3 holds batches 1 and 2 (the store, at 1, has the first), and
+/// segment 4 batch 3 and a torn record.
+fn crashed_log(dir: &Path) -> PathBuf {
+    let wal = dir.join("wal");
+    sled_holding(dir, put("a", "1"), 1);
     write_segment(
         &wal,
         3,
@@ -64,7 +73,18 @@ fn replays_logged_batches_the_inner_store_missed_and_stops_at_a_torn_record() {
         &[(3, vec![put("b", "3"), KvOp::Delete(b"a".to_vec())])],
         true,
     );
-    let backend = WalBackend::open(sled_at(dir.path()), &wal, WalLimits::default()).unwrap();
+    wal
+}
+
+fn segments(wal: &Path) -> Vec<u64> {
+    list_segments(wal).unwrap().iter().map(|s| s.0).collect()
+}
+
+#[test]
+fn replays_logged_batches_the_inner_store_missed_and_stops_at_a_torn_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = crashed_log(dir.path());
+    let backend = WalBackend::open(sled_at(dir.path()), &wal, no_periodic_checkpoints()).unwrap();
     assert_eq!(
         value(&backend, "a"),
         None,
@@ -78,8 +98,13 @@ fn replays_logged_batches_the_inner_store_missed_and_stops_at_a_torn_record() {
     );
     assert_eq!(
         backend.shared.inner.get(APPLIED_KEY).unwrap(),
-        Some(3u64.to_le_bytes().to_vec()),
-        "the replay's position is the last batch replayed, not any batch's own"
+        Some(1u64.to_le_bytes().to_vec()),
+        "opening leaves the replayed batches to the first checkpoint"
+    );
+    assert_eq!(
+        segments(&wal),
+        vec![3, 4, 5],
+        "kept until the store has them"
     );
     backend.apply(vec![put("c", "4")]).unwrap();
     backend.flush().unwrap();
@@ -88,12 +113,41 @@ fn replays_logged_batches_the_inner_store_missed_and_stops_at_a_torn_record() {
         4,
         "numbering continues"
     );
-    let segments: Vec<u64> = list_segments(&wal).unwrap().iter().map(|s| s.0).collect();
+    drop(backend);
     assert_eq!(
-        segments,
-        vec![5],
+        sled_at(dir.path()).get(APPLIED_KEY).unwrap(),
+        Some(4u64.to_le_bytes().to_vec()),
+        "the stop's checkpoint moved the replayed batches and the new one"
+    );
+    assert_eq!(
+        segments(&wal),
+        vec![6],
         "replayed segments are deleted once the store has them"
     );
+}
+
+#[test]
+fn a_crash_before_the_replayed_log_reaches_the_store_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = crashed_log(dir.path());
+    let backend = WalBackend::open(sled_at(dir.path()), &wal, no_periodic_checkpoints()).unwrap();
+    backend.apply(vec![put("c", "4")]).unwrap();
+    backend.flush().unwrap();
+    // What a crash now leaves: the store as opening found it, the old segments (the torn
+    // record cut off) and the new one after them.
+    let crashed = tempfile::tempdir().unwrap();
+    let crashed_wal = crashed.path().join("wal");
+    sled_holding(crashed.path(), put("a", "1"), 1);
+    fs::create_dir_all(&crashed_wal).unwrap();
+    for (segment, path) in list_segments(&wal).unwrap() {
+        fs::copy(path, segment_path(&crashed_wal, segment)).unwrap();
+    }
+    let reopened =
+        WalBackend::open(sled_at(crashed.path()), &crashed_wal, WalLimits::default()).unwrap();
+    assert_eq!(value(&reopened, "a"), None);
+    assert_eq!(value(&reopened, "b").as_deref(), Some("3"));
+    assert_eq!(value(&reopened, "c").as_deref(), Some("4"));
+    assert_eq!(value(&reopened, "torn"), None);
 }
 
 #[test]
