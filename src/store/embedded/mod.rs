@@ -76,8 +76,16 @@ pub struct EmbeddedStore {
 impl EmbeddedStore {
     /// sled in `path`, behind the write-ahead log in `path/wal`. Blocks (opening reads the disk).
     pub fn open(path: &Path, options: &SledOptions) -> StoreResult<Self> {
+        let started = std::time::Instant::now();
         let sled = SledBackend::open_with(path, options)?;
+        let sled_opened = started.elapsed();
         let log = WalBackend::open(sled, &path.join("wal"), options.wal)?;
+        tracing::info!(
+            folder = %path.display(),
+            sled = ?sled_opened,
+            total = ?started.elapsed(),
+            "opened the data folder"
+        );
         EmbeddedStore::over(Arc::new(log))
     }
 

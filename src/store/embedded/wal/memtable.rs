@@ -36,12 +36,8 @@ pub(super) struct Memtable {
 impl Memtable {
     pub(super) fn insert(&self, ops: Vec<KvOp>) {
         for op in ops {
-            let (key, value) = match op {
-                KvOp::Put(key, value) => (key, Some(value)),
-                KvOp::Delete(key) => (key, None),
-            };
-            self.bytes
-                .fetch_add(key.len() + value.as_ref().map_or(0, Vec::len) + 64, Relaxed);
+            let (key, value) = split(op);
+            self.bytes.fetch_add(entry_bytes(&key, &value), Relaxed);
             self.map.insert(key, value);
         }
     }
@@ -66,6 +62,52 @@ impl Memtable {
             None => KvOp::Delete(entry.key().clone()),
         })
     }
+}
+
+/// Writes gathered by one thread (replaying the log) into a memtable built in key order at
+/// the end: a skiplist filled in key order finds each place in cache, several times faster
+/// than filling it in log order.
+#[derive(Default)]
+pub(super) struct Collecting {
+    map: std::collections::BTreeMap<Vec<u8>, Slot>,
+    bytes: usize,
+}
+
+impl Collecting {
+    pub(super) fn insert(&mut self, ops: Vec<KvOp>) {
+        for op in ops {
+            let (key, value) = split(op);
+            self.bytes += entry_bytes(&key, &value);
+            self.map.insert(key, value);
+        }
+    }
+
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub(super) fn into_memtable(self) -> Memtable {
+        let table = Memtable {
+            map: SkipMap::new(),
+            bytes: AtomicUsize::new(self.bytes),
+        };
+        for (key, value) in self.map {
+            table.map.insert(key, value);
+        }
+        table
+    }
+}
+
+fn split(op: KvOp) -> (Vec<u8>, Slot) {
+    match op {
+        KvOp::Put(key, value) => (key, Some(value)),
+        KvOp::Delete(key) => (key, None),
+    }
+}
+
+/// What [`Memtable::bytes`] counts for a write.
+fn entry_bytes(key: &[u8], value: &Slot) -> usize {
+    key.len() + value.as_ref().map_or(0, Vec::len) + 64
 }
 
 /// `table`'s entries in range merged over `under`; `table` wins on equal keys.

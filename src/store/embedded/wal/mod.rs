@@ -427,7 +427,7 @@ fn recover<B: KvBackend>(
     let mut last_seq = applied;
     let mut replayed = 0u64;
     // Collected as a checkpoint would, so a key written by many batches is written once.
-    let mut table = Memtable::default();
+    let mut table = memtable::Collecting::default();
     log::read_all(dir, |seq, mut ops| {
         if seq > last_seq {
             // The position is written last, once the writes are durable.
@@ -436,11 +436,12 @@ fn recover<B: KvBackend>(
             last_seq = seq;
             replayed += 1;
             if table.bytes() > table_bytes {
-                move_into(inner, &std::mem::take(&mut table), last_seq)?;
+                move_into(inner, &std::mem::take(&mut table).into_memtable(), last_seq)?;
             }
         }
         Ok(())
     })?;
+    let table = table.into_memtable();
     if replayed > 0 {
         tracing::info!(
             batches = replayed,

@@ -1,7 +1,7 @@
 use std::{collections::BTreeMap, io};
 
 use super::{
-    pread_exact_or_eof, read_message, read_segment_header, BasedBuf, DiskPtr,
+    pread_exact_or_eof, read_message_as, read_segment_header, BasedBuf, DiskPtr,
     LogKind, LogOffset, LogRead, Lsn, SegmentHeader, SegmentNumber,
     MAX_MSG_HEADER_LEN, SEG_HEADER_LEN,
 };
@@ -74,11 +74,13 @@ impl Iterator for LogIter {
                     / u64::try_from(self.config.segment_size).unwrap(),
             );
 
-            match read_message(
+            // colloquy change 8: only where each message is, not its contents, is kept.
+            match read_message_as(
                 &**segment_base,
                 lid,
                 expected_segment_number,
                 &self.config,
+                false,
             ) {
                 Ok(LogRead::Blob(header, _buf, blob_ptr, inline_len)) => {
                     trace!("read blob flush in LogIter::next");

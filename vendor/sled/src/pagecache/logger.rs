@@ -719,6 +719,19 @@ pub(crate) fn read_message<R: ReadAt>(
     expected_segment_number: SegmentNumber,
     config: &Config,
 ) -> Result<LogRead> {
+    read_message_as(file, lid, expected_segment_number, config, true)
+}
+
+/// colloquy change 8: as `read_message`, but an inline message's contents are left compressed
+/// unless `decompress`. Recovery's log scan (`LogIter`) checks each message and keeps only
+/// where it is; decompressing every page it passes was most of an open after a crash.
+pub(crate) fn read_message_as<R: ReadAt>(
+    file: &R,
+    lid: LogOffset,
+    expected_segment_number: SegmentNumber,
+    config: &Config,
+    decompress: bool,
+) -> Result<LogRead> {
     let _measure = Measure::new(&M.read);
     let segment_len = config.segment_size;
     let seg_start = lid / segment_len as LogOffset * segment_len as LogOffset;
@@ -842,7 +855,7 @@ pub(crate) fn read_message<R: ReadAt>(
         | MessageKind::Free
         | MessageKind::Counter => {
             trace!("read a successful inline message");
-            let buf = if config.use_compression {
+            let buf = if config.use_compression && decompress {
                 maybe_decompress(buf)?
             } else {
                 buf

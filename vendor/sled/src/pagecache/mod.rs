@@ -49,7 +49,7 @@ use self::{
 
 pub(crate) use self::{
     logger::{
-        read_message, read_segment_header, MessageHeader, SegmentHeader,
+        read_message, read_message_as, read_segment_header, MessageHeader, SegmentHeader,
         SegmentNumber,
     },
     reservation::Reservation,
