@@ -24,6 +24,8 @@ pub struct StartTurn {
     /// Validated, its contextId set.
     pub message: Message,
     pub task_id: Option<String>,
+    /// The contextId was minted for this message (see [`crate::store::BeginTurn`]).
+    pub new_context: bool,
     pub when: When,
     /// Push-notification configs stored with the task's start.
     pub push_configs: Vec<crate::model::PushConfig>,
@@ -155,6 +157,7 @@ impl ContextActor {
             message,
             task_id,
             continuing,
+            new_context: start.new_context,
             push_configs: start.push_configs,
             stop,
             when: match start.when {

@@ -152,6 +152,7 @@ impl Engine {
         when: When,
     ) -> EngineResult<Answer> {
         let (mut message, push_configs) = message.into_parts();
+        let new_context = message.task_id.is_none() && message.context_id.is_none();
         let context_id = match message.task_id.clone() {
             Some(task_id) => {
                 self.context_of_task(principal, &task_id, message.context_id.as_deref())
@@ -165,6 +166,7 @@ impl Engine {
         let start = StartTurn {
             message,
             task_id,
+            new_context,
             when,
             push_configs,
         };

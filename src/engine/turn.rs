@@ -150,6 +150,7 @@ pub(super) struct TurnRequest {
     pub message: Message,
     pub task_id: String,
     pub continuing: bool,
+    pub new_context: bool,
     pub push_configs: Vec<crate::model::PushConfig>,
     pub stop: oneshot::Receiver<StopReason>,
     pub when: AnswerWhen,
@@ -255,6 +256,7 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
         message,
         task_id,
         continuing,
+        new_context,
         push_configs,
         stop,
         when,
@@ -268,6 +270,7 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
         message,
         task_id,
         continuing,
+        new_context,
         history_limit: limits.limit,
         push_configs,
     };

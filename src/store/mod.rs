@@ -183,6 +183,9 @@ pub struct BeginTurn {
     pub task_id: String,
     /// `task_id` names a stored task waiting for input, which this message answers.
     pub continuing: bool,
+    /// The server minted `context_id` for this message (the caller sent none): no stored
+    /// conversation can have it, and the store need not look.
+    pub new_context: bool,
     /// How many of the conversation's latest messages to return for the agent's history.
     pub history_limit: usize,
     /// Push-notification configs of the task, stored with the start (their task id is set

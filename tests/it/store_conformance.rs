@@ -94,6 +94,7 @@ pub fn begin_request(principal: &str, context_id: &str, text: &str) -> BeginTurn
         message,
         task_id,
         continuing: false,
+        new_context: false,
         history_limit: 200,
         push_configs: Vec::new(),
     }

@@ -46,7 +46,14 @@ impl LiveTurns {
 pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResult<TurnBegun> {
     let keys = Keys::new(&turn.principal, &turn.context_id);
     let key = keys.conversation;
-    let stored = records.conversation(&key)?;
+    // A minted contextId is in no stored conversation: looking would page in a leaf of the
+    // conversations' hashed keys, at random, on the store thread (most of what a turn's cost
+    // grew by as the store grew).
+    let stored = if turn.new_context {
+        None
+    } else {
+        records.conversation(&key)?
+    };
     let mut batch = WriteBatch::new();
     let mut conversation = match &stored {
         Some(stored) => stored.clone(),
