@@ -163,18 +163,20 @@ impl Node {
         true
     }
 
-    pub(crate) fn split(mut self) -> (Node, Node) {
+    /// colloquy change 9: `key` is the key whose traversal found the node too big (see
+    /// `leaf_split_point`).
+    pub(crate) fn split(mut self, key: &[u8]) -> (Node, Node) {
         fn split_inner<T>(
             keys: &mut Vec<IVec>,
             values: &mut Vec<T>,
             old_prefix: &[u8],
             old_hi: &[u8],
             suffix_truncation: bool,
+            split_point: usize,
         ) -> (IVec, u8, Vec<IVec>, Vec<T>)
         where
             T: Clone + Ord,
         {
-            let split_point = keys.len() / 2 + 1;
             let right_keys = keys.split_off(split_point);
             let right_values = values.split_off(split_point);
             let right_min = &right_keys[0];
@@ -241,6 +243,8 @@ impl Node {
             )
         }
 
+        let middle = self.data.len() / 2 + 1;
+        let leaf_split_point = self.leaf_split_point(key);
         let prefixed_lo = &self.lo[..self.prefix_len as usize];
         let prefixed_hi = &self.hi;
         let (split, right_prefix_len, right_data) = match self.data {
@@ -252,6 +256,7 @@ impl Node {
                         prefixed_lo,
                         prefixed_hi,
                         false,
+                        middle,
                     );
 
                 (
@@ -271,6 +276,7 @@ impl Node {
                         prefixed_lo,
                         prefixed_hi,
                         true,
+                        leaf_split_point,
                     );
 
                 (
@@ -593,6 +599,36 @@ impl Node {
             let encoded_key = IVec::from(&key[self.prefix_len as usize..]);
             let encoded_val = None;
             (encoded_key, encoded_val)
+        }
+    }
+
+    /// colloquy change 9: where a full leaf splits: where `key` (the write that filled it,
+    /// as a rule) goes, kept at least an eighth of the leaf from either end, instead of the
+    /// middle. Keys written in order (colloquy's messages, tasks and their indexes, under
+    /// numbers and time-ordered ids) all go to the end of the last leaf, or all to the start
+    /// of one; a split in the middle left every leaf behind them half full for good, and
+    /// rewrote twice as many pages. Split at the write, they stay seven eighths full. A key
+    /// already in the leaf, or outside its bounds, splits it in the middle as before.
+    fn leaf_split_point(&self, key: &[u8]) -> usize {
+        let len = self.data.len();
+        let middle = len / 2 + 1;
+        let leaf = match self.data.leaf_ref() {
+            Some(leaf) => leaf,
+            None => return middle,
+        };
+        let in_bounds = key >= self.lo.as_ref()
+            && (self.hi.is_empty() || key < self.hi.as_ref());
+        if !in_bounds {
+            return middle;
+        }
+        let suffix = &key[self.prefix_len as usize..];
+        match leaf.keys.binary_search_by(|k| fastcmp(k, suffix)) {
+            Ok(_) => middle,
+            Err(at) => {
+                // Both sides stay above the size at which sled merges a leaf (4).
+                let edge = (len / 8).max(4);
+                at.max(edge).min(len - edge)
+            }
         }
     }
 

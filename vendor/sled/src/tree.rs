@@ -807,6 +807,12 @@ impl Tree {
         self.context.pagecache.write_live_snapshot()
     }
 
+    /// colloquy change 9: how many page ids sled has handed out in this folder (the high-water
+    /// mark: a page freed by a merge keeps its id for reuse), for tests that count pages.
+    pub fn pages_allocated(&self) -> u64 {
+        *self.context.pagecache.next_pid_to_allocate.lock()
+    }
+
     /// colloquy: how far sled's log is written and stable, in bytes of log since the folder
     /// was created. Between two readings lies what an open after the later one would replay,
     /// were no snapshot written in between.
@@ -1467,11 +1473,12 @@ impl Tree {
         view: &View<'g>,
         parent_view: &Option<View<'g>>,
         root_pid: PageId,
+        key: &[u8],
         guard: &'g Guard,
     ) -> Result<()> {
         trace!("splitting node {}", view.pid);
-        // split node
-        let (mut lhs, rhs) = view.deref().clone().split();
+        // split node (colloquy change 9: at the key being written, for a leaf)
+        let (mut lhs, rhs) = view.deref().clone().split(key);
         let rhs_lo = rhs.lo.clone();
 
         // install right side
@@ -1686,7 +1693,7 @@ impl Tree {
             }
 
             if view.should_split(self.context.leaf_fanout) {
-                self.split_node(&view, &parent_view, root_pid, guard)?;
+                self.split_node(&view, &parent_view, root_pid, key.as_ref(), guard)?;
                 retry!();
             }
 

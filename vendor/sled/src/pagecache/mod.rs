@@ -525,7 +525,7 @@ impl Page {
 pub struct PageCache {
     pub(crate) config: RunningConfig,
     inner: PageTable,
-    next_pid_to_allocate: Mutex<PageId>,
+    pub(crate) next_pid_to_allocate: Mutex<PageId>,
     free: Arc<Mutex<BinaryHeap<PageId>>>,
     #[doc(hidden)]
     pub log: Log,
