@@ -197,6 +197,9 @@ impl Default for HistoryConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct ContextsConfig {
     /// A conversation's actor stops after this many idle seconds (its state stays on disk).
+    /// An idle actor holds nothing the store does not (every turn reads its conversation from
+    /// the store) and starting one costs microseconds, while a large idle population costs
+    /// memory and turns/s (docs/performance.md, session 11): hence a short default.
     pub idle_timeout_secs: u64,
     /// Arbiter threads hosting conversation actors (0 = one per core).
     pub arbiters: usize,
@@ -210,7 +213,7 @@ pub struct ContextsConfig {
 impl Default for ContextsConfig {
     fn default() -> Self {
         ContextsConfig {
-            idle_timeout_secs: 300,
+            idle_timeout_secs: 30,
             arbiters: 0,
             max_resident: 1_000_000,
             max_resident_bytes: 0,

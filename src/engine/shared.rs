@@ -45,7 +45,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             history: HistoryLimits::default(),
-            idle_timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(30),
             agent_timeout: Duration::from_secs(600),
             subscriber_buffer: 1024,
             arbiters: std::thread::available_parallelism().map_or(2, |n| n.get()),

@@ -624,11 +624,12 @@ impl Node {
         let suffix = &key[self.prefix_len as usize..];
         match leaf.keys.binary_search_by(|k| fastcmp(k, suffix)) {
             Ok(_) => middle,
-            Err(at) => {
-                // Both sides stay above the size at which sled merges a leaf (4).
+            // Both sides stay above the size at which sled merges a leaf (4).
+            Err(at) if len >= 2 * 4 + 1 => {
                 let edge = (len / 8).max(4);
                 at.max(edge).min(len - edge)
             }
+            Err(_) => middle,
         }
     }
 
