@@ -244,7 +244,7 @@ impl Node {
         }
 
         let middle = self.data.len() / 2 + 1;
-        let leaf_split_point = self.leaf_split_point(key);
+        let leaf_split_point = self.leaf_split_point(key).unwrap_or(middle);
         let prefixed_lo = &self.lo[..self.prefix_len as usize];
         let prefixed_hi = &self.hi;
         let (split, right_prefix_len, right_data) = match self.data {
@@ -608,29 +608,21 @@ impl Node {
     /// numbers and time-ordered ids) all go to the end of the last leaf, or all to the start
     /// of one; a split in the middle left every leaf behind them half full for good, and
     /// rewrote twice as many pages. Split at the write, they stay seven eighths full. A key
-    /// already in the leaf, or outside its bounds, splits it in the middle as before.
-    fn leaf_split_point(&self, key: &[u8]) -> usize {
+    /// already in the leaf, or outside its bounds, splits it in the middle as before (`None`).
+    fn leaf_split_point(&self, key: &[u8]) -> Option<usize> {
+        // Both sides keep at least the 4 entries below which sled merges a leaf.
+        const MIN_SIDE: usize = 4;
         let len = self.data.len();
-        let middle = len / 2 + 1;
-        let leaf = match self.data.leaf_ref() {
-            Some(leaf) => leaf,
-            None => return middle,
-        };
+        let leaf = self.data.leaf_ref()?;
         let in_bounds = key >= self.lo.as_ref()
             && (self.hi.is_empty() || key < self.hi.as_ref());
-        if !in_bounds {
-            return middle;
+        if !in_bounds || len < 2 * MIN_SIDE + 1 {
+            return None;
         }
         let suffix = &key[self.prefix_len as usize..];
-        match leaf.keys.binary_search_by(|k| fastcmp(k, suffix)) {
-            Ok(_) => middle,
-            // Both sides stay above the size at which sled merges a leaf (4).
-            Err(at) if len >= 2 * 4 + 1 => {
-                let edge = (len / 8).max(4);
-                at.max(edge).min(len - edge)
-            }
-            Err(_) => middle,
-        }
+        let at = leaf.keys.binary_search_by(|k| fastcmp(k, suffix)).err()?;
+        let edge = (len / 8).max(MIN_SIDE);
+        Some(at.max(edge).min(len - edge))
     }
 
     pub(crate) fn should_split(&self, leaf_fanout: usize) -> bool {
