@@ -356,6 +356,7 @@ fn sled_options(store: &StoreConfig) -> SledOptions {
         snapshot_log_bytes: store.snapshot_log_bytes,
         zstd_level: (store.compression_level > 0).then_some(i32::from(store.compression_level)),
         leaf_fanout: store.leaf_fanout,
+        segment_cleanup_percent: store.segment_cleanup_percent,
     }
 }
 

@@ -11,7 +11,8 @@
 use crate::history::{HistoryLimits, MAX_LIMIT};
 use crate::store::embedded::{
     DEFAULT_CHECKPOINT_EVERY, DEFAULT_COMPRESSION_LEVEL, DEFAULT_LEAF_FANOUT,
-    DEFAULT_SNAPSHOT_LOG_BYTES, MAX_LEAF_FANOUT, MIN_LEAF_FANOUT,
+    DEFAULT_SEGMENT_CLEANUP_PERCENT, DEFAULT_SNAPSHOT_LOG_BYTES, MAX_LEAF_FANOUT, MIN_LEAF_FANOUT,
+    SEGMENT_CLEANUP_PERCENTS,
 };
 use figment::providers::{Format, Serialized, Toml};
 use figment::value::{Dict, Map, Value as FigmentValue};
@@ -357,6 +358,9 @@ pub struct StoreConfig {
     /// Entries a leaf of sled's tree holds before it splits (at least 8). Larger: fewer pages,
     /// so less memory for sled's page table and a faster start; each page rewrite is larger.
     pub leaf_fanout: usize,
+    /// sled cleans a segment (rewrites its live pages elsewhere, then reuses it) once its live
+    /// bytes fall to this percentage of it: lower takes more disk and less rewriting.
+    pub segment_cleanup_percent: usize,
 }
 
 impl Default for StoreConfig {
@@ -370,6 +374,7 @@ impl Default for StoreConfig {
             snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
             compression_level: DEFAULT_COMPRESSION_LEVEL,
             leaf_fanout: DEFAULT_LEAF_FANOUT,
+            segment_cleanup_percent: DEFAULT_SEGMENT_CLEANUP_PERCENT,
         }
     }
 }
@@ -578,6 +583,14 @@ impl Config {
             return Err(ConfigError::Invalid(format!(
                 "store.leaf_fanout is {}; use {MIN_LEAF_FANOUT} to {MAX_LEAF_FANOUT} entries",
                 self.store.leaf_fanout
+            )));
+        }
+        if !SEGMENT_CLEANUP_PERCENTS.contains(&self.store.segment_cleanup_percent) {
+            return Err(ConfigError::Invalid(format!(
+                "store.segment_cleanup_percent is {}; use {} to {}",
+                self.store.segment_cleanup_percent,
+                SEGMENT_CLEANUP_PERCENTS.start(),
+                SEGMENT_CLEANUP_PERCENTS.end()
             )));
         }
         if let Some(url) = self.store.database_url()

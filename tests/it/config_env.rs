@@ -152,6 +152,14 @@ async fn an_unknown_key_in_a_file_or_a_bad_value_in_the_environment_still_stops_
         refused_start(serve_command(&listen, dir.path()).env("COLLOQUY_STORE__LEAF_FANOUT", "4"))
             .await;
     assert!(stderr.contains("store.leaf_fanout is 4"), "{stderr}");
+    let stderr = refused_start(
+        serve_command(&listen, dir.path()).env("COLLOQUY_STORE__SEGMENT_CLEANUP_PERCENT", "95"),
+    )
+    .await;
+    assert!(
+        stderr.contains("store.segment_cleanup_percent is 95; use 10 to 90"),
+        "{stderr}"
+    );
 
     let stderr = refused_start(serve_command(&listen, dir.path()).arg("--no-such-flag")).await;
     assert!(stderr.contains("no-such-flag"), "{stderr}");

@@ -17,8 +17,9 @@ mod writer;
 pub use kv::{KvBackend, KvOp};
 pub use ops::Existing;
 pub use sled_backend::{
-    DEFAULT_COMPRESSION_LEVEL, DEFAULT_LEAF_FANOUT, DEFAULT_SNAPSHOT_LOG_BYTES, MAX_LEAF_FANOUT,
-    MIN_LEAF_FANOUT, SledBackend,
+    DEFAULT_COMPRESSION_LEVEL, DEFAULT_LEAF_FANOUT, DEFAULT_SEGMENT_CLEANUP_PERCENT,
+    DEFAULT_SNAPSHOT_LOG_BYTES, MAX_LEAF_FANOUT, MIN_LEAF_FANOUT, SEGMENT_CLEANUP_PERCENTS,
+    SledBackend,
 };
 pub use wal::{DEFAULT_CHECKPOINT_EVERY, DEFAULT_MEMTABLE_BYTES, WalLimits};
 
@@ -49,6 +50,8 @@ pub struct SledOptions {
     pub zstd_level: Option<i32>,
     /// Entries a sled leaf holds before it splits: fewer, larger pages.
     pub leaf_fanout: usize,
+    /// Live share (percent) at or below which sled cleans a segment: less disk, more rewriting.
+    pub segment_cleanup_percent: usize,
 }
 
 impl SledOptions {
@@ -60,6 +63,7 @@ impl SledOptions {
             snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
             zstd_level: None,
             leaf_fanout: DEFAULT_LEAF_FANOUT,
+            segment_cleanup_percent: DEFAULT_SEGMENT_CLEANUP_PERCENT,
         }
     }
 }

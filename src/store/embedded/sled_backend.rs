@@ -60,6 +60,16 @@ pub const MIN_LEAF_FANOUT: usize = 8;
 /// nothing above 128 was measured.
 pub const MAX_LEAF_FANOUT: usize = 1024;
 
+/// `store.segment_cleanup_percent` by default. sled rewrites the live pages of a segment that
+/// has fallen to this share of live bytes, so its space can be reused; sled's own 50 kept the
+/// checkpoint thread relocating pages a fifth of its time. 25 cost more disk (still a third of
+/// the 1,500 bytes a turn allowed) for more turns/s that fell less as the folder grew
+/// (docs/performance.md, session 12).
+pub const DEFAULT_SEGMENT_CLEANUP_PERCENT: usize = 25;
+/// Bounds against a mistyped value: the folder can grow to about 100 / percent times its live
+/// data, and near 100 every segment is rewritten as soon as anything in it changes.
+pub const SEGMENT_CLEANUP_PERCENTS: std::ops::RangeInclusive<usize> = 10..=90;
+
 /// `store.compression_level` by default, and the zstd level of writes to a folder created
 /// compressed when none is configured.
 pub const DEFAULT_COMPRESSION_LEVEL: u8 = 3;
@@ -101,6 +111,7 @@ impl SledBackend {
             .path(path)
             .cache_capacity(cache_bytes)
             .leaf_fanout(options.leaf_fanout)
+            .segment_cleanup_threshold(options.segment_cleanup_percent)
             .flush_every_ms(None);
         if let Some(level) = level {
             config = config

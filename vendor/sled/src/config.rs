@@ -212,6 +212,10 @@ pub struct Inner {
     /// colloquy: entries a leaf holds before it splits (sled: 16). Not stored in `conf`.
     #[doc(hidden)]
     pub leaf_fanout: usize,
+    /// colloquy: a segment whose live bytes fall to this percentage of it is cleaned (its live
+    /// pages rewritten elsewhere, the segment reused) (sled: 50). Not stored in `conf`.
+    #[doc(hidden)]
+    pub segment_cleanup_threshold: usize,
     #[doc(hidden)]
     pub version: (usize, usize),
     tmp_path: PathBuf,
@@ -241,6 +245,7 @@ impl Default for Inner {
             flush_every_ms: Some(500),
             idgen_persist_interval: 1_000_000,
             leaf_fanout: 16,
+            segment_cleanup_threshold: 50,
             global_error: Arc::new(Atomic::default()),
             #[cfg(feature = "event_log")]
             event_log: Arc::new(crate::event_log::EventLog::default()),
@@ -364,15 +369,6 @@ impl Config {
         note = "this does nothing for now. maybe it will come back in the future."
     )]
     pub const fn segment_cleanup_skew(self, _: usize) -> Self {
-        self
-    }
-
-    #[doc(hidden)]
-    #[deprecated(
-        since = "0.31.0",
-        note = "this does nothing for now. maybe it will come back in the future."
-    )]
-    pub const fn segment_cleanup_threshold(self, _: u8) -> Self {
         self
     }
 
@@ -523,7 +519,12 @@ impl Config {
         (
             leaf_fanout,
             usize,
-            "colloquy: entries a leaf holds before it splits (default 16, at least 4)"
+            "colloquy: entries a leaf holds before it splits (default 16, at least 8)"
+        ),
+        (
+            segment_cleanup_threshold,
+            usize,
+            "colloquy: live percentage at or below which a segment is cleaned (default 50)"
         )
     );
 
@@ -558,6 +559,10 @@ impl Config {
         supported!(
             self.leaf_fanout >= 8,
             "leaf_fanout must be at least 8 (a split leaf must not be small enough to merge)"
+        );
+        supported!(
+            (1..=99).contains(&self.segment_cleanup_threshold),
+            "segment_cleanup_threshold must be a percentage from 1 to 99"
         );
         supported!(
             self.idgen_persist_interval > 0,

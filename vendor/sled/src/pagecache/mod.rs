@@ -38,7 +38,7 @@ use self::{
     blob_io::{gc_blobs, read_blob, remove_blob, write_blob},
     constants::{
         BATCH_MANIFEST_PID, COUNTER_PID, META_PID,
-        PAGE_CONSOLIDATION_THRESHOLD, SEGMENT_CLEANUP_THRESHOLD,
+        PAGE_CONSOLIDATION_THRESHOLD,
     },
     header::Header,
     iobuf::{roll_iobuf, IoBuf, IoBufs},

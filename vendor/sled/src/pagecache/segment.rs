@@ -834,7 +834,8 @@ impl SegmentAccountant {
         idx: usize,
         lsn: Lsn,
     ) -> Result<()> {
-        let cleanup_threshold = SEGMENT_CLEANUP_THRESHOLD;
+        // colloquy change 10: a setting, not the constant 50.
+        let cleanup_threshold = self.config.segment_cleanup_threshold;
 
         let segment_start = (idx * self.config.segment_size) as LogOffset;
 
@@ -964,7 +965,8 @@ impl SegmentAccountant {
             self.segments.iter().filter(|s| s.is_inactive()).count();
         let free_ratio = (free_segs * 100) / (1 + free_segs + inactive_segs);
 
-        if free_ratio >= SEGMENT_CLEANUP_THRESHOLD && inactive_segs > 5 {
+        // colloquy change 10: the same setting.
+        if free_ratio >= self.config.segment_cleanup_threshold && inactive_segs > 5 {
             let last_index =
                 self.segments.iter().rposition(Segment::is_inactive).unwrap();
 
