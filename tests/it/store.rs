@@ -281,7 +281,7 @@ fn sled_leaves_split_where_they_are_written() {
 /// sled change 10 (`store.segment_cleanup_percent`): the share of live bytes at which sled
 /// cleans a segment decides how much of its file is old versions. Keys written in order leave
 /// every segment about a third live (the finished leaves; the versions of the leaf being written
-/// are dead): cleaned at 10% live, no segment is ever cleaned; at 90%, they all are (71 MB
+/// are dead): cleaned at 10% live, no segment is ever cleaned; at 90%, they are (71 MB
 /// against about 38 MB for 20 MB of values, when written).
 #[test]
 fn sled_cleans_segments_at_the_configured_live_share() {
