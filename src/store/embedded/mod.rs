@@ -50,7 +50,8 @@ pub struct SledOptions {
     pub zstd_level: Option<i32>,
     /// Entries a sled leaf holds before it splits: fewer, larger pages.
     pub leaf_fanout: usize,
-    /// Live share (percent) at or below which sled cleans a segment: less disk, more rewriting.
+    /// Live share (percent) at or below which sled cleans a segment: higher takes less disk
+    /// and more rewriting.
     pub segment_cleanup_percent: usize,
 }
 

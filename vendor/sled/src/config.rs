@@ -213,7 +213,8 @@ pub struct Inner {
     #[doc(hidden)]
     pub leaf_fanout: usize,
     /// colloquy: a segment whose live bytes fall to this percentage of it is cleaned (its live
-    /// pages rewritten elsewhere, the segment reused) (sled: 50). Not stored in `conf`.
+    /// pages rewritten elsewhere, the segment reused), and once this percentage of segments is
+    /// free the file's tip is moved down (sled: 50 for both). Not stored in `conf`.
     #[doc(hidden)]
     pub segment_cleanup_threshold: usize,
     #[doc(hidden)]
