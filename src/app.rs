@@ -28,6 +28,8 @@ pub enum StartError {
     #[error("opening the store at {path}: {error}")]
     Store { path: String, error: String },
     #[error(transparent)]
+    Invalid(#[from] crate::config::ConfigError),
+    #[error(transparent)]
     Serve(#[from] ServeError),
 }
 
@@ -38,6 +40,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     crate::telemetry::register_series(agent.kind());
     let auth = load_auth(&config)?;
     check_cluster_secret(&config)?;
+    let proxies = crate::http::TrustedProxies::new(config.trusted_proxies()?);
     let opened = open_store_async(&config).await?;
     let store = opened.store;
     if opened.database.is_some() {
@@ -82,6 +85,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         metrics_token,
         push,
         push_jwks,
+        proxies,
     };
     let server = crate::http::serve(state)?;
     if let Some(database) = database {
@@ -130,9 +134,22 @@ fn load_auth(config: &Config) -> Result<Auth, StartError> {
     Ok(auth)
 }
 
+/// The shortest `cluster.secret` accepted: one anybody could guess lets them act as any caller.
+pub const MIN_CLUSTER_SECRET_BYTES: usize = 32;
+
 /// Nodes that other machines can reach must authenticate what they pass between them: with a
-/// PostgreSQL store, `cluster.secret` is required unless every address is loopback.
+/// PostgreSQL store, `cluster.secret` is required unless every address is loopback, and is
+/// [`MIN_CLUSTER_SECRET_BYTES`] long at least.
 fn check_cluster_secret(config: &Config) -> Result<(), StartError> {
+    if let Some(secret) = config.cluster.secret()
+        && secret.len() < MIN_CLUSTER_SECRET_BYTES
+    {
+        return Err(StartError::Config(format!(
+            "cluster.secret is {} bytes; it must be at least {MIN_CLUSTER_SECRET_BYTES} (make \
+             one with `openssl rand -hex 32`, and give every node the same)",
+            secret.len()
+        )));
+    }
     if config.store.database_url().is_none() || config.cluster.secret().is_some() {
         return Ok(());
     }
@@ -360,6 +377,16 @@ fn sled_options(store: &StoreConfig) -> SledOptions {
     }
 }
 
+/// What a caller's message may hold (`limits.*`): the engine checks sends against it, and
+/// `colloquy import` every record it stores.
+pub fn message_limits(config: &Config) -> MessageLimits {
+    MessageLimits {
+        parts: config.limits.parts_per_message,
+        text_bytes: config.limits.text_bytes,
+        id_bytes: config.limits.context_id_bytes,
+    }
+}
+
 /// The engine's settings, from the configuration's sections.
 pub fn engine_config(config: &Config) -> EngineConfig {
     let defaults = EngineConfig::default();
@@ -376,11 +403,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
             n => n,
         },
         max_running_turns: config.limits.running_turns.max(1),
-        message: MessageLimits {
-            parts: config.limits.parts_per_message,
-            text_bytes: config.limits.text_bytes,
-            id_bytes: config.limits.context_id_bytes,
-        },
+        message: message_limits(config),
         max_resident: resident_limit(&config.contexts, crate::container::memory_limit()),
         response_bytes: config.limits.response_bytes,
         lease: lease_duration(config),
@@ -535,7 +558,9 @@ mod tests {
         assert!(check_cluster_secret(&config).is_ok());
         config.listen = "0.0.0.0:8080".into();
         assert!(check_cluster_secret(&config).is_err());
-        config.cluster.secret = Some("s".into());
+        config.cluster.secret = Some("s".repeat(MIN_CLUSTER_SECRET_BYTES - 1));
+        assert!(check_cluster_secret(&config).is_err(), "too short");
+        config.cluster.secret = Some("s".repeat(MIN_CLUSTER_SECRET_BYTES));
         assert!(check_cluster_secret(&config).is_ok());
         config.store.url = String::new();
         config.cluster.secret = None;

@@ -42,6 +42,9 @@ pub struct Config {
     pub data: PathBuf,
     /// The URL clients should use, for the agent card; default: from the request's Host.
     pub public_url: Option<String>,
+    /// Peers (addresses or CIDR ranges) whose `Forwarded` / `X-Forwarded-Proto` /
+    /// `X-Forwarded-Host` headers are believed for the URLs the card gives; default none.
+    pub trusted_proxies: Vec<String>,
     /// Listen on a non-loopback address without any token configured.
     #[serde(deserialize_with = "flexible_bool")]
     pub allow_unauthenticated: bool,
@@ -73,6 +76,7 @@ impl Default for Config {
             listen: "127.0.0.1:8080".into(),
             data: PathBuf::from("./colloquy-data"),
             public_url: None,
+            trusted_proxies: Vec::new(),
             allow_unauthenticated: false,
             log_format: "pretty".into(),
             workers: 0,
@@ -639,6 +643,7 @@ impl Config {
                 "limits.body_timeout_ms and limits.max_connections must be positive".into(),
             ));
         }
+        self.trusted_proxies()?;
         let push = &self.push;
         if push.max_configs_per_task == 0
             || push.attempt_timeout_ms == 0
@@ -654,6 +659,25 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// `trusted_proxies` parsed: each an address (one host) or a CIDR range.
+    pub fn trusted_proxies(&self) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+        self.trusted_proxies
+            .iter()
+            .map(|entry| {
+                let entry = entry.trim();
+                entry
+                    .parse::<ipnet::IpNet>()
+                    .or_else(|_| entry.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| {
+                        ConfigError::Invalid(format!(
+                            "trusted_proxies: {entry:?} is neither an IP address nor a CIDR range \
+                             such as 10.0.0.0/8"
+                        ))
+                    })
+            })
+            .collect()
     }
 
     /// `admin_listen`, unless unset or empty.

@@ -47,22 +47,29 @@ pub struct DeleteArgs {
 }
 
 fn open(args: &StoreArgs) -> Result<SharedStore, String> {
-    open_store(args.config.as_deref(), args.data.clone(), false)
+    open_store(
+        &load_config(args.config.as_deref())?,
+        args.data.clone(),
+        false,
+    )
+}
+
+pub(super) fn load_config(path: Option<&std::path::Path>) -> Result<Config, String> {
+    Config::load(path, serde_json::json!({})).map_err(|e| e.to_string())
 }
 
 /// The store the config names: the PostgreSQL database of `store.url`, else the sled folder
 /// `data` (default: the config's), created if `create` says so.
 pub(super) fn open_store(
-    config: Option<&std::path::Path>,
+    config: &Config,
     data: Option<std::path::PathBuf>,
     create: bool,
 ) -> Result<SharedStore, String> {
-    let config = Config::load(config, serde_json::json!({})).map_err(|e| e.to_string())?;
-    if let Some(options) = crate::app::postgres_options(&config) {
+    if let Some(options) = crate::app::postgres_options(config) {
         let store = wait(PgStore::connect(&options))?;
         return Ok(Arc::new(store));
     }
-    let data = data.unwrap_or(config.data);
+    let data = data.unwrap_or_else(|| config.data.clone());
     if create {
         std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
     }

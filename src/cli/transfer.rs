@@ -8,7 +8,9 @@
 //! every line names its conversation's principal and contextId. Conversations come in key order,
 //! so two exports of the same contents are the same bytes.
 
-use super::store_commands::{open_store, wait};
+use super::store_commands::{load_config, open_store, wait};
+use crate::engine::{MessageLimits, check_context_id, check_sizes};
+use crate::model::Role;
 use crate::model::{Message, Task};
 use crate::store::{
     ConversationKey, ConversationMeta, ConversationRecords, Imported, SharedStore, TaskRecords,
@@ -139,7 +141,11 @@ fn write_conversation(out: &mut impl Write, item: ConversationRecords) -> Result
 }
 
 pub fn export(args: ExportArgs) -> Result<ExitCode, String> {
-    let store = open_store(args.config.as_deref(), args.data.clone(), false)?;
+    let store = open_store(
+        &load_config(args.config.as_deref())?,
+        args.data.clone(),
+        false,
+    )?;
     let mut out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
@@ -175,14 +181,19 @@ pub fn import(args: ImportArgs) -> Result<ExitCode, String> {
         )),
         None => Box::new(std::io::BufReader::new(std::io::stdin().lock())),
     };
-    let store = open_store(args.config.as_deref(), args.data.clone(), true)?;
+    let config = load_config(args.config.as_deref())?;
+    let store = open_store(&config, args.data.clone(), true)?;
+    let limits = RecordLimits {
+        message: crate::app::message_limits(&config),
+        response_bytes: config.limits.response_bytes,
+    };
     let mut importer = Importer {
         store,
         batch: Vec::new(),
         records: 0,
         done: Imported::default(),
     };
-    let result = read_lines(input, &mut importer).and_then(|()| importer.flush());
+    let result = read_lines(input, &limits, &mut importer).and_then(|()| importer.flush());
     let done = importer.done;
     eprintln!(
         "imported {} conversations ({} already stored, left as they were)",
@@ -192,8 +203,40 @@ pub fn import(args: ImportArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What an imported record may hold: what the wire lets a caller and an agent store, so an
+/// import never holds what no request could have written.
+struct RecordLimits {
+    message: MessageLimits,
+    /// An agent's reply (`limits.response_bytes`).
+    response_bytes: usize,
+}
+
+impl RecordLimits {
+    fn check_message(&self, message: &Message) -> Result<(), String> {
+        let text_bytes = match message.role {
+            Role::User => self.message.text_bytes,
+            _ => self.response_bytes,
+        };
+        check_sizes(message, &self.message, text_bytes).map_err(|e| e.to_string())
+    }
+
+    fn check_task(&self, task: &Task) -> Result<(), String> {
+        if task.id.is_empty() || task.id.len() > self.message.id_bytes {
+            return Err(format!(
+                "task id: must be 1 to {} bytes",
+                self.message.id_bytes
+            ));
+        }
+        check_context_id(&task.context_id, &self.message).map_err(|e| e.to_string())
+    }
+}
+
 /// Reads the header and then every record, handing each whole conversation to the importer.
-fn read_lines(input: impl BufRead, importer: &mut Importer) -> Result<(), String> {
+fn read_lines(
+    input: impl BufRead,
+    limits: &RecordLimits,
+    importer: &mut Importer,
+) -> Result<(), String> {
     let mut lines = input.lines().enumerate();
     let at = |n: usize, why: String| format!("line {}: {why}", n + 1);
     let parse = |n: usize, text: &str| -> Result<Line, String> {
@@ -235,6 +278,7 @@ fn read_lines(input: impl BufRead, importer: &mut Importer) -> Result<(), String
                 if let Some(done) = current.take() {
                     importer.add(done)?;
                 }
+                check_context_id(&context_id, &limits.message).map_err(|e| at(n, e.to_string()))?;
                 current = Some(ConversationRecords {
                     meta: ConversationMeta {
                         context_id,
@@ -266,6 +310,9 @@ fn read_lines(input: impl BufRead, importer: &mut Importer) -> Result<(), String
                 if seq != item.first_seq + item.messages.len() as u64 {
                     return Err(at(n, format!("message {seq} out of sequence")));
                 }
+                limits
+                    .check_message(&message)
+                    .map_err(|e| at(n, format!("message {seq}: {e}")))?;
                 item.messages.push(message);
             }
             Line::Task {
@@ -276,6 +323,7 @@ fn read_lines(input: impl BufRead, importer: &mut Importer) -> Result<(), String
             } => {
                 let item =
                     of_current(&mut current, &principal, &context_id).map_err(|e| at(n, e))?;
+                limits.check_task(&task).map_err(|e| at(n, e))?;
                 item.tasks.push(TaskRecords { task, history_seqs });
             }
         }

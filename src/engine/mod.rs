@@ -10,6 +10,7 @@ mod drive;
 mod error;
 mod follow;
 pub mod hub;
+mod readiness;
 mod shared;
 mod turn;
 mod validate;
@@ -18,7 +19,7 @@ pub use drive::StopReason;
 pub use error::{EngineError, EngineResult};
 pub use hub::{StreamItem, Subscription, TaskHub};
 pub use shared::{DEFAULT_RESPONSE_BYTES, EngineConfig, Shared, TaskRegistry};
-pub use validate::{MessageLimits, ValidMessage};
+pub use validate::{MessageLimits, ValidMessage, check_context_id, check_sizes};
 
 use crate::agent::SharedAgent;
 use crate::model::{SendResult, Task};
@@ -55,6 +56,7 @@ impl Engine {
             live: TaskRegistry::default(),
             running: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
+            readiness: readiness::Readiness::default(),
         });
         Engine {
             directory: Directory::start(shared, arbiters),
@@ -77,9 +79,10 @@ impl Engine {
         &self.shared().config
     }
 
-    /// A durable write to the store: the readiness check.
+    /// Whether the store takes a durable write: the readiness check, probed at most once a
+    /// second however many ask.
     pub async fn probe_store(&self) -> EngineResult<()> {
-        Ok(self.store().probe().await?)
+        self.shared().readiness.check(self.store()).await
     }
 
     /// Fails the tasks whose turns were running when the process last stopped without ending

@@ -99,6 +99,7 @@ pub struct Shared {
     pub live: TaskRegistry,
     pub(super) running: AtomicUsize,
     pub(super) shutting_down: AtomicBool,
+    pub(super) readiness: super::readiness::Readiness,
 }
 
 impl Shared {

@@ -32,38 +32,7 @@ impl ValidMessage {
     /// Checks sizes, ids, role and parts, in that order, naming the first field at fault.
     pub fn check(message: Message, limits: &MessageLimits) -> EngineResult<Self> {
         let invalid = |why: String| Err(EngineError::InvalidParams(why));
-        if message.parts.len() > limits.parts {
-            return invalid(format!(
-                "message.parts: {} parts, more than the limit of {}",
-                message.parts.len(),
-                limits.parts
-            ));
-        }
-        let text_bytes: usize = message
-            .parts
-            .iter()
-            .map(|p| match &p.content {
-                PartContent::Text { text } => text.len(),
-                _ => 0,
-            })
-            .sum();
-        if text_bytes > limits.text_bytes {
-            return invalid(format!(
-                "message.parts: {text_bytes} bytes of text, more than the limit of {}",
-                limits.text_bytes
-            ));
-        }
-        for (name, id) in [
-            ("messageId", Some(&message.message_id)),
-            ("taskId", message.task_id.as_ref()),
-        ] {
-            if id.is_some_and(|id| id.is_empty() || id.len() > limits.id_bytes) {
-                return invalid(format!(
-                    "message.{name}: must be 1 to {} bytes",
-                    limits.id_bytes
-                ));
-            }
-        }
+        check_sizes(&message, limits, limits.text_bytes)?;
         if message.role != Role::User {
             return invalid(
                 "message.role: a message sent to the agent must have the user role".into(),
@@ -71,9 +40,6 @@ impl ValidMessage {
         }
         if message.parts.is_empty() {
             return invalid("message.parts: must not be empty".into());
-        }
-        if let Some(context_id) = &message.context_id {
-            check_context_id(context_id, limits)?;
         }
         Ok(ValidMessage(message, Vec::new()))
     }
@@ -94,6 +60,52 @@ impl ValidMessage {
 
     pub fn into_parts(self) -> (Message, Vec<PushConfig>) {
         (self.0, self.1)
+    }
+}
+
+/// The limits every stored message keeps, whoever wrote it (a caller, or `colloquy import`): at
+/// most `limits.parts` parts and `text_bytes` of text (the caller's limit for a caller's message,
+/// `limits.response_bytes` for an agent's reply), ids of 1 to `limits.id_bytes` bytes.
+pub fn check_sizes(
+    message: &Message,
+    limits: &MessageLimits,
+    text_bytes: usize,
+) -> EngineResult<()> {
+    let invalid = |why: String| Err(EngineError::InvalidParams(why));
+    if message.parts.len() > limits.parts {
+        return invalid(format!(
+            "message.parts: {} parts, more than the limit of {}",
+            message.parts.len(),
+            limits.parts
+        ));
+    }
+    let text: usize = message
+        .parts
+        .iter()
+        .map(|p| match &p.content {
+            PartContent::Text { text } => text.len(),
+            _ => 0,
+        })
+        .sum();
+    if text > text_bytes {
+        return invalid(format!(
+            "message.parts: {text} bytes of text, more than the limit of {text_bytes}"
+        ));
+    }
+    for (name, id) in [
+        ("messageId", Some(&message.message_id)),
+        ("taskId", message.task_id.as_ref()),
+    ] {
+        if id.is_some_and(|id| id.is_empty() || id.len() > limits.id_bytes) {
+            return invalid(format!(
+                "message.{name}: must be 1 to {} bytes",
+                limits.id_bytes
+            ));
+        }
+    }
+    match &message.context_id {
+        Some(context_id) => check_context_id(context_id, limits),
+        None => Ok(()),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use crate::config::AuthConfig;
 use crate::model::ANONYMOUS;
+use actix_web::http::header::{self, HeaderMap};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as MapEntry;
@@ -14,6 +15,20 @@ pub enum AuthError {
     Missing,
     #[error("the bearer token is not valid")]
     Invalid,
+    /// Proxies and servers disagree on which of several headers counts: refused, not guessed.
+    #[error("the request has {0} Authorization headers; send one")]
+    Repeated(usize),
+}
+
+/// The request's `Authorization` header, if it has one; several are refused.
+pub fn authorization(headers: &HeaderMap) -> Result<Option<&str>, AuthError> {
+    let mut values = headers.get_all(header::AUTHORIZATION);
+    let first = values.next();
+    let more = values.count();
+    if more > 0 {
+        return Err(AuthError::Repeated(more + 1));
+    }
+    Ok(first.and_then(|value| value.to_str().ok()))
 }
 
 /// Tokens that cannot be served. Messages name principals and where each came from, never a token

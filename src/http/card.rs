@@ -1,5 +1,6 @@
 //! The agent card: one card valid for both wire versions (or one, per `card.versions`).
 
+use super::origin::base_url;
 use super::state::AppState;
 use crate::config::SkillConfig;
 use crate::protocol::RpcError;
@@ -8,17 +9,8 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-/// The request headers [`base_url`] reads when no `public_url` is configured.
+/// The request headers [`base_url`] may read when no `public_url` is configured.
 const URL_HEADERS: &str = "Host, Forwarded, X-Forwarded-Host, X-Forwarded-Proto";
-
-/// The URL clients should post to: configured, else from the request's forwarded or Host header.
-pub fn base_url(state: &AppState, req: &HttpRequest) -> String {
-    if let Some(url) = &state.config.public_url {
-        return url.clone();
-    }
-    let info = req.connection_info();
-    format!("{}://{}/", info.scheme(), info.host())
-}
 
 /// The extended card (`GetExtendedAgentCard`), for callers already authenticated.
 pub fn extended_card(state: &AppState, url: &str) -> Result<Value, RpcError> {

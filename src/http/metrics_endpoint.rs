@@ -1,7 +1,7 @@
 //! `GET /metrics`: Prometheus text exposition of the `metrics` facade, plus process figures;
 //! behind a bearer token when `metrics.token` is set.
 
-use super::auth::bearer_matches;
+use super::auth::{authorization, bearer_matches};
 use super::state::AppState;
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -42,10 +42,13 @@ fn sysconf_or(name: libc::c_int, fallback: f64) -> f64 {
 
 pub async fn metrics(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     if let Some(expected) = &state.metrics_token {
-        let authorization = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
+        let authorization = match authorization(req.headers()) {
+            Ok(authorization) => authorization,
+            Err(e) => {
+                return HttpResponse::BadRequest()
+                    .json(serde_json::json!({"error": e.to_string()}));
+            }
+        };
         if !bearer_matches(authorization, expected) {
             return HttpResponse::Unauthorized()
                 .insert_header((header::WWW_AUTHENTICATE, "Bearer"))

@@ -12,18 +12,22 @@ mod errors;
 mod forward;
 mod methods;
 mod metrics_endpoint;
+mod origin;
 mod push;
 mod rest;
 pub mod rpc;
 mod sse;
 mod state;
+mod unread_body;
 
 pub use auth::{Auth, TokenConfigError, digest as token_digest};
+pub use origin::TrustedProxies;
 pub use state::AppState;
 
 use crate::engine::Engine;
 use crate::store::ConversationStore;
 use actix_web::dev::ServerHandle;
+use actix_web::middleware::from_fn;
 use actix_web::{App, HttpResponse, HttpServer, web};
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
@@ -65,6 +69,14 @@ impl AdminServer {
         let _ = self.task.await;
     }
 }
+
+/// A client has this long to send its request's headers (its body has `limits.body_timeout_ms`).
+pub const HEADERS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// After a response that ends its connection, how long the server waits for the client to close
+/// first before dropping it: closing at once, with request bytes still unread, could reset the
+/// connection before the client has read the response.
+pub const CLOSE_LINGER: Duration = Duration::from_secs(1);
 
 /// How long [`RunningServer::stop`] waits for the conversations' actors and tasks, stopping on
 /// their arbiters, to drop their handles on the store.
@@ -148,22 +160,29 @@ pub fn serve(state: AppState) -> Result<RunningServer, ServeError> {
             metrics_route(cfg);
         }
     };
-    let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(public))
-        .workers(workers)
-        // Past every worker's share the listener stops accepting: new connections wait in the
-        // kernel's listen queue instead of taking descriptors the process does not have.
-        .max_connections(connections_per_worker)
-        // SSE sends several small writes per turn: without TCP_NODELAY, Nagle holds each one
-        // back until the client's delayed ACK (~40 ms on Linux loopback).
-        .tcp_nodelay(true)
-        .disable_signals()
-        // Counted from `stop`; actix checks once a second and then drops what is still open.
-        .shutdown_timeout((grace + CLOSE_MARGIN).as_secs())
-        .bind(&listen)
-        .map_err(|error| ServeError::Bind {
-            addr: listen.clone(),
-            error,
-        })?;
+    let server = HttpServer::new(move || {
+        App::new()
+            .wrap(from_fn(unread_body::close_if_unread))
+            .app_data(state.clone())
+            .configure(public)
+    })
+    .workers(workers)
+    // Past every worker's share the listener stops accepting: new connections wait in the
+    // kernel's listen queue instead of taking descriptors the process does not have.
+    .max_connections(connections_per_worker)
+    // SSE sends several small writes per turn: without TCP_NODELAY, Nagle holds each one
+    // back until the client's delayed ACK (~40 ms on Linux loopback).
+    .tcp_nodelay(true)
+    .client_request_timeout(HEADERS_TIMEOUT)
+    .client_disconnect_timeout(CLOSE_LINGER)
+    .disable_signals()
+    // Counted from `stop`; actix checks once a second and then drops what is still open.
+    .shutdown_timeout((grace + CLOSE_MARGIN).as_secs())
+    .bind(&listen)
+    .map_err(|error| ServeError::Bind {
+        addr: listen.clone(),
+        error,
+    })?;
     let addr = bound_addr(&server.addrs(), &listen)?;
     let (admin_addr, admin) = match &admin_listen {
         Some(admin_listen) => {
@@ -201,6 +220,7 @@ fn start_admin(
 ) -> Result<(SocketAddr, AdminServer), ServeError> {
     let server = HttpServer::new(move || {
         App::new()
+            .wrap(from_fn(unread_body::close_if_unread))
             .app_data(state.clone())
             .configure(health_routes)
             .configure(metrics_route)

@@ -295,7 +295,7 @@ async fn serve(
         Dialect::V1 => WireVersion::V1,
     };
     let params = Value::Object(params);
-    let base_url = super::card::base_url(state, req);
+    let base_url = super::origin::base_url(state, req);
     match rpc::call(
         state, version, method, &principal, &base_url, params, started,
     )

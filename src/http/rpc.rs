@@ -1,5 +1,6 @@
 //! `POST /`: read and check the envelope, authenticate, pick the wire version, dispatch.
 
+use super::auth::AuthError;
 use super::forward;
 use super::methods::{self, Reply};
 use super::sse;
@@ -143,18 +144,13 @@ pub async fn handle_forwarded(
     respond(req, payload, state, Caller::Node).await
 }
 
-fn principal_of(req: &HttpRequest, state: &AppState, caller: Caller) -> Result<String, String> {
+fn principal_of(req: &HttpRequest, state: &AppState, caller: Caller) -> Result<String, RpcError> {
     match caller {
-        Caller::Client => state
-            .auth
-            .principal(
-                req.headers()
-                    .get(header::AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok()),
-            )
-            .map(|principal| principal.to_string())
-            .map_err(|e| e.to_string()),
-        Caller::Node => forward::forwarded_principal(state, req).map_err(|e| e.to_string()),
+        Caller::Client => authenticate(req, state),
+        Caller::Node => forward::forwarded_principal(state, req).map_err(|e| {
+            metrics::counter!("colloquy_auth_failures_total").increment(1);
+            RpcError::Unauthenticated(e.to_string())
+        }),
     }
 }
 
@@ -181,10 +177,12 @@ async fn respond(
     }
     let principal = match principal_of(&req, &state, caller) {
         Ok(principal) => principal,
-        Err(e) => {
-            metrics::counter!("colloquy_auth_failures_total").increment(1);
-            let error = RpcError::Unauthenticated(e);
-            return error_response(StatusCode::UNAUTHORIZED, &RequestId::Null, &error, version);
+        Err(error) => {
+            let status = match error {
+                RpcError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            return error_response(status, &RequestId::Null, &error, version);
         }
     };
     let body = match read_limited_body(&req, payload, &state).await {
@@ -225,7 +223,7 @@ async fn respond(
         return response;
     }
     let id = request.id.clone();
-    let base_url = super::card::base_url(&state, &req);
+    let base_url = super::origin::base_url(&state, &req);
     let params = request.params;
     match call(
         &state, version, method, &principal, &base_url, params, started,
@@ -241,15 +239,17 @@ async fn respond(
     }
 }
 
-/// The caller's principal, or why not (counted for the metrics).
+/// The caller's principal, or why not (counted for the metrics). Several `Authorization` headers
+/// are an invalid request (HTTP 400), not a wrong token.
 pub(super) fn authenticate(req: &HttpRequest, state: &AppState) -> Result<String, RpcError> {
-    let authorization = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    state.auth.principal(authorization).map_err(|e| {
+    let principal = super::auth::authorization(req.headers())
+        .and_then(|authorization| state.auth.principal(authorization));
+    principal.map_err(|e| {
         metrics::counter!("colloquy_auth_failures_total").increment(1);
-        RpcError::Unauthenticated(e.to_string())
+        match e {
+            AuthError::Repeated(_) => RpcError::InvalidRequest(e.to_string()),
+            AuthError::Missing | AuthError::Invalid => RpcError::Unauthenticated(e.to_string()),
+        }
     })
 }
 

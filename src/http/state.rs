@@ -17,4 +17,6 @@ pub struct AppState {
     pub push: Option<crate::push::PushConfigs>,
     /// The public keys push notifications are signed with, served at `/.well-known/jwks.json`.
     pub push_jwks: serde_json::Value,
+    /// The peers whose `Forwarded` / `X-Forwarded-*` headers are believed (`trusted_proxies`).
+    pub proxies: super::origin::TrustedProxies,
 }

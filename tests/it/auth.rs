@@ -370,3 +370,50 @@ async fn distinct_tokens_from_every_source_each_reach_their_principal() {
     assert_eq!(status, 401);
     child.kill().await.unwrap();
 }
+
+#[actix_rt::test]
+async fn two_authorization_headers_are_refused_not_guessed() {
+    let server = start_with_tokens().await;
+    // Alice's token first and a wrong one after, and the other way round: neither is picked.
+    for (first, second) in [("alice-secret", "wrong"), ("wrong", "alice-secret")] {
+        let headers = || {
+            let mut headers = reqwest::header::HeaderMap::new();
+            for token in [first, second] {
+                headers.append(
+                    "Authorization",
+                    format!("Bearer {token}").parse().expect("header"),
+                );
+            }
+            headers
+        };
+        let response = server
+            .client
+            .post(&server.url)
+            .header("A2A-Version", V1)
+            .headers(headers())
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+                "params": send("which of us?", "twice")}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400);
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], -32600, "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("2 Authorization headers"), "{body}");
+
+        let rest = server
+            .client
+            .post(format!("{}message:send", server.url))
+            .headers(headers())
+            .json(&send("which of us?", "twice"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(rest.status(), 400, "HTTP+JSON");
+    }
+    // Nothing was stored under either principal.
+    let (_, _, listed) = call(&server, Some("alice-secret"), "ListTasks", json!({})).await;
+    assert_eq!(listed["result"]["tasks"], json!([]), "{listed}");
+    server.stop().await;
+}

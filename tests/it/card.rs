@@ -64,7 +64,7 @@ async fn the_card_carries_cache_control_and_a_strong_etag_and_a_matching_tag_get
     let elsewhere = server
         .client
         .get(format!("{}{}", server.url, CARD_PATHS[0]))
-        .header("X-Forwarded-Host", "agents.example")
+        .header("Host", "agents.example")
         .send()
         .await
         .unwrap();
@@ -242,4 +242,80 @@ async fn v03_rest_card_is_the_extended_card_in_v03_message_form() {
         .collect();
     assert_eq!(transports, ["JSONRPC", "HTTP+JSON"]);
     server.stop().await;
+}
+
+/// The card's interface URLs, for a request with `headers`.
+async fn card_url(server: &TestServer, headers: &[(&str, &str)]) -> String {
+    let card = server.card(headers).await;
+    card["supportedInterfaces"][0]["url"]
+        .as_str()
+        .expect("an interface URL")
+        .to_owned()
+}
+
+#[actix_rt::test]
+async fn forwarding_headers_count_only_from_trusted_proxies_and_only_when_sane() {
+    let forged = [
+        ("X-Forwarded-Proto", "javascript"),
+        ("X-Forwarded-Host", "evil.example"),
+    ];
+    let direct = start_echo().await;
+    let own = format!("http://{}/", direct.server.addr);
+    assert_eq!(card_url(&direct, &forged).await, own, "no proxy is trusted");
+    assert_eq!(
+        card_url(&direct, &[("Forwarded", "proto=https;host=evil.example")]).await,
+        own
+    );
+    assert_eq!(
+        card_url(&direct, &[("Host", "agents.example:8443")]).await,
+        "http://agents.example:8443/",
+        "the request's own Host still names the server"
+    );
+    assert_eq!(
+        card_url(&direct, &[("Host", "evil@agents.example")]).await,
+        own,
+        "a Host that is not an authority is not reflected"
+    );
+    direct.stop().await;
+
+    let proxied = start_with(Arc::new(colloquy::agent::EchoAgent::default()), |c| {
+        c.trusted_proxies = vec!["127.0.0.0/8".into()];
+    })
+    .await;
+    assert_eq!(
+        card_url(
+            &proxied,
+            &[
+                ("X-Forwarded-Proto", "https"),
+                ("X-Forwarded-Host", "agents.example")
+            ]
+        )
+        .await,
+        "https://agents.example/"
+    );
+    let checked = card_url(&proxied, &forged).await;
+    assert_eq!(
+        checked, "http://evil.example/",
+        "a trusted proxy's host is taken, its scheme only if http or https"
+    );
+    assert_eq!(
+        card_url(&proxied, &[("X-Forwarded-Host", "a b/c")]).await,
+        format!("http://{}/", proxied.server.addr),
+        "a host that is not an authority is ignored"
+    );
+    proxied.stop().await;
+}
+
+#[test]
+fn trusted_proxies_must_be_addresses_or_ranges() {
+    let mut config = colloquy::config::Config {
+        trusted_proxies: vec!["10.0.0.0/8".into(), "192.0.2.7".into(), "::1".into()],
+        ..Default::default()
+    };
+    assert_eq!(config.trusted_proxies().expect("valid").len(), 3);
+    config.trusted_proxies = vec!["proxy.internal".into()];
+    let error = config
+        .trusted_proxies()
+        .expect_err("a name is not an address");
+    assert!(error.to_string().contains("proxy.internal"), "{error}");
 }

@@ -567,7 +567,7 @@ async fn migrate_and_the_store_commands_work_on_the_database() {
 async fn forwarding_node(url: &str) -> TestServer {
     start_with(Arc::new(ScriptedAgent), |config| {
         config.store.url = url.to_owned();
-        config.cluster.secret = Some("shared between the nodes".into());
+        config.cluster.secret = Some("shared between the nodes, 32 bytes or more".into());
     })
     .await
 }

@@ -32,7 +32,10 @@ async fn each_node_counts_its_leases_taken_and_expired_and_its_forwarded_request
     let Some(url) = pg::database("cluster_metrics::each_node_counts") else {
         return;
     };
-    let secret = [("COLLOQUY_CLUSTER__SECRET", "between the nodes")];
+    let secret = [(
+        "COLLOQUY_CLUSTER__SECRET",
+        "between the nodes, 32 bytes or more",
+    )];
     let doomed = ChildNode::start_with_env(&url, 2, 60_000, &secret).await;
     let other = ChildNode::start_with_env(&url, 2, 0, &secret).await;
     let task_id = doomed.send_immediately("never answered", "counted").await;

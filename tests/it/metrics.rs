@@ -402,3 +402,35 @@ async fn an_empty_metrics_token_or_admin_listen_equal_to_listen_is_refused() {
         assert!(stderr.contains(expected), "{key}: {stderr}");
     }
 }
+
+#[actix_rt::test]
+async fn readiness_checks_share_one_store_probe_a_second() {
+    if rerun_alone("metrics::readiness_checks_share_one_store_probe_a_second") {
+        return;
+    }
+    let server = common::start_echo().await;
+    let writes =
+        |scrape: &prometheus_parse::Scrape| value_of(scrape, "colloquy_store_writes_total", &[]);
+    let before = writes(&scrape(&server.client, &format!("{}metrics", server.url)).await);
+    let started = std::time::Instant::now();
+    let checks: Vec<_> = (0..200)
+        .map(|_| {
+            let client = server.client.clone();
+            let url = format!("{}readyz", server.url);
+            tokio::spawn(async move { client.get(url).send().await.map(|r| r.status().as_u16()) })
+        })
+        .collect();
+    for check in checks {
+        assert_eq!(check.await.expect("task").expect("answered"), 200);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let after = writes(&scrape(&server.client, &format!("{}metrics", server.url)).await);
+    // One probe per started second at most, and at least one (readiness was checked).
+    let allowed = seconds.ceil() + 1.0;
+    assert!(
+        (1.0..=allowed).contains(&(after - before)),
+        "{} store writes for 200 readiness checks in {seconds:.2} s",
+        after - before
+    );
+    server.stop().await;
+}

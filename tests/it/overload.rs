@@ -331,6 +331,140 @@ async fn connections_past_the_bound_wait_for_a_free_one() {
     server.stop().await;
 }
 
+/// Sends a chunked request's head and first chunk, never the last chunk.
+async fn unfinished_chunked(
+    addr: std::net::SocketAddr,
+    method_and_path: &str,
+    extra_headers: &str,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connects");
+    let request = format!(
+        "{method_and_path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         {extra_headers}Transfer-Encoding: chunked\r\n\r\n5\r\n{{\"a\":\r\n"
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("request sent");
+    stream
+}
+
+/// Reads until the server closes the connection; how long that took from `since`, or None if it
+/// stayed open for `wait`.
+async fn closed_within(
+    stream: &mut tokio::net::TcpStream,
+    since: Instant,
+    wait: Duration,
+) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let mut sink = [0u8; 4096];
+    let read_to_end = async {
+        loop {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => return since.elapsed(),
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(wait, read_to_end).await.ok()
+}
+
+#[actix_rt::test]
+async fn a_chunked_body_that_never_ends_loses_its_connection() {
+    let server = start_echo_with(|config| {
+        config.limits.body_timeout_ms = BODY_TIMEOUT.as_millis() as u64;
+        config
+            .auth
+            .tokens
+            .insert("alice".into(), "alice-secret".into());
+    })
+    .await;
+    let token = "Authorization: Bearer alice-secret\r\n";
+    // Read and timed out (408), refused before reading (401, 404), or answered without reading
+    // (a GET's body): each is answered, and the connection closed rather than drained.
+    for (request, headers, status) in [
+        ("POST /", token, 408),
+        ("POST /", "", 401),
+        ("GET /healthz", "", 200),
+        ("POST /no-such-path", token, 404),
+    ] {
+        let started = Instant::now();
+        let mut stream = unfinished_chunked(server.server.addr, request, headers).await;
+        let (answered, _) = read_response(&mut stream).await;
+        assert_eq!(answered, status, "{request}");
+        let answered = started.elapsed();
+        assert!(
+            answered < BODY_TIMEOUT + Duration::from_secs(1),
+            "{request}: answered after {answered:?}"
+        );
+        // The server waits up to CLOSE_LINGER for the client to close first.
+        let bound = BODY_TIMEOUT + colloquy::http::CLOSE_LINGER + Duration::from_secs(1);
+        let closed = closed_within(&mut stream, started, bound + Duration::from_secs(5)).await;
+        let closed = closed.unwrap_or_else(|| panic!("{request} ({status}): still open"));
+        assert!(closed < bound, "{request}: closed after {closed:?}");
+    }
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn the_connection_bound_holds_against_unfinished_chunked_bodies() {
+    let server = start_echo_with(|config| {
+        config.limits.body_timeout_ms = BODY_TIMEOUT.as_millis() as u64;
+        config.limits.max_connections = 50;
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..60 {
+        held.push(unfinished_chunked(server.server.addr, "POST /", "").await);
+    }
+    let started = Instant::now();
+    let health = server
+        .client
+        .get(format!("{}healthz", server.url))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .expect("/healthz answers while 60 bodies never end");
+    assert_eq!(health.status(), 200);
+    assert!(
+        started.elapsed() < BODY_TIMEOUT + Duration::from_secs(1),
+        "/healthz took {:?}",
+        started.elapsed()
+    );
+    drop(held);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_complete_chunked_request_keeps_its_connection() {
+    use tokio::io::AsyncWriteExt;
+    let server = start_echo().await;
+    let mut stream = tokio::net::TcpStream::connect(server.server.addr)
+        .await
+        .expect("connects");
+    for turn in ["one", "two"] {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+            "params": {"message": user_message(V1, turn, Some("chunked-keeps"), None)}})
+        .to_string();
+        let request = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\n\
+             Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.expect("sent");
+        let (status, response) = read_response(&mut stream).await;
+        assert_eq!(status, 200, "{response}");
+        assert!(
+            artifact_text(task_of(&response)).contains(turn),
+            "{response}"
+        );
+    }
+    server.stop().await;
+}
+
 async fn start_echo_with(tweak: impl FnOnce(&mut colloquy::config::Config)) -> TestServer {
     start_with(Arc::new(EchoAgent::default()), tweak).await
 }

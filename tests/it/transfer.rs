@@ -10,8 +10,16 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 /// Runs the colloquy binary on the store `url` (None: the sled folder its args name), with
-/// `stdin` as its input; its stdout, and stderr.
+/// `stdin` as its input; asserts it succeeded and returns its stdout, and stderr.
 fn colloquy(args: &[&str], url: Option<&str>, stdin: &[u8]) -> (Vec<u8>, String) {
+    let output = run_colloquy(args, url, stdin);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "colloquy {args:?}: {stderr}");
+    (output.stdout, stderr)
+}
+
+/// Runs the colloquy binary as [`colloquy`] does, whatever its exit.
+fn run_colloquy(args: &[&str], url: Option<&str>, stdin: &[u8]) -> std::process::Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_colloquy"));
     command
         .args(args)
@@ -26,10 +34,7 @@ fn colloquy(args: &[&str], url: Option<&str>, stdin: &[u8]) -> (Vec<u8>, String)
     let mut input = child.stdin.take().expect("stdin");
     std::io::Write::write_all(&mut input, stdin).expect("stdin written");
     drop(input);
-    let output = child.wait_with_output().expect("colloquy ends");
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(output.status.success(), "colloquy {args:?}: {stderr}");
-    (output.stdout, stderr)
+    child.wait_with_output().expect("colloquy ends")
 }
 
 fn path(p: &Path) -> &str {
@@ -230,25 +235,15 @@ async fn a_sled_store_moves_to_another_sled_folder_through_a_pipe() {
     served.stop().await;
 }
 
+/// `colloquy import` into the sled folder `folder`, `input` on its stdin.
+fn import_lines(folder: &std::path::Path, input: &str) -> std::process::Output {
+    run_colloquy(&["import", "--data", path(folder)], None, input.as_bytes())
+}
+
 #[test]
 fn an_export_of_a_newer_format_or_out_of_order_records_is_refused() {
     let target = tempfile::tempdir().expect("temp dir");
-    let run = |input: &str| {
-        Command::new(env!("CARGO_BIN_EXE_colloquy"))
-            .args(["import", "--data", path(target.path())])
-            .env_remove("COLLOQUY_STORE__URL")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .and_then(|mut child| {
-                let mut stdin = child.stdin.take().expect("stdin");
-                std::io::Write::write_all(&mut stdin, input.as_bytes())?;
-                drop(stdin);
-                child.wait_with_output()
-            })
-            .expect("colloquy runs")
-    };
+    let run = |input: &str| import_lines(target.path(), input);
     let newer = run("{\"kind\":\"header\",\"format\":\"colloquy-export\",\"version\":2}\n");
     assert!(!newer.status.success());
     assert!(String::from_utf8_lossy(&newer.stderr).contains("newer than this colloquy"));
@@ -261,5 +256,69 @@ fn an_export_of_a_newer_format_or_out_of_order_records_is_refused() {
     assert!(
         !orphan.status.success() && said.contains("line 2"),
         "{said}"
+    );
+}
+
+#[test]
+fn an_import_keeps_the_limits_a_request_would_meet() {
+    let target = tempfile::tempdir().expect("temp dir");
+    let header = r#"{"kind":"header","format":"colloquy-export","version":1}"#;
+    let conversation = |context_id: &str| {
+        json!({"kind": "conversation", "principal": "p", "contextId": context_id,
+            "createdAt": "2026-01-01T00:00:00Z", "updatedAt": "2026-01-01T00:00:00Z",
+            "turns": 1, "nextSeq": 1, "token": 1})
+        .to_string()
+    };
+    let message = |context_id: &str, text: &str| {
+        json!({"kind": "message", "principal": "p", "contextId": context_id, "seq": 0,
+            "message": {"message_id": "m", "role": "user", "context_id": context_id,
+                "parts": [{"content": {"type": "text", "text": text}}]}})
+        .to_string()
+    };
+    let fits = [
+        header.to_owned(),
+        conversation("fits"),
+        message("fits", "hello"),
+    ]
+    .join("\n");
+    let stored = import_lines(target.path(), &fits);
+    assert!(
+        stored.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stored.stderr)
+    );
+    let long_text = "x".repeat(256 * 1024 + 1);
+    let long_id = "c".repeat(257);
+    for (lines, record, why) in [
+        (
+            [
+                header.to_owned(),
+                conversation("big"),
+                message("big", &long_text),
+            ],
+            "line 3",
+            "bytes of text, more than the limit of 262144",
+        ),
+        (
+            [
+                header.to_owned(),
+                conversation(&long_id),
+                message(&long_id, "hi"),
+            ],
+            "line 2",
+            "contextId: 257 bytes, more than the limit of 256",
+        ),
+    ] {
+        let refused = import_lines(target.path(), &lines.join("\n"));
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{said}");
+        assert!(said.contains(record) && said.contains(why), "{said}");
+    }
+    let (exported, _) = colloquy(&["export", "--data", path(target.path())], None, b"");
+    let exported = String::from_utf8_lossy(&exported);
+    assert_eq!(
+        exported.matches(r#""kind":"conversation""#).count(),
+        1,
+        "only the record within the limits is stored: {exported}"
     );
 }
