@@ -1,9 +1,10 @@
-//! Requests that follow a task another node runs (`GetTask`, `CancelTask`, `SubscribeToTask`)
-//! go to that node: its address is in the conversation's lease. The request is passed on as it
-//! came (body and wire version) to the holder's internal endpoint, authenticated by the shared
-//! `cluster.secret` and carrying the caller's principal; the holder's answer, an SSE stream
-//! included, is passed back byte for byte. A holder that cannot be reached is answered from the
-//! database here (its lease expires, then its task reads failed).
+//! Requests that follow a task another node runs (`GetTask`, `CancelTask`, `SubscribeToTask`),
+//! by either binding, go to that node: its address is in the conversation's lease. The request
+//! is passed on as it came (HTTP method, path, query, body and wire version) to the holder's
+//! internal endpoints, [`PATH`] for JSON-RPC and the HTTP+JSON routes under [`REST_PREFIX`],
+//! authenticated by the shared `cluster.secret` and carrying the caller's principal; the holder's
+//! answer, an SSE stream included, is passed back byte for byte. A holder that cannot be reached
+//! is answered from the database here (its lease expires, then its task reads failed).
 
 use super::state::AppState;
 use crate::protocol::{Method, RpcRequest};
@@ -14,8 +15,11 @@ use futures_util::StreamExt;
 use std::time::Duration;
 use subtle::ConstantTimeEq;
 
-/// The internal endpoint a node serves forwarded requests on.
+/// The internal endpoint a node serves forwarded JSON-RPC requests on.
 pub const PATH: &str = "/_colloquy/forward";
+/// Where a node serves the HTTP+JSON routes again for forwarded requests (`/tasks/...` there
+/// is `REST_PREFIX/tasks/...` here).
+pub const REST_PREFIX: &str = "/_colloquy/forward/rest";
 const SECRET_HEADER: &str = "X-Colloquy-Cluster-Secret";
 /// The caller's principal, hex-encoded (any string fits a header that way).
 const PRINCIPAL_HEADER: &str = "X-Colloquy-Principal";
@@ -57,13 +61,41 @@ thread_local! {
         .unwrap_or_default();
 }
 
-/// The holder's answer, if the request follows a task another node runs and that node answered.
-pub async fn to_holder(
+/// The holder's answer to a JSON-RPC request, if it follows a task another node runs and that
+/// node answered.
+pub async fn rpc_to_holder(
     state: &AppState,
     req: &HttpRequest,
     principal: &str,
     method: Method,
     request: &RpcRequest,
+    body: &[u8],
+) -> Option<HttpResponse> {
+    let task_id = request.params.get("id")?.as_str()?;
+    to_holder(state, req, principal, method, task_id, PATH, body).await
+}
+
+/// The holder's answer to an HTTP+JSON request, if it follows a task another node runs and that
+/// node answered: the same route, under [`REST_PREFIX`] there.
+pub async fn rest_to_holder(
+    state: &AppState,
+    req: &HttpRequest,
+    principal: &str,
+    method: Method,
+    task_id: &str,
+    body: &[u8],
+) -> Option<HttpResponse> {
+    let path = format!("{REST_PREFIX}{}", req.path());
+    to_holder(state, req, principal, method, task_id, &path, body).await
+}
+
+async fn to_holder(
+    state: &AppState,
+    req: &HttpRequest,
+    principal: &str,
+    method: Method,
+    task_id: &str,
+    path: &str,
     body: &[u8],
 ) -> Option<HttpResponse> {
     let secret = state.config.cluster.secret()?;
@@ -73,7 +105,6 @@ pub async fn to_holder(
     ) {
         return None;
     }
-    let task_id = request.params.get("id")?.as_str()?;
     if state.engine.runs_here(principal, task_id) {
         return None;
     }
@@ -89,13 +120,15 @@ pub async fn to_holder(
             return None;
         }
     };
-    let mut url = format!("{}{}", holder.trim_end_matches('/'), PATH);
+    let mut url = format!("{}{path}", holder.trim_end_matches('/'));
     if !req.query_string().is_empty() {
         url = format!("{url}?{}", req.query_string());
     }
+    let http_method =
+        reqwest::Method::from_bytes(req.method().as_str().as_bytes()).unwrap_or_default();
     let mut forward = CLIENT
         .with(Clone::clone)
-        .post(url)
+        .request(http_method, url)
         .header(header::CONTENT_TYPE.as_str(), "application/json")
         .header(SECRET_HEADER, secret)
         .header(PRINCIPAL_HEADER, hex::encode(principal))

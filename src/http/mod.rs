@@ -250,6 +250,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .default_service(web::to(method_not_allowed)),
     )
     .route(forward::PATH, web::post().to(rpc::handle_forwarded))
+    .service(
+        web::scope(forward::REST_PREFIX)
+            .app_data(rpc::Caller::Node)
+            .configure(rest::routes),
+    )
     .route(
         "/.well-known/agent-card.json",
         web::get().to(card::agent_card),

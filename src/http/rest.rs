@@ -267,11 +267,15 @@ async fn serve(
         );
         return error_response(&error, None);
     }
-    let principal = match rpc::authenticate(req, state) {
+    let caller = req
+        .app_data::<rpc::Caller>()
+        .copied()
+        .unwrap_or(rpc::Caller::Client);
+    let principal = match rpc::principal_of(req, state, caller) {
         Ok(principal) => principal,
         Err(error) => return error_response(&error, None),
     };
-    let params = match body {
+    let mut params = match body {
         Body::Unread => path_params,
         Body::Params => match read_params(req, payload, state, path_params).await {
             Ok(params) => params,
@@ -281,7 +285,13 @@ async fn serve(
             }
         },
     };
-    let mut params = params;
+    // A task another node runs is served by that node (its lease names it).
+    if caller == rpc::Caller::Client
+        && let Some(response) = to_holder(req, state, &principal, method, &params, body).await
+    {
+        rpc::record(method.label(), 0, started);
+        return response;
+    }
     // v0.3's push configs go to the v0.3 handlers, so the config remembers to notify in v0.3.
     let version = match dialect {
         Dialect::V03 if method.is_push_config() => {
@@ -322,6 +332,23 @@ async fn serve(
         }
         Err(error) => error_response(&error, None),
     }
+}
+
+/// The holder's answer, when `params` name a task another node runs (see `forward.rs`).
+async fn to_holder(
+    req: &HttpRequest,
+    state: &AppState,
+    principal: &str,
+    method: Method,
+    params: &Map<String, Value>,
+    body: Body,
+) -> Option<HttpResponse> {
+    let task_id = params.get("id")?.as_str()?;
+    let forwarded_body = match body {
+        Body::Params => serde_json::to_vec(params).ok()?,
+        Body::Unread => Vec::new(),
+    };
+    super::forward::rest_to_holder(state, req, principal, method, task_id, &forwarded_body).await
 }
 
 /// The body's JSON object, with the path's params laid over it (the path names the resource).

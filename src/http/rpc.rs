@@ -120,9 +120,10 @@ async fn collect_body(
 }
 
 /// Who sent a request: a client (authenticated by its bearer token), or another node passing
-/// on a client's request for a task this node runs (authenticated by the cluster secret).
+/// on a client's request for a task this node runs (authenticated by the cluster secret; the
+/// HTTP+JSON routes under `forward::REST_PREFIX` carry `Node` as app data).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Caller {
+pub(super) enum Caller {
     Client,
     Node,
 }
@@ -144,7 +145,11 @@ pub async fn handle_forwarded(
     respond(req, payload, state, Caller::Node).await
 }
 
-fn principal_of(req: &HttpRequest, state: &AppState, caller: Caller) -> Result<String, RpcError> {
+pub(super) fn principal_of(
+    req: &HttpRequest,
+    state: &AppState,
+    caller: Caller,
+) -> Result<String, RpcError> {
     match caller {
         Caller::Client => authenticate(req, state),
         Caller::Node => forward::forwarded_principal(state, req).map_err(|e| {
@@ -217,7 +222,7 @@ async fn respond(
     // A task another node runs is served by that node (its lease names it).
     if caller == Caller::Client
         && let Some(response) =
-            forward::to_holder(&state, &req, &principal, method, &request, &body).await
+            forward::rpc_to_holder(&state, &req, &principal, method, &request, &body).await
     {
         record(method.label(), 0, started);
         return response;

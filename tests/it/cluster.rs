@@ -580,15 +580,7 @@ async fn streams_live_reads_and_cancels_follow_the_task_to_its_node() {
     let a = forwarding_node(&url).await;
     let b = forwarding_node(&url).await;
     let text = "followed across the nodes, every character once: é€😀 and the end";
-    let message = user_message(V1, &format!("drip 40 3: {text}"), Some("followed"), None);
-    let sent = a
-        .rpc(
-            V1,
-            "SendMessage",
-            json!({"message": message, "configuration": {"returnImmediately": true}}),
-        )
-        .await;
-    let task_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
+    let task_id = dripping_task(&a, "followed", text).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
     // A live read through B: the reply so far, from A.
     let live = b.rpc(V1, "GetTask", json!({"id": task_id})).await;
@@ -632,6 +624,110 @@ async fn streams_live_reads_and_cancels_follow_the_task_to_its_node() {
     assert!(started.elapsed() < Duration::from_secs(10));
     let after = b.send_text(V1, "free again", Some("canceled"), None).await;
     assert_eq!(state_of(task_of(&after)), "TASK_STATE_COMPLETED", "{after}");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Starts a turn on `node` that answers `text` slowly; its task id.
+async fn dripping_task(node: &TestServer, context_id: &str, text: &str) -> String {
+    let message = user_message(V1, &format!("drip 40 3: {text}"), Some(context_id), None);
+    let sent = node
+        .rpc(
+            V1,
+            "SendMessage",
+            json!({"message": message, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    task_of(&sent)["id"].as_str().expect("a task").to_owned()
+}
+
+#[actix_rt::test]
+async fn the_http_json_binding_follows_the_task_to_its_node() {
+    let Some(url) = pg::database("cluster::the_http_json_binding_follows") else {
+        return;
+    };
+    let a = forwarding_node(&url).await;
+    let b = forwarding_node(&url).await;
+    let text = "followed over HTTP+JSON, every character once: é€😀 and the end";
+    let on_b = |path: &str| format!("{}{}", b.url.trim_end_matches('/'), path);
+
+    // A live read through B, in both versions of the binding: the reply so far, from A.
+    let task_id = dripping_task(&a, "rest-followed", text).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let live: Value = b
+        .client
+        .get(on_b(&format!("/tasks/{task_id}")))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(state_of(&live), "TASK_STATE_WORKING", "{live}");
+    let so_far = artifact_text(&live);
+    assert!(
+        !so_far.is_empty() && text.starts_with(&so_far),
+        "{so_far:?}"
+    );
+    let live03: Value = b
+        .client
+        .get(on_b(&format!("/v1/tasks/{task_id}")))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("JSON");
+    // v0.3's ProtoJSON: message parts under `content`, and the reply so far.
+    assert_eq!(state_of(&live03), "TASK_STATE_WORKING", "{live03}");
+    assert!(live03["history"][0]["content"].is_array(), "{live03}");
+    assert!(text.starts_with(&artifact_text(&live03)) && !artifact_text(&live03).is_empty());
+
+    // A stream through B: the task so far, then every chunk, to the end.
+    let subscribed = b
+        .client
+        .get(on_b(&format!("/tasks/{task_id}:subscribe")))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(subscribed.status(), 200);
+    let events: Vec<Value> = sse_events(subscribed)
+        .await
+        .into_iter()
+        .map(|event| json!({ "result": event }))
+        .collect();
+    let first = &events[0]["result"];
+    let snapshot = first.get("task").unwrap_or(first);
+    let streamed = format!("{}{}", artifact_text(snapshot), streamed_text(&events[1..]));
+    assert_eq!(streamed, text, "snapshot + later chunks == the reply");
+    let last = &events[events.len() - 1]["result"];
+    assert_eq!(
+        last["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "the stream ends with the final state: {last}"
+    );
+
+    // A cancel through B stops the turn A runs.
+    let slow = user_message(V1, "slow 30000", Some("rest-canceled"), None);
+    let sent = a
+        .rpc(
+            V1,
+            "SendMessage",
+            json!({"message": slow, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let slow_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
+    let started = Instant::now();
+    let canceled = b
+        .client
+        .post(on_b(&format!("/tasks/{slow_id}:cancel")))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(canceled.status(), 200);
+    let canceled: Value = canceled.json().await.expect("JSON");
+    assert_eq!(state_of(&canceled), "TASK_STATE_CANCELED", "{canceled}");
+    assert!(started.elapsed() < Duration::from_secs(10));
     a.stop().await;
     b.stop().await;
 }
