@@ -150,39 +150,41 @@ impl Ops {
 
     /// Stores the caller's message and the task as working, and takes the conversation's
     /// lease, in one transaction, unless a live lease holds it.
+    ///
+    /// Four round trips on the usual path: `BEGIN`; the conversation's lock, its history
+    /// window, the task it continues and the lease, pipelined; the message, the task and its
+    /// push configs, pipelined; `COMMIT`. Statements go in that order, so locks are still taken
+    /// conversation row first.
     pub(super) async fn begin(&self, turn: &BeginTurn) -> Result<TurnBegun, Failure> {
         let key = ConversationKey::new(&turn.principal, &turn.context_id);
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let recent = free_for(&tx, turn, &key).await?;
-        let mut stored = task_to_run(&tx, turn, &key).await?;
+        let (current, recent, continued, taken) = futures_util::try_join!(
+            lock_conversation(&tx, &key),
+            history_window(&tx, &key, turn.history_limit),
+            continued_task(&tx, turn),
+            self.take(&tx, turn, &key),
+        )?;
+        free_for(&tx, turn, current).await?;
+        let mut stored = task_to_run(turn, &key, continued)?;
         let before = turn.continuing.then(|| stored.clone());
-        let Some(taken) = self.take(&tx, turn, &key).await? else {
-            // Taken by another node between our read and our write.
+        let Some(taken) = taken else {
+            // Taken by another node between its read and ours.
             return Err(busy(&tx, turn, &key).await?.into());
         };
         let seq = taken.next_seq - 1;
-        tx.execute(
-            &tx.prepare_cached(
-                "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)",
-            )
-            .await?,
-            &[
-                &key.as_bytes().as_slice(),
-                &(seq as i64),
-                &encode(&turn.message),
-            ],
-        )
-        .await?;
         stored.history_seqs.push(seq);
         stored.task.status = TaskStatus::new(TaskState::Working, None);
         stored.task.artifacts.clear();
-        super::push::put_with_start(&tx, &turn.principal, &turn.push_configs, &turn.task_id)
-            .await?;
-        put_task(&tx, &key, &turn.principal, &stored).await?;
-        let mut task = stored.task.clone();
         let earlier = &stored.history_seqs[..stored.history_seqs.len() - 1];
-        task.history = messages_at(&tx, &key, earlier).await?.0;
+        let (_, _, _, (history, _)) = futures_util::try_join!(
+            insert_message(&tx, &key, seq, &turn.message),
+            super::push::put_with_start(&tx, &turn.principal, &turn.push_configs, &turn.task_id),
+            put_task(&tx, &key, &turn.principal, &stored),
+            messages_at(&tx, &key, earlier),
+        )?;
+        let mut task = stored.task.clone();
+        task.history = history;
         task.history.push(turn.message.clone());
         if let Err(e) = tx.commit().await {
             if super::failover::connection_lost(&e) {
@@ -318,38 +320,47 @@ impl Ops {
         let key = lease.key.as_bytes().as_slice();
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let mut next_seq = held(&tx, lease).await?;
-        let mut row = load_task(&tx, &lease.task_id, true)
-            .await?
-            .ok_or_else(|| stale(lease))?;
-        if let Some(reply) = &end.reply {
-            tx.execute(
-                &tx.prepare_cached(
-                    "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)",
-                )
-                .await?,
-                &[&key, &next_seq, &encode(reply)],
-            )
-            .await?;
-            row.stored.history_seqs.push(next_seq as u64);
+        // Four round trips: `BEGIN`; the lease's and the task's locks, pipelined; the reply,
+        // the task and the conversation's release, pipelined; `COMMIT`.
+        let (mut next_seq, row) =
+            futures_util::try_join!(held(&tx, lease), load_task(&tx, &lease.task_id, true))?;
+        let mut row = row.ok_or_else(|| stale(lease))?;
+        let reply_seq = end.reply.as_ref().map(|_| next_seq);
+        if let Some(seq) = reply_seq {
+            row.stored.history_seqs.push(seq as u64);
             next_seq += 1;
         }
         row.stored.task.status = end.status.clone();
         row.stored.task.artifacts = end.artifacts.clone();
-        put_task(&tx, &lease.key, &row.principal, &row.stored).await?;
         let now = crate::model::now();
         let agent_state = end.agent_state.as_ref().map(encode);
-        tx.execute(
-            &tx.prepare_cached(
-                "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
-                 lease_holder = NULL, next_seq = $2, updated_at = $3, updated_ms = $4, \
-                 agent_state = COALESCE($5, agent_state) \
-             WHERE conv_key = $1",
+        let store_reply = async {
+            match (&end.reply, reply_seq) {
+                (Some(reply), Some(seq)) => {
+                    insert_message(&tx, &lease.key, seq as u64, reply).await
+                }
+                _ => Ok(()),
+            }
+        };
+        let release = async {
+            tx.execute(
+                &tx.prepare_cached(
+                    "UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
+                     lease_holder = NULL, next_seq = $2, updated_at = $3, updated_ms = $4, \
+                     agent_state = COALESCE($5, agent_state) \
+                 WHERE conv_key = $1",
+                )
+                .await?,
+                &[&key, &next_seq, &now, &now.timestamp_millis(), &agent_state],
             )
-            .await?,
-            &[&key, &next_seq, &now, &now.timestamp_millis(), &agent_state],
-        )
-        .await?;
+            .await
+            .map_err(Failure::from)
+        };
+        futures_util::try_join!(
+            store_reply,
+            put_task(&tx, &lease.key, &row.principal, &row.stored),
+            release,
+        )?;
         tx.commit().await?;
         Ok(())
     }
@@ -836,26 +847,52 @@ fn stale(lease: &Lease) -> StoreError {
     }
 }
 
-/// Locks the conversation and checks no live lease holds it (failing the task of an expired
-/// one); returns its latest messages for the agent's history.
+/// Locks the conversation: its row as it was before this turn, if it is stored.
+async fn lock_conversation(
+    tx: &impl GenericClient,
+    key: &ConversationKey,
+) -> Result<Option<Row>, Failure> {
+    let sql = "SELECT running_task, lease_expires <= now() AS expired \
+               FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE";
+    Ok(tx
+        .query_opt(
+            &tx.prepare_cached(sql).await?,
+            &[&key.as_bytes().as_slice()],
+        )
+        .await?)
+}
+
+/// The conversation's latest `limit` messages, oldest first, for the agent's history: none for
+/// a conversation never stored. Read before this turn's lease moves `next_seq` on.
+async fn history_window(
+    tx: &impl GenericClient,
+    key: &ConversationKey,
+    limit: usize,
+) -> Result<Vec<Message>, Failure> {
+    let sql = "SELECT body FROM colloquy_messages WHERE conv_key = $1 AND seq >= \
+               (SELECT next_seq FROM colloquy_conversations WHERE conv_key = $1) - $2 \
+               ORDER BY seq";
+    let limit = limit.min(i64::MAX as usize) as i64;
+    let rows = tx
+        .query(
+            &tx.prepare_cached(sql).await?,
+            &[&key.as_bytes().as_slice(), &limit],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| decode(&row.try_get::<_, String>("body")?))
+        .collect()
+}
+
+/// Checks no live lease held the conversation (`current`, as locked), failing the task of an
+/// expired one.
 async fn free_for(
     tx: &impl GenericClient,
     turn: &BeginTurn,
-    key: &ConversationKey,
-) -> Result<Vec<Message>, Failure> {
-    let current = tx
-        .query_opt(
-            &tx.prepare_cached(
-                "SELECT running_task, lease_expires <= now() AS expired, next_seq \
-             FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE",
-            )
-            .await?,
-            &[&key.as_bytes().as_slice()],
-        )
-        .await?;
-    // A conversation never stored has no messages to read.
+    current: Option<Row>,
+) -> Result<(), Failure> {
     let Some(row) = current else {
-        return Ok(Vec::new());
+        return Ok(());
     };
     if let Some(running) = opt_text(&row, "running_task")? {
         let expired: Option<bool> = row.try_get("expired")?;
@@ -870,17 +907,42 @@ async fn free_for(
             metrics::counter!("colloquy_leases_expired_total").increment(1);
         }
     }
-    let next_seq: i64 = row.try_get("next_seq")?;
-    let first = next_seq.saturating_sub(turn.history_limit.min(i64::MAX as usize) as i64);
-    messages_between(tx, key, first, next_seq).await
+    Ok(())
 }
 
-/// The task the turn runs: the principal's task waiting for input in this conversation, or a
-/// new one.
-async fn task_to_run(
+/// The stored task a continuing turn answers, locked (None for a new task).
+async fn continued_task(
     tx: &impl GenericClient,
     turn: &BeginTurn,
+) -> Result<Option<TaskRow>, Failure> {
+    if !turn.continuing {
+        return Ok(None);
+    }
+    load_task(tx, &turn.task_id, true).await
+}
+
+/// Appends `message` to the conversation at `seq`.
+async fn insert_message(
+    tx: &impl GenericClient,
     key: &ConversationKey,
+    seq: u64,
+    message: &Message,
+) -> Result<(), Failure> {
+    let sql = "INSERT INTO colloquy_messages (conv_key, seq, body) VALUES ($1, $2, $3)";
+    tx.execute(
+        &tx.prepare_cached(sql).await?,
+        &[&key.as_bytes().as_slice(), &(seq as i64), &encode(message)],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The task the turn runs: the principal's task waiting for input in this conversation
+/// (`continued`, as loaded), or a new one.
+fn task_to_run(
+    turn: &BeginTurn,
+    key: &ConversationKey,
+    continued: Option<TaskRow>,
 ) -> Result<StoredTask, Failure> {
     if !turn.continuing {
         return Ok(StoredTask {
@@ -895,8 +957,7 @@ async fn task_to_run(
             history_seqs: Vec::new(),
         });
     }
-    let row = load_task(tx, &turn.task_id, true)
-        .await?
+    let row = continued
         .filter(|r| r.principal == turn.principal && r.key == *key)
         .ok_or_else(|| StoreError::TaskNotFound(turn.task_id.clone()))?;
     let state = row.stored.task.status.state;
@@ -994,24 +1055,31 @@ pub(super) async fn put_task(
     let mut record = stored.clone();
     record.task.history.clear();
     let status = &record.task.status;
-    client
-        .execute(
-            &client.prepare_cached("INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, state, \
-                 status_ms, record) VALUES ($1, $2, $3, $4, $5, $6, $7) \
-             ON CONFLICT (conv_key, task_id) DO UPDATE SET state = excluded.state, \
-                 status_ms = excluded.status_ms, record = excluded.record").await?,
-            &[
-                &key.as_bytes().as_slice(),
-                &record.task.id.as_bytes(),
-                &PrincipalKey::new(principal).as_bytes().as_slice(),
-                &principal.as_bytes(),
-                &(status.state.code() as i16),
-                &status.timestamp.timestamp_millis().max(0),
-                &encode(&record),
-            ],
-        )
-        .await?;
-    super::push::enqueue(client, &record.task).await
+    let upsert = async {
+        let sql = "INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, \
+                   state, status_ms, record) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                   ON CONFLICT (conv_key, task_id) DO UPDATE SET state = excluded.state, \
+                   status_ms = excluded.status_ms, record = excluded.record";
+        let statement = client.prepare_cached(sql).await?;
+        client
+            .execute(
+                &statement,
+                &[
+                    &key.as_bytes().as_slice(),
+                    &record.task.id.as_bytes(),
+                    &PrincipalKey::new(principal).as_bytes().as_slice(),
+                    &principal.as_bytes(),
+                    &(status.state.code() as i16),
+                    &status.timestamp.timestamp_millis().max(0),
+                    &encode(&record),
+                ],
+            )
+            .await?;
+        Ok::<(), Failure>(())
+    };
+    // The task's push configs are read as the row is written, in the same round trip.
+    futures_util::try_join!(upsert, super::push::enqueue(client, &record.task))?;
+    Ok(())
 }
 
 /// A task left running by a node whose lease expired: it will never finish, so it failed.
@@ -1026,25 +1094,6 @@ async fn fail_abandoned_task(tx: &impl GenericClient, task_id: &str) -> Result<b
     row.stored.task.status = failed_status(&row.stored.task, ABANDONED_TASK_TEXT);
     put_task(tx, &row.key, &row.principal, &row.stored).await?;
     Ok(true)
-}
-
-/// Messages with sequence numbers in `[first, end)`, oldest first.
-async fn messages_between(
-    client: &impl GenericClient,
-    key: &ConversationKey,
-    first: i64,
-    end: i64,
-) -> Result<Vec<Message>, Failure> {
-    let rows = client
-        .query(
-            &client.prepare_cached("SELECT body FROM colloquy_messages WHERE conv_key = $1 AND seq >= $2 AND seq < $3 \
-             ORDER BY seq").await?,
-            &[&key.as_bytes().as_slice(), &first, &end],
-        )
-        .await?;
-    rows.iter()
-        .map(|row| decode(&row.try_get::<_, String>("body")?))
-        .collect()
 }
 
 /// The messages at `seqs`, in that order, and their stored size in bytes.
