@@ -165,7 +165,10 @@ fn documented_series() -> Vec<String> {
         .map(|quoted| quoted.split('{').next().unwrap_or_default().to_owned())
         .filter(|name| name.starts_with("colloquy_") || name.starts_with("process_"))
         .collect();
-    assert!(names.len() > 20, "docs/operations.md's metrics list: {names:?}");
+    assert!(
+        names.len() > 20,
+        "docs/operations.md's metrics list: {names:?}"
+    );
     names
 }
 
