@@ -10,7 +10,7 @@
 //! metrics recorder; [`cli`] the commands; [`config`] layered configuration.
 //!
 //! Dependencies point one way: `protocol` is a pure wire library (model only), `store` knows
-//! neither engine nor HTTP, nothing below `http` knows `http` (`tests/layering.rs` checks).
+//! neither engine nor HTTP, nothing below `http` knows `http` (`tests/it/layering.rs` checks).
 
 pub mod agent;
 pub mod app;

@@ -59,7 +59,7 @@ enum Kind {
     Histogram,
 }
 
-/// One documented series (the README's "Operating it" lists the same).
+/// One documented series (docs/operations.md lists the same, checked by a test).
 struct Series {
     name: &'static str,
     kind: Kind,

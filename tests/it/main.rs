@@ -11,6 +11,7 @@ mod card;
 mod cli_store;
 mod cluster;
 mod cluster_metrics;
+mod config_doc;
 mod config_env;
 mod crash;
 mod engine;

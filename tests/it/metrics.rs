@@ -148,10 +148,10 @@ async fn scrape(client: &reqwest::Client, url: &str) -> prometheus_parse::Scrape
         .expect("Prometheus text")
 }
 
-/// The series the README's "Operating it" section documents under `GET /metrics`.
+/// The series docs/operations.md documents under `GET /metrics`.
 fn documented_series() -> Vec<String> {
-    let readme = include_str!("../../README.md");
-    let bullet: String = readme
+    let doc = include_str!("../../docs/operations.md");
+    let bullet: String = doc
         .lines()
         .skip_while(|l| !l.starts_with("- `GET /metrics`"))
         .enumerate()
@@ -165,7 +165,10 @@ fn documented_series() -> Vec<String> {
         .map(|quoted| quoted.split('{').next().unwrap_or_default().to_owned())
         .filter(|name| name.starts_with("colloquy_") || name.starts_with("process_"))
         .collect();
-    assert!(names.len() > 20, "the README's metrics list: {names:?}");
+    assert!(
+        names.len() > 20,
+        "docs/operations.md's metrics list: {names:?}"
+    );
     names
 }
 

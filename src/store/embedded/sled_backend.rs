@@ -64,7 +64,7 @@ pub const MAX_LEAF_FANOUT: usize = 1024;
 /// has fallen to this share of live bytes, so its space can be reused; sled's own 50 kept the
 /// checkpoint thread relocating pages a fifth of its time. 25 cost more disk (still a third of
 /// the 1,500 bytes a turn allowed) for more turns/s that fell less as the folder grew
-/// (docs/performance.md, session 12).
+/// (docs/performance.md, "Design decisions": 2b68e12, 2026-12-01).
 pub const DEFAULT_SEGMENT_CLEANUP_PERCENT: usize = 25;
 /// Bounds against a mistyped value: the folder can grow to about 100 / percent times its live
 /// data, and near 100 every segment is rewritten as soon as anything in it changes.
