@@ -462,6 +462,9 @@ pub struct PeerConfig {
 pub struct PushSettings {
     /// Configs one task may have.
     pub max_configs_per_task: usize,
+    /// Notifications one principal may have waiting for delivery; at the cap, new configs are
+    /// refused (those waiting are still delivered).
+    pub max_pending_per_principal: usize,
     /// Webhooks may point at loopback, private, link-local and other internal addresses (and
     /// use http).
     #[serde(deserialize_with = "flexible_bool")]
@@ -486,6 +489,7 @@ impl Default for PushSettings {
     fn default() -> Self {
         PushSettings {
             max_configs_per_task: 10,
+            max_pending_per_principal: 10_000,
             allow_private_networks: false,
             allowed_hosts: Vec::new(),
             give_up_after_secs: 24 * 60 * 60,
@@ -641,15 +645,16 @@ impl Config {
         }
         let push = &self.push;
         if push.max_configs_per_task == 0
+            || push.max_pending_per_principal == 0
             || push.attempt_timeout_ms == 0
             || push.retry_base_ms == 0
             || push.retry_max_ms < push.retry_base_ms
             || push.concurrency == 0
         {
             return Err(ConfigError::Invalid(
-                "push.max_configs_per_task, push.attempt_timeout_ms, push.retry_base_ms and \
-                 push.concurrency must be positive, and push.retry_max_ms at least \
-                 push.retry_base_ms"
+                "push.max_configs_per_task, push.max_pending_per_principal, \
+                 push.attempt_timeout_ms, push.retry_base_ms and push.concurrency must be \
+                 positive, and push.retry_max_ms at least push.retry_base_ms"
                     .into(),
             ));
         }
