@@ -149,22 +149,33 @@ fn lane_entries(
     Ok(entries)
 }
 
-/// Gives every outbox entry written before the index its index entries (at open, once).
+/// Gives every outbox entry written before the index its index entries (at open, once an
+/// outbox is there). Entries that have theirs are left alone (putting them again could leave
+/// a second due entry), so an outbox empty at one open and filled since is only checked.
 pub(super) fn index_outbox(records: &Records) -> StoreResult<()> {
     if records.backend().get(INDEXED)?.is_some() {
         return Ok(());
     }
     let pending: Vec<Notification> = scan_prefix(records, &[OUTBOX], usize::MAX)?;
+    if pending.is_empty() {
+        // Nothing to index: no write (a fresh store opens without one).
+        return Ok(());
+    }
     let mut batch = WriteBatch::new();
+    let mut indexed = 0;
     for notification in &pending {
-        put_index_entries(&mut batch, notification);
+        let entry = lane_entry(&notification.lane(), notification.seq);
+        if records.backend().get(&entry)?.is_none() {
+            put_index_entries(&mut batch, notification);
+            indexed += 1;
+        }
     }
     batch.put_raw(INDEXED.to_vec(), Vec::new());
     records.apply(batch)?;
     records.backend().flush()?;
-    if !pending.is_empty() {
+    if indexed > 0 {
         tracing::info!(
-            notifications = pending.len(),
+            notifications = indexed,
             "indexed the push outbox by due time"
         );
     }
@@ -631,5 +642,79 @@ impl PushStore for EmbeddedStore {
 
     fn outbox_waker(&self) -> std::sync::Arc<tokio::sync::Notify> {
         self.outbox.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Task, TaskState, TaskStatus};
+    use crate::store::embedded::{SledBackend, SledOptions};
+    use std::sync::Arc;
+
+    fn notification(seq: u64, task_id: &str) -> Notification {
+        let now = crate::model::now();
+        Notification {
+            id: format!("n{seq}"),
+            seq,
+            principal: "alice".into(),
+            config: PushConfig {
+                id: "hook".into(),
+                task_id: task_id.into(),
+                url: "https://hooks.example/".into(),
+                token: None,
+                authentication: None,
+                wire_version: "1.0".into(),
+            },
+            task: Task {
+                id: task_id.into(),
+                context_id: "ctx".into(),
+                status: TaskStatus::new(TaskState::Working, None),
+                artifacts: Vec::new(),
+                history: Vec::new(),
+                metadata: None,
+            },
+            created_at: now,
+            attempts: 0,
+            not_before: now,
+            claim: None,
+        }
+    }
+
+    /// An outbox written before the due index (records only) gets its index entries at open,
+    /// once: a second pass adds no second due entry.
+    #[test]
+    fn an_outbox_written_before_the_index_is_indexed_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = SledBackend::open_with(dir.path(), &SledOptions::with_cache(1 << 20));
+        let records = Records::new(Arc::new(backend.unwrap()));
+        index_outbox(&records).unwrap();
+        assert_eq!(records.backend().get(INDEXED).unwrap(), None, "no write");
+        let mut batch = WriteBatch::new();
+        for (seq, task) in [(1, "a"), (2, "a"), (3, "b")] {
+            batch.put_raw(outbox_key(seq), encode(&notification(seq, task)));
+        }
+        records.apply(batch).unwrap();
+        index_outbox(&records).unwrap();
+        let seqs = |found: DueNotifications| found.due.iter().map(|n| n.seq).collect::<Vec<_>>();
+        assert_eq!(seqs(due_now(&records, 10).unwrap()), [1, 2, 3]);
+        assert_eq!(
+            count_prefix(&records, &principal_prefix("alice"), 10).unwrap(),
+            3
+        );
+        // #2 waits behind #1; indexing again (the marker lost) leaves it aside.
+        assert_eq!(
+            claim_or_set_aside(&records, notification(2, "a")).unwrap(),
+            None
+        );
+        records
+            .backend()
+            .apply(vec![crate::store::embedded::KvOp::Delete(INDEXED.to_vec())])
+            .unwrap();
+        index_outbox(&records).unwrap();
+        assert_eq!(seqs(due_now(&records, 10).unwrap()), [1, 3]);
+        assert_eq!(count_prefix(&records, &[DUE], usize::MAX).unwrap(), 2);
+        remove_notification(&records, 1).unwrap();
+        assert_eq!(seqs(due_now(&records, 10).unwrap()), [3, 2]);
     }
 }
