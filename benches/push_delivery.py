@@ -11,7 +11,7 @@ latency from the task's status timestamp to the notification's arrival (p50/p90/
 checking that each task's notifications came in order (working before completed) and that no
 notification id arrived twice without the same body.
 
-    benches/push_delivery.py --idle [--tasks 5000] [--measure-s 20] [--binary ...]
+    benches/push_delivery.py --idle [--tasks 5000] [--measure-s 20] [--url-bytes N] [--binary ...]
 
 The idle case (issue 31): every webhook points at a loopback port nobody listens on, with retries
 five to ten minutes apart, so --tasks sends leave 2 x --tasks notifications pending. Once each
@@ -109,6 +109,7 @@ def resident_mb(pid):
 def idle(args):
     """Many notifications pending for a receiver that is down: the idle server's CPU."""
     hook = f"http://127.0.0.1:{free_port()}/hook"  # nobody listens: connection refused
+    hook += "x" * max(0, args.url_bytes - len(hook))
     env = {
         "COLLOQUY_PUSH__RETRY_BASE_MS": "600000",
         "COLLOQUY_PUSH__RETRY_MAX_MS": "600000",
@@ -123,7 +124,7 @@ def idle(args):
         while metric(port, "colloquy_push_failed_total") < args.tasks:
             time.sleep(0.5)
         settled_s = time.time() - started
-        time.sleep(2)
+        time.sleep(args.settle_s)
         cpu_before, scanned_before = cpu_seconds(server.pid), metric(port, "colloquy_push_scanned_total")
         time.sleep(args.measure_s)
         cpu = cpu_seconds(server.pid) - cpu_before
@@ -133,6 +134,7 @@ def idle(args):
                 {
                     "case": "idle",
                     "tasks": args.tasks,
+                    "url_bytes": len(hook),
                     "pending": metric(port, "colloquy_push_pending"),
                     "sends_s": round(sent_s, 2),
                     "first_attempts_done_s": round(settled_s, 2),
@@ -158,6 +160,8 @@ def main():
     parser.add_argument("--binary", default="target/release/colloquy")
     parser.add_argument("--idle", action="store_true")
     parser.add_argument("--measure-s", type=float, default=20)
+    parser.add_argument("--settle-s", type=float, default=2, help="idle case: wait before measuring")
+    parser.add_argument("--url-bytes", type=int, default=0, help="pad the idle case's webhook URL")
     args = parser.parse_args()
     if args.idle:
         return idle(args)

@@ -113,14 +113,18 @@ impl Worker {
         let mut attempts: JoinSet<u64> = JoinSet::new();
         let mut in_flight: HashSet<u64> = HashSet::new();
         let mut counted: Option<Instant> = None;
+        // Whether the outbox may have changed since it was last counted (an idle worker
+        // counts nothing).
+        let mut changed = true;
         loop {
             let scanned = Instant::now();
             let Some(store) = self.store.upgrade() else {
                 return;
             };
-            let wait = self.read_due(&*store, &mut attempts, &mut in_flight).await;
-            if counted.is_none_or(|at| at.elapsed() >= COUNT_EVERY) {
-                counted = Some(scanned);
+            let (wait, read) = self.read_due(&*store, &mut attempts, &mut in_flight).await;
+            changed |= read > 0;
+            if changed && counted.is_none_or(|at| at.elapsed() >= COUNT_EVERY) {
+                (counted, changed) = (Some(scanned), false);
                 match store.pending_count().await {
                     Ok(pending) => metrics::gauge!("colloquy_push_pending").set(pending as f64),
                     Err(e) => tracing::error!(error = %e, "counting the push-notification outbox"),
@@ -132,8 +136,9 @@ impl Worker {
                     if let Ok(seq) = done {
                         in_flight.remove(&seq);
                     }
+                    changed = true;
                 }
-                _ = waker.notified() => {}
+                _ = waker.notified() => changed = true,
                 _ = tokio::time::sleep(wait) => {}
             }
             tokio::time::sleep_until(scanned + MIN_RESCAN).await;
@@ -146,30 +151,33 @@ impl Worker {
     }
 
     /// Reads what is due, while a delivery slot is free, and starts it; returns how long the
-    /// worker may sleep (until the next one falls due, at most [`IDLE_POLL`]).
+    /// worker may sleep (until the next one falls due, at most [`IDLE_POLL`]) and how many
+    /// notifications it read.
     async fn read_due(
         self: &Arc<Self>,
         store: &dyn PushStore,
         attempts: &mut JoinSet<u64>,
         in_flight: &mut HashSet<u64>,
-    ) -> Duration {
+    ) -> (Duration, usize) {
         let free = self.options.concurrency.saturating_sub(attempts.len());
         if free == 0 {
             // Nothing could start: a finished attempt wakes the worker.
-            return IDLE_POLL;
+            return (IDLE_POLL, 0);
         }
         // Those in flight may be among the due ones (until their outcome is stored).
         match store.due_notifications(free + in_flight.len()).await {
             Ok(found) => {
-                metrics::counter!("colloquy_push_scanned_total").increment(found.due.len() as u64);
+                let read = found.due.len();
+                metrics::counter!("colloquy_push_scanned_total").increment(read as u64);
                 self.start(found.due, attempts, in_flight);
-                found.next_due.map_or(IDLE_POLL, |next| {
+                let wait = found.next_due.map_or(IDLE_POLL, |next| {
                     (next - now()).to_std().unwrap_or_default().min(IDLE_POLL)
-                })
+                });
+                (wait, read)
             }
             Err(e) => {
                 tracing::error!(error = %e, "reading the push-notification outbox");
-                IDLE_POLL
+                (IDLE_POLL, 0)
             }
         }
     }
