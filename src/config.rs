@@ -796,4 +796,17 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn the_pending_cap_must_be_positive() {
+        let mut config = Config::default();
+        assert_eq!(config.push.max_pending_per_principal, 10_000);
+        assert!(config.validate().is_ok());
+        config.push.max_pending_per_principal = 0;
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(
+            refused.contains("push.max_pending_per_principal"),
+            "{refused}"
+        );
+    }
 }
