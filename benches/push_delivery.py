@@ -10,6 +10,13 @@ receiver on loopback that answers every notification after --delay-ms. Sends --t
 latency from the task's status timestamp to the notification's arrival (p50/p90/p99/max),
 checking that each task's notifications came in order (working before completed) and that no
 notification id arrived twice without the same body.
+
+    benches/push_delivery.py --idle [--tasks 5000] [--measure-s 20] [--url-bytes N] [--binary ...]
+
+The idle case (issue 31): every webhook points at a loopback port nobody listens on, with retries
+five to ten minutes apart, so --tasks sends leave 2 x --tasks notifications pending. Once each
+task's first notification has had its one attempt, reads the server's CPU time (utime + stime of
+/proc/<pid>/stat) and resident memory over --measure-s seconds of idleness and prints them.
 """
 
 import argparse
@@ -43,13 +50,121 @@ def percentile(values, p):
     return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
 
 
+def start_server(binary, env):
+    data = tempfile.mkdtemp()
+    port = free_port()
+    server = subprocess.Popen(
+        [binary, "serve", "--listen", f"127.0.0.1:{port}", "--data", data],
+        env=dict(os.environ, COLLOQUY_PUSH__ALLOW_PRIVATE_NETWORKS="true", **env),
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.05)
+    return server, port, data
+
+
+def send_with_hook(port, i, hook):
+    request = {
+        "jsonrpc": "2.0",
+        "id": i,
+        "method": "SendMessage",
+        "params": {
+            "message": {"messageId": f"m{i}", "role": "ROLE_USER", "parts": [{"text": f"task {i}"}]},
+            "configuration": {"taskPushNotificationConfig": {"url": hook, "token": "t"}},
+        },
+    }
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/",
+        json.dumps(request).encode(),
+        {"Content-Type": "application/json", "A2A-Version": "1.0"},
+    )
+    reply = json.load(urllib.request.urlopen(req, timeout=60))
+    return reply["result"]["task"]["id"]
+
+
+def metric(port, name):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def resident_mb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def idle(args):
+    """Many notifications pending for a receiver that is down: the idle server's CPU."""
+    hook = f"http://127.0.0.1:{free_port()}/hook"  # nobody listens: connection refused
+    hook += "x" * max(0, args.url_bytes - len(hook))
+    env = {
+        "COLLOQUY_PUSH__RETRY_BASE_MS": "600000",
+        "COLLOQUY_PUSH__RETRY_MAX_MS": "600000",
+    }
+    server, port, data = start_server(args.binary, env)
+    try:
+        started = time.time()
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            list(pool.map(lambda i: send_with_hook(port, i, hook), range(args.tasks)))
+        sent_s = time.time() - started
+        # Each task's first notification fails once (its second waits behind it).
+        while metric(port, "colloquy_push_failed_total") < args.tasks:
+            time.sleep(0.5)
+        settled_s = time.time() - started
+        time.sleep(args.settle_s)
+        cpu_before, scanned_before = cpu_seconds(server.pid), metric(port, "colloquy_push_scanned_total")
+        time.sleep(args.measure_s)
+        cpu = cpu_seconds(server.pid) - cpu_before
+        scanned = metric(port, "colloquy_push_scanned_total") - scanned_before
+        print(
+            json.dumps(
+                {
+                    "case": "idle",
+                    "tasks": args.tasks,
+                    "url_bytes": len(hook),
+                    "pending": metric(port, "colloquy_push_pending"),
+                    "sends_s": round(sent_s, 2),
+                    "first_attempts_done_s": round(settled_s, 2),
+                    "measured_s": args.measure_s,
+                    "cpu_s": round(cpu, 3),
+                    "cpu_percent_of_a_core": round(100 * cpu / args.measure_s, 2),
+                    "records_read": scanned,
+                    "rss_mb": round(resident_mb(server.pid), 1),
+                }
+            )
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        shutil.rmtree(data, ignore_errors=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=500)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--delay-ms", type=int, default=50)
     parser.add_argument("--binary", default="target/release/colloquy")
+    parser.add_argument("--idle", action="store_true")
+    parser.add_argument("--measure-s", type=float, default=20)
+    parser.add_argument("--settle-s", type=float, default=2, help="idle case: wait before measuring")
+    parser.add_argument("--url-bytes", type=int, default=0, help="pad the idle case's webhook URL")
     args = parser.parse_args()
+    if args.idle:
+        return idle(args)
 
     arrivals = queue.Queue()
 

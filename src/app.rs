@@ -11,7 +11,7 @@ use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
 use crate::push::deliver::DeliveryOptions;
 use crate::push::sign::{DEFAULT_KEY_FILE, Signer};
-use crate::push::{PushConfigs, TargetPolicy};
+use crate::push::{ConfigLimits, PushConfigs, TargetPolicy};
 use crate::store::embedded::{DEFAULT_MEMTABLE_BYTES, EmbeddedStore, SledOptions, WalLimits};
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::{ConversationStore, SharedPushStore, SharedStore, StoreError};
@@ -202,7 +202,10 @@ fn push_configs(store: SharedPushStore, config: &Config) -> PushConfigs {
     PushConfigs::new(
         store,
         Arc::new(target_policy(config)),
-        config.push.max_configs_per_task,
+        ConfigLimits {
+            per_task: config.push.max_configs_per_task,
+            pending_per_principal: config.push.max_pending_per_principal,
+        },
     )
 }
 

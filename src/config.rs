@@ -467,6 +467,9 @@ pub struct PeerConfig {
 pub struct PushSettings {
     /// Configs one task may have.
     pub max_configs_per_task: usize,
+    /// Notifications one principal may have waiting for delivery; at the cap, new configs are
+    /// refused (those waiting are still delivered).
+    pub max_pending_per_principal: usize,
     /// Webhooks may point at loopback, private, link-local and other internal addresses (and
     /// use http).
     #[serde(deserialize_with = "flexible_bool")]
@@ -491,6 +494,7 @@ impl Default for PushSettings {
     fn default() -> Self {
         PushSettings {
             max_configs_per_task: 10,
+            max_pending_per_principal: 10_000,
             allow_private_networks: false,
             allowed_hosts: Vec::new(),
             give_up_after_secs: 24 * 60 * 60,
@@ -647,15 +651,16 @@ impl Config {
         self.trusted_proxies()?;
         let push = &self.push;
         if push.max_configs_per_task == 0
+            || push.max_pending_per_principal == 0
             || push.attempt_timeout_ms == 0
             || push.retry_base_ms == 0
             || push.retry_max_ms < push.retry_base_ms
             || push.concurrency == 0
         {
             return Err(ConfigError::Invalid(
-                "push.max_configs_per_task, push.attempt_timeout_ms, push.retry_base_ms and \
-                 push.concurrency must be positive, and push.retry_max_ms at least \
-                 push.retry_base_ms"
+                "push.max_configs_per_task, push.max_pending_per_principal, \
+                 push.attempt_timeout_ms, push.retry_base_ms and push.concurrency must be \
+                 positive, and push.retry_max_ms at least push.retry_base_ms"
                     .into(),
             ));
         }
@@ -815,5 +820,18 @@ mod tests {
                 "{key}"
             );
         }
+    }
+
+    #[test]
+    fn the_pending_cap_must_be_positive() {
+        let mut config = Config::default();
+        assert_eq!(config.push.max_pending_per_principal, 10_000);
+        assert!(config.validate().is_ok());
+        config.push.max_pending_per_principal = 0;
+        let refused = config.validate().unwrap_err().to_string();
+        assert!(
+            refused.contains("push.max_pending_per_principal"),
+            "{refused}"
+        );
     }
 }

@@ -81,6 +81,7 @@ const RPC_SECONDS: &str = "colloquy_rpc_request_seconds";
 const TASKS: &str = "colloquy_tasks_total";
 const AGENT_SECONDS: &str = "colloquy_agent_seconds";
 const AGENT_ERRORS: &str = "colloquy_agent_errors_total";
+const PUSH_REFUSED: &str = "colloquy_push_refused_total";
 
 /// Series with labels; [`register_series`] registers their label values known at start.
 const LABELLED: &[&str] = &[
@@ -89,6 +90,7 @@ const LABELLED: &[&str] = &[
     TASKS,
     AGENT_SECONDS,
     AGENT_ERRORS,
+    PUSH_REFUSED,
 ];
 
 const SECONDS: Option<Unit> = Some(Unit::Seconds);
@@ -129,7 +131,9 @@ const SERIES: &[Series] = &[
     series("colloquy_push_failed_total", Kind::Counter, None, "push notification attempts that failed"),
     series("colloquy_push_retried_total", Kind::Counter, None, "push notifications scheduled for another attempt"),
     series("colloquy_push_given_up_total", Kind::Counter, None, "push notifications given up (refused, or not delivered within push.give_up_after_secs)"),
-    series("colloquy_push_pending", Kind::Gauge, None, "push notifications in the outbox (counted up to 10,000)"),
+    series("colloquy_push_pending", Kind::Gauge, None, "push notifications in the outbox (counted every 15 s while the worker runs)"),
+    series("colloquy_push_scanned_total", Kind::Counter, None, "outbox records the delivery worker read (only due ones)"),
+    series(PUSH_REFUSED, Kind::Counter, None, "push notification configs refused, by reason (pending_limit: push.max_pending_per_principal)"),
     series("colloquy_push_delivery_seconds", Kind::Histogram, SECONDS, "time from a task's change to its notification's delivery"),
     series("process_resident_memory_bytes", Kind::Gauge, BYTES, "resident memory"),
     series("process_cpu_seconds_total", Kind::Gauge, SECONDS, "CPU time used (user + system)"),
@@ -175,5 +179,6 @@ pub fn register_series(backend: &'static str) {
         metrics::counter!(TASKS, "state" => state.as_str()).increment(0);
     }
     metrics::counter!(AGENT_ERRORS, "backend" => backend).increment(0);
+    metrics::counter!(PUSH_REFUSED, "reason" => "pending_limit").increment(0);
     drop(metrics::histogram!(AGENT_SECONDS, "backend" => backend));
 }

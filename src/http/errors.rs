@@ -54,6 +54,8 @@ pub fn push_error(error: crate::push::ConfigError) -> RpcError {
             }
         }
         ConfigError::Store(PushError::Store(e)) => RpcError::Internal(e.to_string()),
-        e @ ConfigError::Target(_) => RpcError::InvalidParams(e.to_string()),
+        e @ (ConfigError::Target(_) | ConfigError::PendingLimit { .. }) => {
+            RpcError::InvalidParams(e.to_string())
+        }
     }
 }

@@ -120,7 +120,10 @@ pub async fn send_config(
             .map_err(push_error)?;
         return Ok(Vec::new());
     }
-    let config = configs.checked(config).await.map_err(push_error)?;
+    let config = configs
+        .checked(principal, config)
+        .await
+        .map_err(push_error)?;
     Ok(vec![config])
 }
 

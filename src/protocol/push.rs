@@ -12,6 +12,51 @@ use crate::model::{PushAuth, PushConfig, Task};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+/// Longest webhook `url`, in bytes (longer URLs are not sendable anyway: past about 64 KiB the
+/// HTTP client refuses them).
+pub const MAX_URL_BYTES: usize = 2048;
+/// Longest `token`, `authentication.credentials` and (together) `authentication.scheme(s)`, in
+/// bytes: each goes out as a header with every notification.
+pub const MAX_SECRET_BYTES: usize = 4096;
+/// Longest config `id`, in bytes (the default of `limits.context_id_bytes`).
+pub const MAX_CONFIG_ID_BYTES: usize = 256;
+
+/// Refuses a config whose fields exceed their bounds, naming the field (under `at`; `schemes`
+/// is how the version spells the authentication scheme).
+fn check_bounds(config: &PushConfig, at: &str, schemes: &str) -> FieldResult<()> {
+    let too_long = |field: &str, len: usize, max: usize| {
+        field_error(
+            join(at, field),
+            format!("is {len} bytes, more than the {max} allowed"),
+        )
+    };
+    let bounded = |field: &str, len: usize, max: usize| {
+        if len > max {
+            Err(too_long(field, len, max))
+        } else {
+            Ok(())
+        }
+    };
+    bounded("url", config.url.len(), MAX_URL_BYTES)?;
+    bounded("id", config.id.len(), MAX_CONFIG_ID_BYTES)?;
+    bounded(
+        "token",
+        config.token.as_ref().map_or(0, String::len),
+        MAX_SECRET_BYTES,
+    )?;
+    if let Some(auth) = &config.authentication {
+        let credentials = auth.credentials.as_ref().map_or(0, String::len);
+        bounded("authentication.credentials", credentials, MAX_SECRET_BYTES)?;
+        let scheme_bytes = auth.schemes.iter().map(String::len).sum();
+        bounded(
+            &format!("authentication.{schemes}"),
+            scheme_bytes,
+            MAX_SECRET_BYTES,
+        )?;
+    }
+    Ok(())
+}
+
 /// v1.0 `TaskPushNotificationConfig` (Create's params, and a send's
 /// `configuration.taskPushNotificationConfig`).
 #[derive(Deserialize)]
@@ -108,12 +153,20 @@ impl V03Config {
 /// empty (the caller fills them: a fresh id, the task a send creates).
 pub fn decode_config(version: WireVersion, params: &Value, at: &str) -> FieldResult<PushConfig> {
     match version {
-        WireVersion::V1 => Ok(decode_at::<V1Config>(params, at)?.into_config()),
+        WireVersion::V1 => {
+            let config = decode_at::<V1Config>(params, at)?.into_config();
+            check_bounds(&config, at, "scheme")?;
+            Ok(config)
+        }
         WireVersion::V03 => {
             let config: V03TaskConfig = decode_at(params, at)?;
             let inner = join(at, "pushNotificationConfig");
             let task_id = config.task_id.unwrap_or_default();
-            config.push_notification_config.into_config(task_id, &inner)
+            let config = config
+                .push_notification_config
+                .into_config(task_id, &inner)?;
+            check_bounds(&config, &inner, "schemes")?;
+            Ok(config)
         }
     }
 }
@@ -139,9 +192,11 @@ pub fn decode_send_config(
     };
     match version {
         WireVersion::V1 => decode_config(version, config, at).map(Some),
-        WireVersion::V03 => decode_at::<V03Config>(config, at)?
-            .into_config(String::new(), at)
-            .map(Some),
+        WireVersion::V03 => {
+            let config = decode_at::<V03Config>(config, at)?.into_config(String::new(), at)?;
+            check_bounds(&config, at, "schemes")?;
+            Ok(Some(config))
+        }
     }
 }
 

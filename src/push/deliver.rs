@@ -1,7 +1,12 @@
 //! The delivery worker: drains the store's outbox, POSTing each notification to its webhook.
 //!
+//! It reads only what is due, earliest first, from the store's index by due time, and sleeps
+//! until the next one falls due (or new work wakes it): thousands of notifications waiting for
+//! a receiver that is down cost nothing between their attempts.
+//!
 //! At least once, in order per (task, URL): only the oldest notification of each lane is in
-//! flight, and the next one waits until it is delivered or given up. Failures that may pass
+//! flight, and the next one waits until it is delivered or given up (the store's claim sets a
+//! later one aside, out of the due order, until then). Failures that may pass
 //! (connection errors, timeouts, 408, 429, 5xx) are retried with exponential backoff and jitter
 //! (at least `Retry-After`), until `give_up_after` from the change; other answers, and targets
 //! the policy refuses, are given up at once. Every outcome is written to the store, so a restart
@@ -22,6 +27,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 /// The header carrying the config's token.
 pub const TOKEN_HEADER: &str = "X-A2A-Notification-Token";
@@ -31,13 +37,14 @@ pub const ID_HEADER: &str = "X-Colloquy-Notification-Id";
 /// Why a notification to a refused address is given up (the address itself stays out of logs).
 const REFUSED_TARGET: &str = "the webhook's address is not allowed by the push target policy";
 
-/// Notifications read from the outbox per pass.
-const SCAN_LIMIT: usize = 10_000;
-/// How often the outbox is read when nothing wakes the worker.
+/// How often the due index is read when nothing is due sooner and nothing wakes the worker
+/// (another node sharing the database may have added work): one indexed read of a few rows.
 const IDLE_POLL: Duration = Duration::from_secs(1);
-/// The outbox is read at most this often: wake-ups and finished attempts in between are taken
-/// together (a read decodes up to [`SCAN_LIMIT`] notifications).
+/// The due index is read at most this often: wake-ups and finished attempts in between are
+/// taken together.
 const MIN_RESCAN: Duration = Duration::from_millis(10);
+/// How often `colloquy_push_pending` is refreshed (it counts the whole outbox).
+const COUNT_EVERY: Duration = Duration::from_secs(15);
 
 #[derive(Debug, Clone)]
 pub struct DeliveryOptions {
@@ -63,16 +70,6 @@ enum Outcome {
     },
     /// Will never succeed.
     Refused(String),
-}
-
-/// One notification's lane: its order is kept within it.
-type Lane = (String, String);
-
-fn lane(notification: &Notification) -> Lane {
-    (
-        notification.config.task_id.clone(),
-        notification.config.url.clone(),
-    )
 }
 
 struct Worker {
@@ -113,75 +110,99 @@ pub fn start(
 
 impl Worker {
     async fn run(self: Arc<Self>, waker: Arc<tokio::sync::Notify>) {
-        let mut attempts: JoinSet<Lane> = JoinSet::new();
-        let mut in_flight: HashSet<Lane> = HashSet::new();
+        let mut attempts: JoinSet<u64> = JoinSet::new();
+        let mut in_flight: HashSet<u64> = HashSet::new();
+        let mut counted: Option<Instant> = None;
+        // Whether the outbox may have changed since it was last counted (an idle worker
+        // counts nothing).
+        let mut changed = true;
         loop {
-            let scanned = tokio::time::Instant::now();
+            let scanned = Instant::now();
             let Some(store) = self.store.upgrade() else {
                 return;
             };
-            let pending = store.pending_notifications(SCAN_LIMIT).await;
-            drop(store);
-            let mut wait = IDLE_POLL;
-            match pending {
-                Ok(pending) => {
-                    metrics::gauge!("colloquy_push_pending").set(pending.len() as f64);
-                    if let Some(due_in) = self.start_due(pending, &mut attempts, &mut in_flight) {
-                        wait = wait.min(due_in);
-                    }
+            let (wait, read) = self.read_due(&*store, &mut attempts, &mut in_flight).await;
+            changed |= read > 0;
+            if changed && counted.is_none_or(|at| at.elapsed() >= COUNT_EVERY) {
+                (counted, changed) = (Some(scanned), false);
+                match store.pending_count().await {
+                    Ok(pending) => metrics::gauge!("colloquy_push_pending").set(pending as f64),
+                    Err(e) => tracing::error!(error = %e, "counting the push-notification outbox"),
                 }
-                Err(e) => tracing::error!(error = %e, "reading the push-notification outbox"),
             }
+            drop(store);
             tokio::select! {
                 Some(done) = attempts.join_next(), if !attempts.is_empty() => {
-                    if let Ok(lane) = done {
-                        in_flight.remove(&lane);
+                    if let Ok(seq) = done {
+                        in_flight.remove(&seq);
                     }
+                    changed = true;
                 }
-                _ = waker.notified() => {}
+                _ = waker.notified() => changed = true,
                 _ = tokio::time::sleep(wait) => {}
             }
             tokio::time::sleep_until(scanned + MIN_RESCAN).await;
             while let Some(done) = attempts.try_join_next() {
-                if let Ok(lane) = done {
-                    in_flight.remove(&lane);
+                if let Ok(seq) = done {
+                    in_flight.remove(&seq);
                 }
             }
         }
     }
 
-    /// Starts the head of every lane that is due and not in flight; returns how soon the next
-    /// one waiting falls due.
-    fn start_due(
+    /// Reads what is due, while a delivery slot is free, and starts it; returns how long the
+    /// worker may sleep (until the next one falls due, at most [`IDLE_POLL`]) and how many
+    /// notifications it read.
+    async fn read_due(
         self: &Arc<Self>,
-        pending: Vec<Notification>,
-        attempts: &mut JoinSet<Lane>,
-        in_flight: &mut HashSet<Lane>,
-    ) -> Option<Duration> {
-        let now = now();
-        let mut seen: HashSet<Lane> = HashSet::new();
-        let mut next_due: Option<Duration> = None;
-        for notification in pending {
-            let lane = lane(&notification);
-            if !seen.insert(lane.clone()) || in_flight.contains(&lane) {
-                continue;
+        store: &dyn PushStore,
+        attempts: &mut JoinSet<u64>,
+        in_flight: &mut HashSet<u64>,
+    ) -> (Duration, usize) {
+        let free = self.options.concurrency.saturating_sub(attempts.len());
+        if free == 0 {
+            // Nothing could start: a finished attempt wakes the worker.
+            return (IDLE_POLL, 0);
+        }
+        // Those in flight may be among the due ones (until their outcome is stored).
+        match store.due_notifications(free + in_flight.len()).await {
+            Ok(found) => {
+                let read = found.due.len();
+                metrics::counter!("colloquy_push_scanned_total").increment(read as u64);
+                self.start(found.due, attempts, in_flight);
+                let wait = found.next_due.map_or(IDLE_POLL, |next| {
+                    (next - now()).to_std().unwrap_or_default().min(IDLE_POLL)
+                });
+                (wait, read)
             }
-            if notification.not_before > now {
-                let due_in = (notification.not_before - now).to_std().unwrap_or_default();
-                next_due = Some(next_due.map_or(due_in, |d| d.min(due_in)));
-                continue;
+            Err(e) => {
+                tracing::error!(error = %e, "reading the push-notification outbox");
+                (IDLE_POLL, 0)
             }
+        }
+    }
+
+    /// Starts an attempt for each due notification not in flight, while slots are free.
+    fn start(
+        self: &Arc<Self>,
+        due: Vec<Notification>,
+        attempts: &mut JoinSet<u64>,
+        in_flight: &mut HashSet<u64>,
+    ) {
+        for notification in due {
             if attempts.len() >= self.options.concurrency {
                 break;
             }
-            in_flight.insert(lane.clone());
+            let seq = notification.seq;
+            if !in_flight.insert(seq) {
+                continue;
+            }
             let worker = self.clone();
             attempts.spawn(async move {
                 worker.deliver(notification).await;
-                lane
+                seq
             });
         }
-        next_due
     }
 
     /// One attempt, and what the store keeps of its outcome.

@@ -19,6 +19,23 @@ pub enum ConfigError {
     Store(#[from] PushError),
     #[error("url: {0}")]
     Target(#[from] TargetError),
+    /// The principal's notifications waiting for delivery reached the cap: no new config until
+    /// fewer wait (those waiting are still delivered).
+    #[error(
+        "{limit} push notifications of this principal are waiting for delivery, the limit \
+         (push.max_pending_per_principal): no new push notification config is accepted until \
+         fewer are pending"
+    )]
+    PendingLimit { limit: usize },
+}
+
+/// What configs may add up to.
+#[derive(Debug, Clone, Copy)]
+pub struct ConfigLimits {
+    /// Configs one task may have.
+    pub per_task: usize,
+    /// Notifications one principal may have pending for a new config to be accepted.
+    pub pending_per_principal: usize,
 }
 
 /// The config side, shared by the HTTP handlers.
@@ -26,38 +43,55 @@ pub enum ConfigError {
 pub struct PushConfigs {
     store: SharedPushStore,
     policy: std::sync::Arc<TargetPolicy>,
-    max_per_task: usize,
+    limits: ConfigLimits,
 }
 
 impl PushConfigs {
     pub fn new(
         store: SharedPushStore,
         policy: std::sync::Arc<TargetPolicy>,
-        max_per_task: usize,
+        limits: ConfigLimits,
     ) -> Self {
         PushConfigs {
             store,
             policy,
-            max_per_task,
+            limits,
         }
     }
 
-    /// Checks the URL against the policy (resolving its host now) and stores the config of the
-    /// principal's task, with a fresh id when it has none.
+    /// Checks the config ([`PushConfigs::checked`]) and stores it for the principal's task,
+    /// with a fresh id when it has none.
     pub async fn create(
         &self,
         principal: &str,
         mut config: PushConfig,
     ) -> Result<PushConfig, ConfigError> {
-        config = self.checked(config).await?;
+        config = self.checked(principal, config).await?;
         Ok(self
             .store
-            .put_push_config(principal, config, self.max_per_task)
+            .put_push_config(principal, config, self.limits.per_task)
             .await?)
     }
 
-    /// The config with its URL checked against the policy and an id (fresh when it has none).
-    pub async fn checked(&self, mut config: PushConfig) -> Result<PushConfig, ConfigError> {
+    /// The config of `principal`, refused while the principal has as many notifications
+    /// pending as the cap, with its URL checked against the policy (resolving its host now)
+    /// and an id (fresh when it has none).
+    pub async fn checked(
+        &self,
+        principal: &str,
+        mut config: PushConfig,
+    ) -> Result<PushConfig, ConfigError> {
+        let limit = self.limits.pending_per_principal;
+        let pending = self
+            .store
+            .pending_of(principal, limit)
+            .await
+            .map_err(PushError::from)?;
+        if pending >= limit {
+            metrics::counter!("colloquy_push_refused_total", "reason" => "pending_limit")
+                .increment(1);
+            return Err(ConfigError::PendingLimit { limit });
+        }
         self.policy.check(&config.url).await?;
         if config.id.is_empty() {
             config.id = uuid::Uuid::new_v4().to_string();

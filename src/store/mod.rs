@@ -417,6 +417,36 @@ pub enum PushError {
     TooManyConfigs { task_id: String, limit: usize },
 }
 
+/// What [`PushStore::due_notifications`] found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DueNotifications {
+    /// Notifications whose time has come, earliest due first.
+    pub due: Vec<Notification>,
+    /// When the earliest notification left out falls due (now or earlier when the limit cut
+    /// the due ones short); None when no other is waiting for a time.
+    pub next_due: Option<DateTime<Utc>>,
+}
+
+/// A notification's lane: the notifications of one task to one URL, delivered one at a time in
+/// outbox order. Both stores key their lane index by it.
+pub(crate) fn lane_key(task_id: &str, url: &str) -> [u8; 16] {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for field in [task_id, url] {
+        hash.update((field.len() as u64).to_be_bytes());
+        hash.update(field.as_bytes());
+    }
+    let mut lane = [0u8; 16];
+    lane.copy_from_slice(&hash.finalize()[..16]);
+    lane
+}
+
+impl Notification {
+    pub(crate) fn lane(&self) -> [u8; 16] {
+        lane_key(&self.config.task_id, &self.config.url)
+    }
+}
+
 /// A shared handle to the store's push-notification side.
 pub type SharedPushStore = Arc<dyn PushStore>;
 
@@ -504,22 +534,33 @@ pub trait PushStore: Send + Sync + 'static {
         limit: usize,
     ) -> BoxFuture<'static, StoreResult<Vec<Notification>>>;
 
+    /// Up to `limit` notifications whose time has come, earliest due first, read from an index
+    /// by due time (the rest of the outbox is not read), with the time the next one falls
+    /// due. A notification with an earlier one of its lane pending may be among them until a
+    /// claim sets it aside ([`PushStore::claim_notification`]). Answers only with what is
+    /// durable.
+    fn due_notifications(&self, limit: usize) -> BoxFuture<'static, StoreResult<DueNotifications>>;
+
     /// How many notifications the outbox holds.
     fn pending_count(&self) -> BoxFuture<'static, StoreResult<usize>>;
 
+    /// How many notifications of `principal` the outbox holds, counting no further than
+    /// `limit`.
+    fn pending_of(&self, principal: &str, limit: usize) -> BoxFuture<'static, StoreResult<usize>>;
+
     /// Takes the notification for delivery by this process for `hold`, unless another process
-    /// holds it or it is not due (a shared database's outbox, judged by the database's clock).
-    /// Returns it as stored, with the claim; None if another has it or it is gone. A store one
-    /// process owns has nobody to share with: the notification comes back as it is.
+    /// holds it or it is not due (a shared database's outbox, judged by the database's clock),
+    /// or an earlier notification of its lane is pending: then it is set aside, out of the due
+    /// order, until that one is delivered or given up (its removal makes the next one of the
+    /// lane due). Returns it as stored, with the claim (on a store one process owns, with
+    /// nobody to share with, as it is); None if it may not go now or is gone.
     fn claim_notification(
         &self,
         notification: Notification,
-        _hold: std::time::Duration,
-    ) -> BoxFuture<'static, StoreResult<Option<Notification>>> {
-        Box::pin(async { Ok(Some(notification)) })
-    }
+        hold: std::time::Duration,
+    ) -> BoxFuture<'static, StoreResult<Option<Notification>>>;
 
-    /// Removes a delivered notification.
+    /// Removes a delivered notification; the next of its lane is due.
     fn notification_delivered(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>>;
 
     /// Stores the notification's new attempt count and next time (and releases its claim);
@@ -529,7 +570,7 @@ pub trait PushStore: Send + Sync + 'static {
         notification: Notification,
     ) -> BoxFuture<'static, StoreResult<()>>;
 
-    /// Removes a notification that will not be delivered.
+    /// Removes a notification that will not be delivered; the next of its lane is due.
     fn give_up_notification(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>>;
 
     /// Notified once a write that may have added notifications is durable, so a worker need not

@@ -1305,3 +1305,245 @@ async fn a_malformed_config_is_refused_naming_the_field() {
     }
     server.stop().await;
 }
+
+/// Issue 31: a webhook's `url` is at most 2,048 bytes and its `token` and credentials at most
+/// 4 KiB, in both versions, on create and on a send, and on the HTTP+JSON binding (400):
+/// refused with -32602 naming the field, and nothing stored.
+#[actix_rt::test]
+async fn oversized_url_token_and_credentials_are_refused_naming_the_field() {
+    let server = start_allowing_loopback().await;
+    let task_id = new_task(&server, V1).await;
+    let url_of = |len: usize| format!("{HOOK}{}", "a".repeat(len - HOOK.len()));
+    let long = "t".repeat(4097);
+    let cases = [
+        (V1, json!({"taskId": task_id, "url": url_of(2049)}), "url"),
+        (
+            V1,
+            json!({"taskId": task_id, "url": HOOK, "token": long}),
+            "token",
+        ),
+        (
+            V1,
+            json!({"taskId": task_id, "url": HOOK,
+                   "authentication": {"scheme": "Bearer", "credentials": long}}),
+            "authentication.credentials",
+        ),
+        (
+            V03,
+            json!({"taskId": task_id, "pushNotificationConfig": {"url": url_of(2049)}}),
+            "pushNotificationConfig.url",
+        ),
+        (
+            V03,
+            json!({"taskId": task_id, "pushNotificationConfig": {"url": HOOK, "token": long}}),
+            "pushNotificationConfig.token",
+        ),
+        (
+            V03,
+            json!({"taskId": task_id, "pushNotificationConfig": {"url": HOOK,
+                   "authentication": {"schemes": ["Bearer"], "credentials": long}}}),
+            "pushNotificationConfig.authentication.credentials",
+        ),
+    ];
+    for (version, params, field) in cases {
+        let method = if version == V1 {
+            "CreateTaskPushNotificationConfig"
+        } else {
+            "tasks/pushNotificationConfig/set"
+        };
+        let refused = server.rpc(version, method, params.clone()).await;
+        assert_eq!(refused["error"]["code"], json!(-32602), "{refused}");
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("{field}: is ")),
+            "{message} should name {field}"
+        );
+    }
+    let sent = server
+        .rpc(
+            V1,
+            "SendMessage",
+            json!({
+                "message": user_message(V1, "hi", None, None),
+                "configuration": {"taskPushNotificationConfig": {"url": url_of(2049)}},
+            }),
+        )
+        .await;
+    let message = sent["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("configuration.taskPushNotificationConfig.url"),
+        "{sent}"
+    );
+    let rest = server
+        .client
+        .post(format!(
+            "{}tasks/{task_id}/pushNotificationConfigs",
+            server.url
+        ))
+        .json(&json!({"url": url_of(2049)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rest.status().as_u16(), 400);
+    let listed = server
+        .rpc(
+            V1,
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": task_id}),
+        )
+        .await;
+    assert_eq!(listed["result"]["configs"], json!([]), "nothing stored");
+    // At the bounds: accepted.
+    let at_bounds = json!({"taskId": task_id, "url": url_of(2048), "token": "t".repeat(4096),
+        "authentication": {"scheme": "Bearer", "credentials": "c".repeat(4096)}});
+    let created = server
+        .rpc(V1, "CreateTaskPushNotificationConfig", at_bounds)
+        .await;
+    assert_eq!(created["result"]["url"], json!(url_of(2048)), "{created}");
+    server.stop().await;
+}
+
+/// Issue 31: the special-purpose addresses that passed the check are refused end to end.
+#[actix_rt::test]
+async fn special_purpose_addresses_are_refused() {
+    let server = start_echo().await;
+    let task_id = new_task(&server, V1).await;
+    for url in [
+        "https://[::127.0.0.1]/hook",
+        "https://[::ffff:0:127.0.0.1]/hook",
+        "https://[2002:7f00:1::]/hook",
+        "https://[fec0::1]/hook",
+        "https://[2001::1]/hook",
+        "https://[100::1]/hook",
+        "https://198.18.0.1/hook",
+        "https://192.0.0.1/hook",
+    ] {
+        let refused = server
+            .rpc(
+                V1,
+                "CreateTaskPushNotificationConfig",
+                v1_config(&task_id, url),
+            )
+            .await;
+        assert_eq!(refused["error"]["code"], json!(-32602), "{url}: {refused}");
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("special-purpose"), "{url}: {message}");
+    }
+    server.stop().await;
+}
+
+/// Issue 31: a principal with `push.max_pending_per_principal` notifications pending gets no
+/// new config (a -32602 naming the limit, counted by a metric); what is pending is not
+/// dropped, and once it is delivered new configs are accepted again.
+#[actix_rt::test]
+async fn a_principal_at_the_pending_cap_gets_no_new_config_and_keeps_its_pending() {
+    if rerun_alone("push::a_principal_at_the_pending_cap_gets_no_new_config_and_keeps_its_pending")
+    {
+        return;
+    }
+    let receiver = Receiver::start(503, None).await;
+    receiver.fail_next(usize::MAX);
+    let server = start_echo_with(|c| {
+        allow_loopback_with_fast_retries(c);
+        c.push.max_pending_per_principal = 2;
+    })
+    .await;
+    let sent = server
+        .rpc(
+            V1,
+            "SendMessage",
+            send_with_hook(V1, "hello", None, &receiver.url),
+        )
+        .await;
+    let task_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
+    // working and completed: two pending, the cap.
+    let refused = server
+        .rpc(
+            V1,
+            "CreateTaskPushNotificationConfig",
+            v1_config(&task_id, &receiver.url),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], json!(-32602), "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("push.max_pending_per_principal"),
+        "{message}"
+    );
+    let by_send = server
+        .rpc(
+            V1,
+            "SendMessage",
+            send_with_hook(V1, "again", None, &receiver.url),
+        )
+        .await;
+    assert_eq!(by_send["error"]["code"], json!(-32602), "{by_send}");
+    let refusals = r#"colloquy_push_refused_total{reason="pending_limit"}"#;
+    assert_eq!(metric(&server, refusals).await, 2.0);
+    // The receiver comes back: both pending notifications arrive, in order.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    receiver.fail_next(0);
+    let delivered = receiver.delivered(2).await;
+    let states: Vec<String> = delivered.iter().map(Received::state).collect();
+    assert_eq!(states, ["TASK_STATE_WORKING", "TASK_STATE_COMPLETED"]);
+    let mut accepted = json!(null);
+    for _ in 0..100 {
+        accepted = server
+            .rpc(
+                V1,
+                "CreateTaskPushNotificationConfig",
+                v1_config(&task_id, &receiver.url),
+            )
+            .await;
+        if accepted.get("result").is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(accepted.get("result").is_some(), "{accepted}");
+    server.stop().await;
+    receiver.stop().await;
+}
+
+/// Issue 31: with notifications waiting for a receiver that asked to be left alone
+/// (`Retry-After`), the worker reads nothing from the outbox until one is due: between
+/// attempts `colloquy_push_scanned_total` (records read) does not move. A worker that reread
+/// the pending list on every pass read them all again at least once a second.
+#[actix_rt::test]
+async fn an_idle_worker_reads_nothing_between_attempts() {
+    if rerun_alone("push::an_idle_worker_reads_nothing_between_attempts") {
+        return;
+    }
+    let receiver = Receiver::start(503, Some("60")).await;
+    receiver.fail_next(usize::MAX);
+    let server = start_echo_with(allow_loopback_with_fast_retries).await;
+    let tasks = 10;
+    for n in 0..tasks {
+        let sent = server
+            .rpc(
+                V1,
+                "SendMessage",
+                send_with_hook(V1, &format!("hello {n}"), None, &receiver.url),
+            )
+            .await;
+        assert!(sent.get("result").is_some(), "{sent}");
+    }
+    // Each task's first notification is tried once and waits a minute; the second waits
+    // behind it.
+    for _ in 0..200 {
+        if receiver.all().len() >= tasks {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(receiver.all().len(), tasks, "one attempt per task");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let before = metric(&server, "colloquy_push_scanned_total").await;
+    assert!(before >= tasks as f64, "the attempts read them: {before}");
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let after = metric(&server, "colloquy_push_scanned_total").await;
+    assert_eq!(after, before, "read while nothing was due");
+    assert_eq!(receiver.all().len(), tasks, "nothing tried before its time");
+    server.stop().await;
+    receiver.stop().await;
+}

@@ -208,6 +208,121 @@ pub async fn deleting_a_conversation_removes_its_configs(fixture: PushFixture) {
     assert_eq!(push.push_configs("alice", &task_id).await.unwrap(), vec![]);
 }
 
+/// Issue 31: with N pending, of which only k are due, the due read returns exactly those k, in
+/// due order (not outbox order), and when the next one falls due; a limit cuts them short.
+pub async fn the_due_read_returns_only_what_is_due_in_due_order(fixture: PushFixture) {
+    let (store, push) = (&fixture.store, &fixture.push);
+    let tasks = 6;
+    for n in 0..tasks {
+        let mut begin = begin_request("alice", &format!("ctx-{n}"), "hello");
+        begin.push_configs = vec![config("", "hook")];
+        store.begin_turn(begin).await.unwrap();
+    }
+    let pending = push.pending_notifications(100).await.unwrap();
+    assert_eq!(pending.len(), tasks);
+    let now = colloquy::model::now();
+    // Outbox order 0..6; due: #4 an hour ago, #1 a minute ago, #3 a second ago; the others
+    // in a minute, an hour and a day.
+    let at = [
+        now - chrono::Duration::minutes(1),
+        now + chrono::Duration::hours(1),
+        now + chrono::Duration::minutes(1),
+        now - chrono::Duration::seconds(1),
+        now - chrono::Duration::hours(1),
+        now + chrono::Duration::days(1),
+    ];
+    for (notification, not_before) in pending.iter().zip(at) {
+        let mut later = notification.clone();
+        later.attempts = 1;
+        later.not_before = not_before;
+        push.reschedule_notification(later).await.unwrap();
+    }
+    let found = push.due_notifications(100).await.unwrap();
+    let seqs: Vec<u64> = found.due.iter().map(|n| n.seq).collect();
+    assert_eq!(seqs, [pending[4].seq, pending[0].seq, pending[3].seq]);
+    let next = found.next_due.expect("the next one's time");
+    assert!(
+        (next - at[2]).num_milliseconds().abs() < 1,
+        "{next} vs {}",
+        at[2]
+    );
+    let first = push.due_notifications(1).await.unwrap();
+    assert_eq!(first.due.len(), 1);
+    assert_eq!(first.due[0].seq, pending[4].seq);
+    assert!(first.next_due.expect("more are due") <= colloquy::model::now());
+    // Delivered ones leave the index.
+    push.notification_delivered(pending[4].seq).await.unwrap();
+    let left = push.due_notifications(100).await.unwrap();
+    assert_eq!(left.due.len(), 2);
+}
+
+/// A task's notifications to one URL go one at a time: a later one's claim sets it aside
+/// while an earlier one is pending, and removing the earlier one makes it due.
+pub async fn a_lane_waits_behind_its_first_notification(fixture: PushFixture) {
+    let (store, push) = (&fixture.store, &fixture.push);
+    let mut begin = begin_request("alice", "ctx", "hello");
+    begin.push_configs = vec![config("", "hook")];
+    let begun = store.begin_turn(begin).await.unwrap();
+    store
+        .finish_turn(finish_request(&begun, Some("hi"), TaskState::Completed))
+        .await
+        .unwrap();
+    let due = push.due_notifications(10).await.unwrap().due;
+    assert_eq!(due.len(), 2);
+    let (first, second) = (due[0].clone(), due[1].clone());
+    assert_eq!(first.task.status.state, TaskState::Working);
+    let hold = Duration::from_secs(30);
+    assert_eq!(
+        push.claim_notification(second.clone(), hold).await.unwrap(),
+        None,
+        "waits behind the first"
+    );
+    let claimed = push
+        .claim_notification(first.clone(), hold)
+        .await
+        .unwrap()
+        .expect("the first of its lane");
+    let mut later = claimed.clone();
+    later.attempts = 1;
+    later.not_before = colloquy::model::now() + chrono::Duration::minutes(5);
+    push.reschedule_notification(later).await.unwrap();
+    let found = push.due_notifications(10).await.unwrap();
+    assert_eq!(found.due, vec![], "neither is due");
+    assert!(found.next_due.is_some());
+    assert_eq!(push.pending_count().await.unwrap(), 2);
+    push.give_up_notification(first.seq).await.unwrap();
+    let found = push.due_notifications(10).await.unwrap();
+    let seqs: Vec<u64> = found.due.iter().map(|n| n.seq).collect();
+    assert_eq!(seqs, [second.seq], "the next of the lane is due");
+    assert!(
+        push.claim_notification(second.clone(), hold)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// The pending count per principal, bounded by its limit.
+pub async fn pending_notifications_are_counted_per_principal(fixture: PushFixture) {
+    let (store, push) = (&fixture.store, &fixture.push);
+    for n in 0..3 {
+        let mut begin = begin_request("alice", &format!("ctx-{n}"), "hello");
+        begin.push_configs = vec![config("", "hook")];
+        store.begin_turn(begin).await.unwrap();
+    }
+    let mut begin = begin_request("bob", "ctx", "hello");
+    begin.push_configs = vec![config("", "hook")];
+    store.begin_turn(begin).await.unwrap();
+    assert_eq!(push.pending_of("alice", 100).await.unwrap(), 3);
+    assert_eq!(push.pending_of("alice", 2).await.unwrap(), 2);
+    assert_eq!(push.pending_of("bob", 100).await.unwrap(), 1);
+    assert_eq!(push.pending_of("carol", 100).await.unwrap(), 0);
+    let alices = push.pending_notifications(100).await.unwrap();
+    let first = alices.iter().find(|n| n.principal == "alice").unwrap();
+    push.notification_delivered(first.seq).await.unwrap();
+    assert_eq!(push.pending_of("alice", 100).await.unwrap(), 2);
+}
+
 macro_rules! push_store_cases {
     ($module:ident, $make:expr, $($case:ident),+ $(,)?) => {
         mod $module {
@@ -229,6 +344,9 @@ push_store_cases!(
     status_changes_fill_the_outbox_in_order,
     configs_belong_to_their_tasks_principal,
     deleting_a_conversation_removes_its_configs,
+    the_due_read_returns_only_what_is_due_in_due_order,
+    a_lane_waits_behind_its_first_notification,
+    pending_notifications_are_counted_per_principal,
 );
 
 push_store_cases!(
@@ -237,6 +355,9 @@ push_store_cases!(
     status_changes_fill_the_outbox_in_order,
     configs_belong_to_their_tasks_principal,
     deleting_a_conversation_removes_its_configs,
+    the_due_read_returns_only_what_is_due_in_due_order,
+    a_lane_waits_behind_its_first_notification,
+    pending_notifications_are_counted_per_principal,
 );
 
 /// Two nodes sharing one outbox: a notification one node claimed is neither claimable nor due

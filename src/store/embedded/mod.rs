@@ -103,6 +103,7 @@ impl EmbeddedStore {
     pub fn over(backend: Arc<dyn KvBackend>) -> StoreResult<Self> {
         let records = Records::new(backend);
         push::note_stored_configs(&records)?;
+        push::index_outbox(&records)?;
         Ok(EmbeddedStore {
             writer: Arc::new(GroupCommit::start(records.clone())?),
             records,

@@ -10,11 +10,18 @@
 //! and reads other nodes' live claims as not due until they expire, so no notification is in
 //! flight twice at once while its holder lives (a holder that stops past its hold lets another
 //! node try again: at least once).
+//!
+//! The worker reads only what is due, from the index on `due` (a claim moves `due` to the
+//! claim's expiry). A notification with an earlier one of its lane (its task and URL) pending
+//! is set aside by its claim (`due` NULL); removing the one before it makes it due. Both hold
+//! the lane's earlier rows locked, so a removal and a setting aside never miss each other.
 
 use super::ops::{decode, encode};
 use super::{Failure, Ops, PgStore, retrying};
 use crate::model::{PushConfig, Task};
-use crate::store::{Notification, PushError, PushStore, StoreResult, outbox_seq};
+use crate::store::{
+    DueNotifications, Notification, PrincipalKey, PushError, PushStore, StoreResult, outbox_seq,
+};
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
 use futures_util::future::BoxFuture;
@@ -99,13 +106,18 @@ pub(super) async fn enqueue(client: &impl GenericClient, task: &Task) -> Result<
             notification.seq = outbox_seq(floor);
             let inserted = client
                 .execute(
-                    "INSERT INTO colloquy_outbox (seq, task_id, not_before, record) \
-                     VALUES ($1, $2, $3, $4) ON CONFLICT (seq) DO NOTHING",
+                    "INSERT INTO colloquy_outbox (seq, task_id, not_before, record, due, lane, \
+                         principal_key) \
+                     VALUES ($1, $2, $3, $4, $3, $5, $6) ON CONFLICT (seq) DO NOTHING",
                     &[
                         &(notification.seq as i64),
                         &task_id,
                         &notification.not_before,
                         &encode(&notification),
+                        &notification.lane().as_slice(),
+                        &PrincipalKey::new(&notification.principal)
+                            .as_bytes()
+                            .as_slice(),
                     ],
                 )
                 .await?;
@@ -116,6 +128,33 @@ pub(super) async fn enqueue(client: &impl GenericClient, task: &Task) -> Result<
         }
     }
     Ok(())
+}
+
+/// Claims the due notification `seq` unless a live claim holds it: its `due` moves to the
+/// claim's expiry, so no node reads it as due meanwhile. Returns it as stored, with the claim.
+async fn claim_row(
+    client: &impl GenericClient,
+    seq: i64,
+    hold: Duration,
+) -> Result<Option<Notification>, Failure> {
+    let token = uuid::Uuid::new_v4().to_string();
+    let row = client
+        .query_opt(
+            "UPDATE colloquy_outbox SET claim_token = $2, \
+                 claimed_until = now() + $3::FLOAT8 * INTERVAL '1 second', \
+                 due = now() + $3::FLOAT8 * INTERVAL '1 second' \
+             WHERE seq = $1 AND due <= now() \
+                 AND (claimed_until IS NULL OR claimed_until <= now()) \
+             RETURNING record",
+            &[&seq, &token, &hold.as_secs_f64()],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let mut notification: Notification = decode(row.try_get::<_, &str>("record")?)?;
+    notification.claim = Some(token);
+    Ok(Some(notification))
 }
 
 /// Removes the configs of a conversation's tasks (with the conversation).
@@ -261,37 +300,151 @@ impl Ops {
         Ok(row.try_get::<_, i64>(0)?.max(0) as usize)
     }
 
-    /// Claims a due notification no live claim holds; returns it as stored, with the claim.
-    async fn claim(&self, seq: u64, hold: Duration) -> Result<Option<Notification>, Failure> {
-        let token = uuid::Uuid::new_v4().to_string();
+    /// Up to `limit` due notifications, earliest first, and when the next one is due: one
+    /// range of the due index.
+    async fn due(&self, limit: usize) -> Result<DueNotifications, Failure> {
         let client = self.client().await?;
-        let row = client
-            .query_opt(
-                "UPDATE colloquy_outbox SET claim_token = $2, \
-                     claimed_until = now() + $3::FLOAT8 * INTERVAL '1 second' \
-                 WHERE seq = $1 AND not_before <= now() \
-                     AND (claimed_until IS NULL OR claimed_until <= now()) \
-                 RETURNING record",
-                &[&(seq as i64), &token, &hold.as_secs_f64()],
+        let rows = client
+            .query(
+                "SELECT record, due, due <= now() AS ready FROM colloquy_outbox \
+                 WHERE due IS NOT NULL ORDER BY due, seq LIMIT $1",
+                &[&(limit.saturating_add(1).min(i64::MAX as usize) as i64)],
             )
             .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let mut notification: Notification = decode(row.try_get::<_, &str>("record")?)?;
-        notification.claim = Some(token);
-        Ok(Some(notification))
+        let mut found = DueNotifications::default();
+        for row in &rows {
+            let due: DateTime<Utc> = row.try_get("due")?;
+            if !row.try_get::<_, bool>("ready")? || found.due.len() >= limit {
+                found.next_due = Some(due);
+                break;
+            }
+            found.due.push(decode(row.try_get::<_, &str>("record")?)?);
+        }
+        Ok(found)
     }
 
-    async fn remove(&self, seq: u64) -> Result<(), Failure> {
+    async fn pending_of(&self, principal: &str, limit: usize) -> Result<usize, Failure> {
         let client = self.client().await?;
-        client
-            .execute(
-                "DELETE FROM colloquy_outbox WHERE seq = $1",
+        let row = client
+            .query_one(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM colloquy_outbox WHERE principal_key = $1 \
+                 LIMIT $2) AS pending",
+                &[
+                    &PrincipalKey::new(principal).as_bytes().as_slice(),
+                    &(limit.min(i64::MAX as usize) as i64),
+                ],
+            )
+            .await?;
+        Ok(row.try_get::<_, i64>(0)?.max(0) as usize)
+    }
+
+    /// Claims a due notification no live claim holds, if it is the first of its lane (else
+    /// sets it aside); returns it as stored, with the claim.
+    async fn claim(
+        &self,
+        notification: &Notification,
+        hold: Duration,
+    ) -> Result<Option<Notification>, Failure> {
+        let (seq, task_id, lane) = (
+            notification.seq as i64,
+            notification.config.task_id.as_bytes(),
+            notification.lane(),
+        );
+        let earlier = "SELECT seq FROM colloquy_outbox WHERE task_id = $1 AND lane = $2 \
+                       AND seq < $3";
+        let mut client = self.client().await?;
+        // An earlier one of the lane is never added later (positions only grow): without one
+        // now, no lock is needed.
+        let any = client
+            .query_opt(
+                &format!("{earlier} LIMIT 1"),
+                &[&task_id, &lane.as_slice(), &seq],
+            )
+            .await?;
+        if any.is_none() {
+            return claim_row(&client, seq, hold).await;
+        }
+        let tx = client.transaction().await?;
+        // Locked, so the removal of one of them waits for this (or this for it, and then
+        // sees it gone): never set aside behind a notification already removed.
+        let rows = tx
+            .query(
+                &format!("{earlier} FOR UPDATE"),
+                &[&task_id, &lane.as_slice(), &seq],
+            )
+            .await?;
+        let claimed = if rows.is_empty() {
+            claim_row(&tx, seq, hold).await?
+        } else {
+            tx.execute(
+                "UPDATE colloquy_outbox SET due = NULL WHERE seq = $1 \
+                 AND (claimed_until IS NULL OR claimed_until <= now())",
+                &[&seq],
+            )
+            .await?;
+            None
+        };
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    /// Removes a notification; the next of its lane, if set aside, is due now.
+    async fn remove(&self, seq: u64) -> Result<(), Failure> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let removed = tx
+            .query_opt(
+                "DELETE FROM colloquy_outbox WHERE seq = $1 RETURNING task_id, lane",
                 &[&(seq as i64)],
             )
             .await?;
+        if let Some(row) = removed {
+            let (task_id, lane): (&[u8], Option<&[u8]>) =
+                (row.try_get("task_id")?, row.try_get("lane")?);
+            tx.execute(
+                "UPDATE colloquy_outbox SET due = now() WHERE due IS NULL AND seq = \
+                 (SELECT MIN(seq) FROM colloquy_outbox WHERE task_id = $1 AND lane = $2)",
+                &[&task_id, &lane],
+            )
+            .await?;
+        }
+        tx.commit().await?;
         Ok(())
+    }
+
+    /// Gives rows written before migration 3 their due time, lane and principal (from the
+    /// record): at start, where any are left.
+    pub(super) async fn fill_outbox_columns(&self) -> Result<(), Failure> {
+        let client = self.client().await?;
+        loop {
+            let rows = client
+                .query(
+                    "SELECT seq, record FROM colloquy_outbox WHERE lane IS NULL LIMIT 500",
+                    &[],
+                )
+                .await?;
+            if rows.is_empty() {
+                return Ok(());
+            }
+            for row in &rows {
+                let notification: Notification = decode(row.try_get::<_, &str>("record")?)?;
+                client
+                    .execute(
+                        "UPDATE colloquy_outbox SET lane = $2, principal_key = $3, \
+                             due = COALESCE(due, CASE WHEN claimed_until > not_before \
+                                 THEN claimed_until ELSE not_before END) \
+                         WHERE seq = $1 AND lane IS NULL",
+                        &[
+                            &row.try_get::<_, i64>("seq")?,
+                            &notification.lane().as_slice(),
+                            &PrincipalKey::new(&notification.principal)
+                                .as_bytes()
+                                .as_slice(),
+                        ],
+                    )
+                    .await?;
+            }
+        }
     }
 
     /// Stores the next attempt and releases the claim, if the claim still holds.
@@ -303,8 +456,8 @@ impl Ops {
         };
         client
             .execute(
-                "UPDATE colloquy_outbox SET not_before = $2, record = $3, claim_token = NULL, \
-                     claimed_until = NULL \
+                "UPDATE colloquy_outbox SET not_before = $2, due = $2, record = $3, \
+                     claim_token = NULL, claimed_until = NULL \
                  WHERE seq = $1 AND claim_token IS NOT DISTINCT FROM $4",
                 &[
                     &(notification.seq as i64),
@@ -384,8 +537,17 @@ impl PushStore for PgStore {
         self.run(move |ops| async move { retrying(|| ops.pending(limit)).await })
     }
 
+    fn due_notifications(&self, limit: usize) -> BoxFuture<'static, StoreResult<DueNotifications>> {
+        self.run(move |ops| async move { retrying(|| ops.due(limit)).await })
+    }
+
     fn pending_count(&self) -> BoxFuture<'static, StoreResult<usize>> {
         self.run(|ops| async move { retrying(|| ops.pending_count()).await })
+    }
+
+    fn pending_of(&self, principal: &str, limit: usize) -> BoxFuture<'static, StoreResult<usize>> {
+        let principal = principal.to_owned();
+        self.run(move |ops| async move { retrying(|| ops.pending_of(&principal, limit)).await })
     }
 
     fn claim_notification(
@@ -393,8 +555,7 @@ impl PushStore for PgStore {
         notification: Notification,
         hold: Duration,
     ) -> BoxFuture<'static, StoreResult<Option<Notification>>> {
-        let seq = notification.seq;
-        self.run(move |ops| async move { retrying(|| ops.claim(seq, hold)).await })
+        self.run(move |ops| async move { retrying(|| ops.claim(&notification, hold)).await })
     }
 
     fn notification_delivered(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>> {

@@ -81,6 +81,18 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX colloquy_outbox_by_task ON colloquy_outbox (task_id, seq);
     "#,
+    // 3: the outbox indexed by due time (the worker reads only what is due), by lane (a task's
+    // notifications to one URL: each waits, `due` NULL, behind the one before it) and by
+    // principal (the pending cap). Rows written before get their values at start
+    // (`PgStore::connect`): computing them takes the record.
+    r#"
+    ALTER TABLE colloquy_outbox ADD COLUMN due TIMESTAMPTZ;
+    ALTER TABLE colloquy_outbox ADD COLUMN lane BYTEA;
+    ALTER TABLE colloquy_outbox ADD COLUMN principal_key BYTEA;
+    CREATE INDEX colloquy_outbox_by_due ON colloquy_outbox (due, seq);
+    CREATE INDEX colloquy_outbox_by_lane ON colloquy_outbox (task_id, lane, seq);
+    CREATE INDEX colloquy_outbox_by_principal ON colloquy_outbox (principal_key, seq);
+    "#,
 ];
 
 /// The newest schema version this build knows.
@@ -140,6 +152,9 @@ impl Ops {
                 Err(e) => return Err(e.into_store()),
             }
         }
+        self.fill_outbox_columns()
+            .await
+            .map_err(Failure::into_store)?;
         Ok(Migrated {
             from,
             to: SCHEMA_VERSION,
