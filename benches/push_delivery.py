@@ -13,7 +13,7 @@ notification id arrived twice without the same body.
 
     benches/push_delivery.py --idle [--tasks 5000] [--measure-s 20] [--url-bytes N] [--binary ...]
 
-The idle case (issue 31): every webhook points at a loopback port nobody listens on, with retries
+The idle case: every webhook points at a loopback port nobody listens on, with retries
 five to ten minutes apart, so --tasks sends leave 2 x --tasks notifications pending. Once each
 task's first notification has had its one attempt, reads the server's CPU time (utime + stime of
 /proc/<pid>/stat) and resident memory over --measure-s seconds of idleness and prints them.

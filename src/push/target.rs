@@ -539,7 +539,7 @@ mod tests {
         }
     }
 
-    /// The addresses issue 31 found passing, each refused naming why.
+    /// Addresses a security review found passing an earlier check, each refused naming why.
     #[test]
     fn embedded_ipv4_is_named_and_judged() {
         for (addr, names) in [

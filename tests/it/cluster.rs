@@ -605,15 +605,7 @@ async fn streams_live_reads_and_cancels_follow_the_task_to_its_node() {
     assert_eq!(artifact_text(&stored["result"]), text);
 
     // A cancel through B stops the turn A runs.
-    let slow = user_message(V1, "slow 30000", Some("canceled"), None);
-    let sent = a
-        .rpc(
-            V1,
-            "SendMessage",
-            json!({"message": slow, "configuration": {"returnImmediately": true}}),
-        )
-        .await;
-    let slow_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
+    let slow_id = started_task(&a, "canceled", "slow 30000").await;
     let started = Instant::now();
     let canceled = b.rpc(V1, "CancelTask", json!({"id": slow_id})).await;
     assert_eq!(
@@ -630,7 +622,12 @@ async fn streams_live_reads_and_cancels_follow_the_task_to_its_node() {
 
 /// Starts a turn on `node` that answers `text` slowly; its task id.
 async fn dripping_task(node: &TestServer, context_id: &str, text: &str) -> String {
-    let message = user_message(V1, &format!("drip 40 3: {text}"), Some(context_id), None);
+    started_task(node, context_id, &format!("drip 40 3: {text}")).await
+}
+
+/// Starts a turn of the scripted agent on `node` without waiting for it; its task id.
+async fn started_task(node: &TestServer, context_id: &str, script: &str) -> String {
+    let message = user_message(V1, script, Some(context_id), None);
     let sent = node
         .rpc(
             V1,
@@ -654,30 +651,21 @@ async fn the_http_json_binding_follows_the_task_to_its_node() {
     // A live read through B, in both versions of the binding: the reply so far, from A.
     let task_id = dripping_task(&a, "rest-followed", text).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
-    let live: Value = b
-        .client
-        .get(on_b(&format!("/tasks/{task_id}")))
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("JSON");
+    let get = |path: String| {
+        let request = b.client.get(on_b(&path));
+        async move {
+            let response = request.send().await.expect("sent");
+            response.json::<Value>().await.expect("JSON")
+        }
+    };
+    let live = get(format!("/tasks/{task_id}")).await;
     assert_eq!(state_of(&live), "TASK_STATE_WORKING", "{live}");
     let so_far = artifact_text(&live);
     assert!(
         !so_far.is_empty() && text.starts_with(&so_far),
         "{so_far:?}"
     );
-    let live03: Value = b
-        .client
-        .get(on_b(&format!("/v1/tasks/{task_id}")))
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("JSON");
+    let live03 = get(format!("/v1/tasks/{task_id}")).await;
     // v0.3's ProtoJSON: message parts under `content`, and the reply so far.
     assert_eq!(state_of(&live03), "TASK_STATE_WORKING", "{live03}");
     assert!(live03["history"][0]["content"].is_array(), "{live03}");
@@ -707,15 +695,7 @@ async fn the_http_json_binding_follows_the_task_to_its_node() {
     );
 
     // A cancel through B stops the turn A runs.
-    let slow = user_message(V1, "slow 30000", Some("rest-canceled"), None);
-    let sent = a
-        .rpc(
-            V1,
-            "SendMessage",
-            json!({"message": slow, "configuration": {"returnImmediately": true}}),
-        )
-        .await;
-    let slow_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
+    let slow_id = started_task(&a, "rest-canceled", "slow 30000").await;
     let started = Instant::now();
     let canceled = b
         .client

@@ -298,6 +298,22 @@ async fn configs_belong_to_the_tasks_principal_and_are_limited_per_task() {
     server.stop().await;
 }
 
+/// Creates a config for `url`, asserts it is refused as invalid params, and returns the message.
+async fn refused_config(server: &TestServer, task_id: &str, url: &str) -> String {
+    let refused = server
+        .rpc(
+            V1,
+            "CreateTaskPushNotificationConfig",
+            v1_config(task_id, url),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], json!(-32602), "{url}: {refused}");
+    refused["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 #[actix_rt::test]
 async fn internal_addresses_are_refused_without_an_allowance() {
     let server = start_echo().await;
@@ -311,20 +327,10 @@ async fn internal_addresses_are_refused_without_an_allowance() {
         "https://localhost/hook",
         "ftp://example.com/hook",
     ] {
-        let refused = server
-            .rpc(
-                V1,
-                "CreateTaskPushNotificationConfig",
-                v1_config(&task_id, url),
-            )
-            .await;
-        assert_eq!(refused["error"]["code"], json!(-32602), "{url}: {refused}");
+        let message = refused_config(&server, &task_id, url).await;
         assert!(
-            refused["error"]["message"]
-                .as_str()
-                .unwrap()
-                .starts_with("invalid params: url:"),
-            "{url}: {refused}"
+            message.starts_with("invalid params: url:"),
+            "{url}: {message}"
         );
     }
     let listed = server
@@ -1306,7 +1312,7 @@ async fn a_malformed_config_is_refused_naming_the_field() {
     server.stop().await;
 }
 
-/// Issue 31: a webhook's `url` is at most 2,048 bytes and its `token` and credentials at most
+/// A webhook's `url` is at most 2,048 bytes and its `token` and credentials at most
 /// 4 KiB, in both versions, on create and on a send, and on the HTTP+JSON binding (400):
 /// refused with -32602 naming the field, and nothing stored.
 #[actix_rt::test]
@@ -1403,7 +1409,8 @@ async fn oversized_url_token_and_credentials_are_refused_naming_the_field() {
     server.stop().await;
 }
 
-/// Issue 31: the special-purpose addresses that passed the check are refused end to end.
+/// Special-purpose addresses (IPv4 embedded in IPv6, site-local, benchmarking, ...) are refused
+/// end to end.
 #[actix_rt::test]
 async fn special_purpose_addresses_are_refused() {
     let server = start_echo().await;
@@ -1418,21 +1425,13 @@ async fn special_purpose_addresses_are_refused() {
         "https://198.18.0.1/hook",
         "https://192.0.0.1/hook",
     ] {
-        let refused = server
-            .rpc(
-                V1,
-                "CreateTaskPushNotificationConfig",
-                v1_config(&task_id, url),
-            )
-            .await;
-        assert_eq!(refused["error"]["code"], json!(-32602), "{url}: {refused}");
-        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        let message = refused_config(&server, &task_id, url).await;
         assert!(message.contains("special-purpose"), "{url}: {message}");
     }
     server.stop().await;
 }
 
-/// Issue 31: a principal with `push.max_pending_per_principal` notifications pending gets no
+/// A principal with `push.max_pending_per_principal` notifications pending gets no
 /// new config (a -32602 naming the limit, counted by a metric); what is pending is not
 /// dropped, and once it is delivered new configs are accepted again.
 #[actix_rt::test]
@@ -1505,7 +1504,7 @@ async fn a_principal_at_the_pending_cap_gets_no_new_config_and_keeps_its_pending
     receiver.stop().await;
 }
 
-/// Issue 31: with notifications waiting for a receiver that asked to be left alone
+/// With notifications waiting for a receiver that asked to be left alone
 /// (`Retry-After`), the worker reads nothing from the outbox until one is due: between
 /// attempts `colloquy_push_scanned_total` (records read) does not move. A worker that reread
 /// the pending list on every pass read them all again at least once a second.

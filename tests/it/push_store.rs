@@ -208,7 +208,7 @@ pub async fn deleting_a_conversation_removes_its_configs(fixture: PushFixture) {
     assert_eq!(push.push_configs("alice", &task_id).await.unwrap(), vec![]);
 }
 
-/// Issue 31: with N pending, of which only k are due, the due read returns exactly those k, in
+/// With N pending, of which only k are due, the due read returns exactly those k, in
 /// due order (not outbox order), and when the next one falls due; a limit cuts them short.
 pub async fn the_due_read_returns_only_what_is_due_in_due_order(fixture: PushFixture) {
     let (store, push) = (&fixture.store, &fixture.push);
