@@ -12,6 +12,7 @@
 
 pub mod embedded;
 mod key;
+pub(crate) mod page_token;
 pub mod postgres;
 
 pub use key::{ConversationKey, KEY_LEN, NAMESPACE_VERSION, PrincipalKey};

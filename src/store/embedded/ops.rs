@@ -8,7 +8,6 @@
 
 use super::records::{
     Conversation, Keys, ListedTask, Place, Records, TaskFilter, TaskRecord, WriteBatch,
-    message_page_token,
 };
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
@@ -614,7 +613,7 @@ pub fn conversation_page(
     for entry in records.messages_from(&place, &meta.context_id, first, page_token)? {
         let (seq, message, bytes) = entry?;
         if !budget.take(bytes) {
-            next_page_token = message_page_token(seq);
+            next_page_token = crate::store::page_token::for_message(seq);
             break;
         }
         messages.push(message);

@@ -131,19 +131,6 @@ pub struct ListedTask {
     pub resume_token: String,
 }
 
-/// The page token that resumes a conversation's messages at sequence number `seq`.
-pub fn message_page_token(seq: u64) -> String {
-    hex::encode(seq.to_be_bytes())
-}
-
-fn seq_of_page_token(token: &str) -> StoreResult<u64> {
-    hex::decode(token)
-        .ok()
-        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
-        .map(u64::from_be_bytes)
-        .ok_or(StoreError::BadPageToken)
-}
-
 /// Collects writes, already encoded, to be applied atomically.
 #[derive(Debug, Default)]
 pub struct WriteBatch {
@@ -563,7 +550,7 @@ impl Records {
         page_token: Option<&str>,
     ) -> StoreResult<impl Iterator<Item = StoreResult<(u64, Message, usize)>> + 'a> {
         let from = match page_token.filter(|t| !t.is_empty()) {
-            Some(token) => seq_of_page_token(token)?,
+            Some(token) => crate::store::page_token::message_seq(token)?,
             None => from,
         };
         let scan = self.backend.scan(

@@ -8,7 +8,7 @@ use super::{ABANDONED_TASK_TEXT, Failure, Ops};
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
     BeginTurn, ConversationKey, ConversationMeta, ConversationPage, FinishTurn, Lease,
-    MessagesFrom, Page, PrincipalKey, ResponseBudget, StoreError, TaskQuery, TurnBegun,
+    MessagesFrom, Page, PrincipalKey, ResponseBudget, StoreError, TaskQuery, TurnBegun, page_token,
 };
 use deadpool_postgres::{GenericClient, Object};
 use serde::{Deserialize, Serialize};
@@ -105,20 +105,6 @@ fn parse_page_token(token: Option<&str>) -> Result<Option<(i64, Vec<u8>)>, Failu
     let (ordinal, tail) = bytes.split_at(8);
     let ordinal = i64::from_be_bytes(ordinal.try_into().map_err(|_| StoreError::BadPageToken)?);
     Ok(Some((ordinal, tail.to_vec())))
-}
-
-/// The page token that resumes a conversation's messages at sequence number `seq` (the
-/// embedded store's format).
-fn message_page_token(seq: u64) -> String {
-    hex::encode(seq.to_be_bytes())
-}
-
-fn seq_of_page_token(token: &str) -> Result<u64, Failure> {
-    hex::decode(token)
-        .ok()
-        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
-        .map(u64::from_be_bytes)
-        .ok_or_else(|| StoreError::BadPageToken.into())
 }
 
 /// An error with the chain of its causes (a TLS handshake's reason, say).
@@ -517,7 +503,7 @@ impl Ops {
         let mut next = match from {
             MessagesFrom::Latest(n) => meta.next_seq.saturating_sub(*n as u64),
             MessagesFrom::PageToken(token) if token.is_empty() => 0,
-            MessagesFrom::PageToken(token) => seq_of_page_token(token)?,
+            MessagesFrom::PageToken(token) => page_token::message_seq(token)?,
         } as i64;
         let client = self.client().await?;
         let mut budget = ResponseBudget::new(max_bytes);
@@ -535,7 +521,7 @@ impl Ops {
                 let seq: i64 = row.try_get("seq")?;
                 let body: String = row.try_get("body")?;
                 if !budget.take(body.len()) {
-                    next_page_token = message_page_token(seq as u64);
+                    next_page_token = page_token::for_message(seq as u64);
                     break 'pages;
                 }
                 messages.push(decode(&body)?);
