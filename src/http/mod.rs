@@ -75,8 +75,9 @@ pub const HEADERS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// After a response that ends its connection, how long the server waits for the client to close
 /// first before dropping it: closing at once, with request bytes still unread, could reset the
-/// connection before the client has read the response.
-pub const CLOSE_LINGER: Duration = Duration::from_secs(1);
+/// connection before the client has read the response. Short, because until then the connection
+/// still counts against `limits.max_connections` (a client that never closes keeps it that long).
+pub const CLOSE_LINGER: Duration = Duration::from_millis(500);
 
 /// How long [`RunningServer::stop`] waits for the conversations' actors and tasks, stopping on
 /// their arbiters, to drop their handles on the store.
