@@ -12,6 +12,7 @@ mod cli_store;
 mod cluster;
 mod cluster_metrics;
 mod config_env;
+mod container;
 mod crash;
 mod engine;
 mod failover;
