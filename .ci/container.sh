@@ -36,6 +36,7 @@ need=()
 for tool in podman runc mmdebstrap curl python3; do
     command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
 done
+command -v strip >/dev/null 2>&1 || need+=(binutils)
 if [ ${#need[@]} -gt 0 ]; then
     step "installing ${need[*]}"
     apt-get update -qq
