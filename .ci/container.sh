@@ -76,6 +76,7 @@ cleanup() {
     exit "$status"
 }
 trap cleanup EXIT
+trap "exit 143" TERM INT
 
 # --- A Debian bookworm base, made locally (in the background, while the binary builds) ----------
 # minbase with what debian:bookworm-slim leaves out (documentation, man pages, translations) left
