@@ -10,6 +10,10 @@
 # .dockerignore admits only what `build` copies (tests/it/container.rs checks that it suffices).
 
 FROM rust:1-slim-bookworm AS build
+# The slim toolchain image has gcc but not make, which jemalloc's build (tikv-jemalloc-sys) runs.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends make \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 # Cargo.toml patches sled from vendor/sled.
