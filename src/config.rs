@@ -720,27 +720,29 @@ fn environment() -> Vec<EnvSetting> {
     let mut settings: Vec<EnvSetting> = std::env::vars_os()
         .filter_map(|(name, value)| {
             let variable = name.into_string().ok()?;
-            // Names are matched ignoring case, as figment's `Env` did before.
-            let prefix = variable.get(..PREFIX.len())?;
-            let rest = variable.get(PREFIX.len()..)?;
-            if !prefix.eq_ignore_ascii_case(PREFIX)
-                || READ_ELSEWHERE
-                    .iter()
-                    .any(|name| name.eq_ignore_ascii_case(rest))
-            {
-                return None;
-            }
-            let path = rest.split("__").map(str::to_ascii_lowercase).collect();
-            let value = value.to_string_lossy().into_owned();
-            Some(EnvSetting {
-                variable,
-                path,
-                value,
-            })
+            EnvSetting::new(variable, value.to_string_lossy().into_owned())
         })
         .collect();
     settings.sort_by(|a, b| a.variable.cmp(&b.variable));
     settings
+}
+
+/// Whether colloquy reads the environment variable `name`: one that names a configuration key
+/// (`COLLOQUY_` and the key upper-cased, nested with `__`), or one it reads itself
+/// (`COLLOQUY_TOKENS`, `COLLOQUY_CONFIG`, ...). For checking deployment files.
+pub fn reads_variable(name: &str) -> bool {
+    let Some(rest) = name
+        .get(..PREFIX.len())
+        .filter(|prefix| prefix.eq_ignore_ascii_case(PREFIX))
+        .and_then(|_| name.get(PREFIX.len()..))
+    else {
+        return false;
+    };
+    READ_ELSEWHERE
+        .iter()
+        .any(|known| known.eq_ignore_ascii_case(rest))
+        || EnvSetting::new(name.to_owned(), String::new())
+            .is_some_and(|setting| setting.kind().is_some())
 }
 
 /// The `COLLOQUY_*` variables that name no configuration key (and are ignored), sorted.
@@ -753,6 +755,26 @@ pub fn ignored_environment() -> Vec<String> {
 }
 
 impl EnvSetting {
+    /// The setting `variable` makes, if it is a `COLLOQUY_*` variable not read elsewhere. Names
+    /// are matched ignoring case, as figment's `Env` did before.
+    fn new(variable: String, value: String) -> Option<Self> {
+        let prefix = variable.get(..PREFIX.len())?;
+        let rest = variable.get(PREFIX.len()..)?;
+        if !prefix.eq_ignore_ascii_case(PREFIX)
+            || READ_ELSEWHERE
+                .iter()
+                .any(|name| name.eq_ignore_ascii_case(rest))
+        {
+            return None;
+        }
+        let path = rest.split("__").map(str::to_ascii_lowercase).collect();
+        Some(EnvSetting {
+            variable,
+            path,
+            value,
+        })
+    }
+
     fn known(self) -> Option<Self> {
         self.kind().is_some().then_some(self)
     }

@@ -1,5 +1,6 @@
 //! The `colloquy` command line: `serve` (the default), the store commands, `send`.
 
+mod healthcheck;
 mod loadgen;
 mod send;
 mod serve;
@@ -51,6 +52,8 @@ enum Command {
     Send(send::SendArgs),
     /// Drive many multi-turn conversations against a server and report turns/s and latency.
     Loadgen(loadgen::LoadgenArgs),
+    /// Ask a running server's /healthz (the container's HEALTHCHECK): exit 0 on 200, else 1.
+    Healthcheck(healthcheck::HealthcheckArgs),
 }
 
 /// Where the store commands find the data folder.
@@ -79,6 +82,7 @@ pub fn run() -> ExitCode {
         Some(Command::Migrate(args)) => store_commands::migrate(args),
         Some(Command::Send(args)) => send::run(args),
         Some(Command::Loadgen(args)) => loadgen::run(args),
+        Some(Command::Healthcheck(args)) => healthcheck::run(args),
     };
     match result {
         Ok(code) => code,

@@ -13,6 +13,7 @@ mod cluster;
 mod cluster_metrics;
 mod config_doc;
 mod config_env;
+mod container;
 mod crash;
 mod engine;
 mod failover;
