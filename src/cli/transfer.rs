@@ -213,11 +213,18 @@ struct RecordLimits {
 
 impl RecordLimits {
     fn check_message(&self, message: &Message) -> Result<(), String> {
-        let text_bytes = match message.role {
-            Role::User => self.message.text_bytes,
-            _ => self.response_bytes,
+        let (limits, text_bytes) = match message.role {
+            Role::User => (self.message, self.message.text_bytes),
+            // A reply is bounded as the agent's output is: by its text, not a caller's part count.
+            _ => (
+                MessageLimits {
+                    parts: usize::MAX,
+                    ..self.message
+                },
+                self.response_bytes,
+            ),
         };
-        check_sizes(message, &self.message, text_bytes).map_err(|e| e.to_string())
+        check_sizes(message, &limits, text_bytes).map_err(|e| e.to_string())
     }
 
     fn check_task(&self, task: &Task) -> Result<(), String> {
