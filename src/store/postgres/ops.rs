@@ -139,8 +139,8 @@ impl Ops {
     ///
     /// Four round trips on the usual path: `BEGIN`; the conversation's lock, its history
     /// window, the task it continues and the lease, pipelined; the message, the task and its
-    /// push configs, pipelined; `COMMIT`. Statements go in that order, so locks are still taken
-    /// conversation row first.
+    /// push configs, pipelined; `COMMIT` (a send that registers a push config stores it first,
+    /// one more). Statements go in that order, so locks are still taken conversation row first.
     pub(super) async fn begin(&self, turn: &BeginTurn) -> Result<TurnBegun, Failure> {
         let key = ConversationKey::new(&turn.principal, &turn.context_id);
         let mut client = self.client().await?;
@@ -163,9 +163,12 @@ impl Ops {
         stored.task.status = TaskStatus::new(TaskState::Working, None);
         stored.task.artifacts.clear();
         let earlier = &stored.history_seqs[..stored.history_seqs.len() - 1];
-        let (_, _, _, (history, _)) = futures_util::try_join!(
+        // A send's push configs are stored before the task row, whose write reads them to
+        // notify (no round trip when the send has none).
+        super::push::put_with_start(&tx, &turn.principal, &turn.push_configs, &turn.task_id)
+            .await?;
+        let (_, _, (history, _)) = futures_util::try_join!(
             insert_message(&tx, &key, seq, &turn.message),
-            super::push::put_with_start(&tx, &turn.principal, &turn.push_configs, &turn.task_id),
             put_task(&tx, &key, &turn.principal, &stored),
             messages_at(&tx, &key, earlier),
         )?;
