@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One node on sled vs one node on PostgreSQL vs two nodes on one PostgreSQL, same loadgen, same
-# machine, same run (issue 13, item 8).
+# machine, same run.
 #
 #   benches/cluster_compare.sh                     # 64 conversations in flight x 5 turns x 200 B, v1.0
 #   ROUNDS=3 benches/cluster_compare.sh            # repeat the three, alternating the order
