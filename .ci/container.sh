@@ -37,6 +37,8 @@ for tool in podman runc mmdebstrap curl python3; do
     command -v "$tool" >/dev/null 2>&1 || need+=("$tool")
 done
 command -v strip >/dev/null 2>&1 || need+=(binutils)
+# mmdebstrap's eatmydata hook runs dpkg-architecture (dpkg-dev, only recommended by mmdebstrap).
+command -v dpkg-architecture >/dev/null 2>&1 || need+=(dpkg-dev)
 if [ ${#need[@]} -gt 0 ]; then
     step "installing ${need[*]}"
     apt-get update -qq

@@ -50,7 +50,9 @@ pub fn run(args: HealthcheckArgs) -> Result<ExitCode, String> {
         .map_err(|e| format!("starting the runtime: {e}"))?;
     let timeout = Duration::from_secs(args.timeout_secs.max(1));
     let status = runtime.block_on(async {
+        // The server is local: never through an HTTP_PROXY the environment names.
         let client = reqwest::Client::builder()
+            .no_proxy()
             .timeout(timeout)
             .build()
             .map_err(|e| format!("building the HTTP client: {e}"))?;

@@ -55,7 +55,9 @@ pub fn forwarded_principal(state: &AppState, req: &HttpRequest) -> Result<String
 
 thread_local! {
     /// One client per worker thread: its connections live on that thread's runtime.
+    /// Never through an HTTP_PROXY the environment names: requests carry the cluster secret.
     static CLIENT: reqwest::Client = reqwest::Client::builder()
+        .no_proxy()
         .connect_timeout(Duration::from_secs(2))
         .build()
         .unwrap_or_default();

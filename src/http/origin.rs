@@ -3,8 +3,9 @@
 //!
 //! `Forwarded` and `X-Forwarded-*` are believed only from a peer listed in `trusted_proxies`:
 //! from anyone else they would let a stranger rewrite the card others fetch (a shared cache keeps
-//! it). What a proxy says is checked too: a scheme other than `http`/`https`, or a host that is
-//! not a plain authority, is ignored.
+//! it). Only the last value counts, the one the nearest proxy added, and `X-Forwarded-*` before
+//! `Forwarded`. What it says is checked too: a scheme other than `http`/`https`, or a host that
+//! is not a plain authority, is ignored.
 
 use super::state::AppState;
 use actix_web::HttpRequest;
@@ -33,17 +34,35 @@ pub fn base_url(state: &AppState, req: &HttpRequest) -> String {
         return url.clone();
     }
     let (scheme, host) = if state.proxies.trusts(req) {
-        let info = req.connection_info();
-        let scheme = Some(info.scheme()).filter(|s| matches!(*s, "http" | "https"));
-        let host = Some(info.host()).filter(|h| is_authority(h));
+        let scheme = forwarded(req, "X-Forwarded-Proto", "proto")
+            .filter(|s| matches!(s.as_str(), "http" | "https"));
+        let host = forwarded(req, "X-Forwarded-Host", "host").filter(|h| is_authority(h));
         (
-            scheme.unwrap_or("http").to_owned(),
-            host.map_or_else(|| direct_host(req), str::to_owned),
+            scheme.unwrap_or_else(|| "http".to_owned()),
+            host.unwrap_or_else(|| direct_host(req)),
         )
     } else {
         ("http".to_owned(), direct_host(req))
     };
     format!("{scheme}://{host}/")
+}
+
+/// What the nearest proxy says of `X-Forwarded-*` header `legacy`, else of `Forwarded`'s
+/// `parameter`: the last value, the one the trusted proxy added (a client can put its own
+/// before it).
+fn forwarded(req: &HttpRequest, legacy: &str, parameter: &str) -> Option<String> {
+    let last_element = |name: &str| {
+        let value = req.headers().get_all(name).last()?.to_str().ok()?;
+        value.rsplit(',').next().map(str::trim)
+    };
+    if let Some(value) = last_element(legacy) {
+        return Some(value.to_owned());
+    }
+    last_element(header::FORWARDED.as_str())?
+        .split(';')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case(parameter))
+        .map(|(_, value)| value.trim().trim_matches('"').to_owned())
 }
 
 /// The request's own `Host`, if it is a plain authority, else the address the server answers on.

@@ -303,6 +303,26 @@ async fn forwarding_headers_count_only_from_trusted_proxies_and_only_when_sane()
         format!("http://{}/", proxied.server.addr),
         "a host that is not an authority is ignored"
     );
+    // Only the last value counts: the one the proxy added after whatever the client sent.
+    assert_eq!(
+        card_url(
+            &proxied,
+            &[("X-Forwarded-Host", "evil.example, agents.example")]
+        )
+        .await,
+        "http://agents.example/"
+    );
+    assert_eq!(
+        card_url(
+            &proxied,
+            &[(
+                "Forwarded",
+                "host=evil.example;proto=http, host=\"agents.example\";proto=https"
+            )]
+        )
+        .await,
+        "https://agents.example/"
+    );
     proxied.stop().await;
 }
 

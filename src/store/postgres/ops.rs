@@ -15,6 +15,50 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use tokio_postgres::Row;
 
+/// The lease: a conditional insert-or-update that succeeds only if no turn holds the
+/// conversation or its holder's lease has expired by the database's clock. Moves the token.
+const TAKE_SQL: &str = "INSERT INTO colloquy_conversations (conv_key, principal_key, principal, \
+     context_id, created_at, updated_at, updated_ms, turns, next_seq, token, running_task, \
+     lease_expires, lease_holder, agent_state) \
+ VALUES ($1, $2, $3, $4, $5, $5, $6, 1, 1, 1, $7, \
+     now() + $8::FLOAT8 * INTERVAL '1 second', $9, NULL) \
+ ON CONFLICT (conv_key) DO UPDATE SET \
+     updated_at = excluded.updated_at, updated_ms = excluded.updated_ms, \
+     turns = colloquy_conversations.turns + 1, \
+     next_seq = colloquy_conversations.next_seq + 1, \
+     token = colloquy_conversations.token + 1, \
+     running_task = excluded.running_task, \
+     lease_expires = excluded.lease_expires, \
+     lease_holder = excluded.lease_holder \
+ WHERE colloquy_conversations.running_task IS NULL \
+     OR colloquy_conversations.lease_expires <= now() \
+ RETURNING turns, next_seq, token, agent_state";
+/// Locks the conversation (before a turn starts).
+const LOCK_CONVERSATION_SQL: &str = "SELECT running_task, lease_expires <= now() AS expired \
+     FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE";
+/// The latest `$2` messages, read before the lease moves `next_seq` on.
+const HISTORY_WINDOW_SQL: &str = "SELECT body FROM colloquy_messages WHERE conv_key = $1 \
+     AND seq >= (SELECT next_seq FROM colloquy_conversations WHERE conv_key = $1) - $2 \
+     ORDER BY seq";
+/// Locks the conversation if the lease (token and task) still holds it.
+const HELD_SQL: &str = "SELECT next_seq FROM colloquy_conversations \
+     WHERE conv_key = $1 AND token = $2 AND running_task = $3 FOR UPDATE";
+const LOAD_TASK_SQL: &str =
+    "SELECT conv_key, principal, record FROM colloquy_tasks WHERE task_id = $1";
+const LOCK_TASK_SQL: &str =
+    "SELECT conv_key, principal, record FROM colloquy_tasks WHERE task_id = $1 FOR UPDATE";
+
+/// Prepares `statements` on this connection: the first time in one round trip (their parses
+/// pipelined), after that from the connection's cache at no cost. A pipelined batch must have
+/// its statements prepared, or one that still waits for its prepare goes out after those that
+/// do not, out of the batch's order (taking locks task row first, or moving `next_seq` before
+/// the history window is read).
+async fn prepared(client: &impl GenericClient, statements: &[&str]) -> Result<(), Failure> {
+    futures_util::future::try_join_all(statements.iter().map(|sql| client.prepare_cached(sql)))
+        .await?;
+    Ok(())
+}
+
 /// A task as stored: its history lives in the conversation, referenced by sequence number.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct StoredTask {
@@ -145,6 +189,16 @@ impl Ops {
         let key = ConversationKey::new(&turn.principal, &turn.context_id);
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
+        prepared(
+            &tx,
+            &[
+                LOCK_CONVERSATION_SQL,
+                HISTORY_WINDOW_SQL,
+                LOCK_TASK_SQL,
+                TAKE_SQL,
+            ],
+        )
+        .await?;
         let (current, recent, continued, taken) = futures_util::try_join!(
             lock_conversation(&tx, &key),
             history_window(&tx, &key, turn.history_limit),
@@ -204,8 +258,7 @@ impl Ops {
         })
     }
 
-    /// The lease itself: a conditional insert-or-update that succeeds only if no turn holds the
-    /// conversation or its holder's lease has expired by the database's clock. Moves the token.
+    /// The lease itself ([`TAKE_SQL`]).
     async fn take(
         &self,
         tx: &impl GenericClient,
@@ -216,25 +269,7 @@ impl Ops {
         let holder = self.holder.read().clone();
         let row = tx
             .query_opt(
-                &tx.prepare_cached(
-                    "INSERT INTO colloquy_conversations (conv_key, principal_key, principal, \
-                     context_id, created_at, updated_at, updated_ms, turns, next_seq, token, \
-                     running_task, lease_expires, lease_holder, agent_state) \
-                 VALUES ($1, $2, $3, $4, $5, $5, $6, 1, 1, 1, $7, \
-                     now() + $8::FLOAT8 * INTERVAL '1 second', $9, NULL) \
-                 ON CONFLICT (conv_key) DO UPDATE SET \
-                     updated_at = excluded.updated_at, updated_ms = excluded.updated_ms, \
-                     turns = colloquy_conversations.turns + 1, \
-                     next_seq = colloquy_conversations.next_seq + 1, \
-                     token = colloquy_conversations.token + 1, \
-                     running_task = excluded.running_task, \
-                     lease_expires = excluded.lease_expires, \
-                     lease_holder = excluded.lease_holder \
-                 WHERE colloquy_conversations.running_task IS NULL \
-                     OR colloquy_conversations.lease_expires <= now() \
-                 RETURNING turns, next_seq, token, agent_state",
-                )
-                .await?,
+                &tx.prepare_cached(TAKE_SQL).await?,
                 &[
                     &key.as_bytes().as_slice(),
                     &PrincipalKey::new(&turn.principal).as_bytes().as_slice(),
@@ -311,6 +346,7 @@ impl Ops {
         let tx = client.transaction().await?;
         // Four round trips: `BEGIN`; the lease's and the task's locks, pipelined; the reply,
         // the task and the conversation's release, pipelined; `COMMIT`.
+        prepared(&tx, &[HELD_SQL, LOCK_TASK_SQL]).await?;
         let (mut next_seq, row) =
             futures_util::try_join!(held(&tx, lease), load_task(&tx, &lease.task_id, true))?;
         let mut row = row.ok_or_else(|| stale(lease))?;
@@ -841,13 +877,9 @@ async fn lock_conversation(
     tx: &impl GenericClient,
     key: &ConversationKey,
 ) -> Result<Option<Row>, Failure> {
-    let sql = "SELECT running_task, lease_expires <= now() AS expired \
-               FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE";
+    let statement = tx.prepare_cached(LOCK_CONVERSATION_SQL).await?;
     Ok(tx
-        .query_opt(
-            &tx.prepare_cached(sql).await?,
-            &[&key.as_bytes().as_slice()],
-        )
+        .query_opt(&statement, &[&key.as_bytes().as_slice()])
         .await?)
 }
 
@@ -858,13 +890,10 @@ async fn history_window(
     key: &ConversationKey,
     limit: usize,
 ) -> Result<Vec<Message>, Failure> {
-    let sql = "SELECT body FROM colloquy_messages WHERE conv_key = $1 AND seq >= \
-               (SELECT next_seq FROM colloquy_conversations WHERE conv_key = $1) - $2 \
-               ORDER BY seq";
     let limit = limit.min(i64::MAX as usize) as i64;
     let rows = tx
         .query(
-            &tx.prepare_cached(sql).await?,
+            &tx.prepare_cached(HISTORY_WINDOW_SQL).await?,
             &[&key.as_bytes().as_slice(), &limit],
         )
         .await?;
@@ -989,11 +1018,7 @@ async fn busy(
 async fn held(tx: &impl GenericClient, lease: &Lease) -> Result<i64, Failure> {
     let row = tx
         .query_opt(
-            &tx.prepare_cached(
-                "SELECT next_seq FROM colloquy_conversations \
-             WHERE conv_key = $1 AND token = $2 AND running_task = $3 FOR UPDATE",
-            )
-            .await?,
+            &tx.prepare_cached(HELD_SQL).await?,
             &[
                 &lease.key.as_bytes().as_slice(),
                 &(lease.token as i64),
@@ -1024,11 +1049,7 @@ pub(super) async fn load_task(
     task_id: &str,
     lock: bool,
 ) -> Result<Option<TaskRow>, Failure> {
-    let sql = if lock {
-        "SELECT conv_key, principal, record FROM colloquy_tasks WHERE task_id = $1 FOR UPDATE"
-    } else {
-        "SELECT conv_key, principal, record FROM colloquy_tasks WHERE task_id = $1"
-    };
+    let sql = if lock { LOCK_TASK_SQL } else { LOAD_TASK_SQL };
     let row = client
         .query_opt(&client.prepare_cached(sql).await?, &[&task_id.as_bytes()])
         .await?;
