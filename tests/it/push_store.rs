@@ -411,3 +411,59 @@ async fn a_claimed_notification_is_held_from_other_nodes_until_its_claim_expires
     b.notification_delivered(stored.seq).await.unwrap();
     assert_eq!(a.pending_count().await.unwrap(), 0);
 }
+
+/// During a rolling upgrade, nodes of a build before the outbox's due index keep writing rows
+/// without a due time, lane or principal, and delete a lane's first row without waking the next.
+/// A node's start (and its sweep, every 30 s) repairs both, so neither is left undelivered.
+#[actix_rt::test]
+async fn outbox_rows_an_older_node_left_become_due_at_the_next_start() {
+    let Some(url) = crate::common::pg::database("push_store::older_node_rows") else {
+        return;
+    };
+    let a = pg_store(&url, "a");
+    for context in ["old-row", "orphan"] {
+        let mut begin = begin_request("alice", context, "hello");
+        begin.push_configs = vec![config("", "hook")];
+        a.begin_turn(begin).await.unwrap();
+    }
+    let pending = a.pending_notifications(10).await.unwrap();
+    assert_eq!(pending.len(), 2);
+    let (old_row, orphan) = (pending[0].seq as i64, pending[1].seq as i64);
+    // What an older node leaves: a row it wrote, and a lane's row set aside whose earlier row it
+    // deleted.
+    let sql = format!(
+        "UPDATE colloquy_outbox SET due = NULL, lane = NULL, principal_key = NULL \
+         WHERE seq = {old_row}; UPDATE colloquy_outbox SET due = NULL WHERE seq = {orphan};"
+    );
+    let database = url.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&database, tokio_postgres::NoTls)
+                .await
+                .expect("connects");
+            tokio::spawn(connection);
+            client.batch_execute(&sql).await.expect("rows changed");
+        });
+    })
+    .join()
+    .expect("no panic");
+    assert!(
+        a.due_notifications(10).await.unwrap().due.is_empty(),
+        "neither is due now"
+    );
+
+    let b = pg_store(&url, "b");
+    let due: Vec<i64> = b
+        .due_notifications(10)
+        .await
+        .unwrap()
+        .due
+        .iter()
+        .map(|n| n.seq as i64)
+        .collect();
+    assert_eq!(due, [old_row, orphan], "both due again after b's start");
+}

@@ -92,6 +92,10 @@ pub fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://") || key_value()
 }
 
+/// How often the sweep repairs the outbox rows that nodes of an older build leave (see
+/// `Ops::repair_outbox`).
+const OUTBOX_REPAIR_PERIOD: Duration = Duration::from_secs(30);
+
 /// The store. Cheap to clone.
 #[derive(Clone)]
 pub struct PgStore {
@@ -108,6 +112,8 @@ pub(crate) struct Ops {
     lease_secs: f64,
     /// This node's address in the leases it takes (see [`PgStore::set_holder`]).
     holder: parking_lot::RwLock<String>,
+    /// When the sweep last repaired the outbox (see [`OUTBOX_REPAIR_PERIOD`]).
+    outbox_repaired: parking_lot::Mutex<std::time::Instant>,
 }
 
 /// The store's runtime, shut down without blocking when the last handle goes (which may be
@@ -244,6 +250,7 @@ impl PgStore {
                 pool,
                 lease_secs: options.lease.as_secs_f64(),
                 holder: parking_lot::RwLock::new(options.holder.clone()),
+                outbox_repaired: parking_lot::Mutex::new(std::time::Instant::now()),
             }),
             runtime: Arc::new(OwnedRuntime(Some(runtime))),
             outbox: Arc::new(tokio::sync::Notify::new()),
@@ -341,8 +348,16 @@ impl ConversationStore for PgStore {
         )
     }
 
+    /// The sweep every node runs: fails the tasks of expired leases and, every
+    /// [`OUTBOX_REPAIR_PERIOD`], repairs the outbox.
     fn fail_interrupted_turns(&self) -> BoxFuture<'static, StoreResult<usize>> {
-        self.run_status(|ops| async move { retrying(|| ops.fail_expired()).await })
+        self.run_status(|ops| async move {
+            let failed = retrying(|| ops.fail_expired()).await?;
+            if ops.outbox_repair_due() {
+                retrying(|| ops.repair_outbox()).await?;
+            }
+            Ok(failed)
+        })
     }
 
     fn conversation(

@@ -412,8 +412,37 @@ impl Ops {
         Ok(())
     }
 
+    /// Whether the sweep should repair the outbox now (at most every `OUTBOX_REPAIR_PERIOD`).
+    pub(super) fn outbox_repair_due(&self) -> bool {
+        let mut last = self.outbox_repaired.lock();
+        if last.elapsed() < super::OUTBOX_REPAIR_PERIOD {
+            return false;
+        }
+        *last = std::time::Instant::now();
+        true
+    }
+
+    /// Repairs what nodes of a build before migration 3, still running beside this one during a
+    /// rolling upgrade, leave in the outbox: rows without a due time, lane or principal (filled
+    /// from the record), and the first row of a lane left waiting (`due` NULL) because such a
+    /// node deleted the row before it without waking it. At start, and in the sweep every
+    /// [`OUTBOX_REPAIR_PERIOD`](super::OUTBOX_REPAIR_PERIOD).
+    pub(super) async fn repair_outbox(&self) -> Result<(), Failure> {
+        self.fill_outbox_columns().await?;
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE colloquy_outbox o SET due = now() WHERE o.due IS NULL \
+                 AND NOT EXISTS (SELECT 1 FROM colloquy_outbox e \
+                     WHERE e.task_id = o.task_id AND e.lane = o.lane AND e.seq < o.seq)",
+                &[],
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Gives rows written before migration 3 their due time, lane and principal (from the
-    /// record): at start, where any are left.
+    /// record), where any are left.
     pub(super) async fn fill_outbox_columns(&self) -> Result<(), Failure> {
         let client = self.client().await?;
         loop {

@@ -152,9 +152,7 @@ impl Ops {
                 Err(e) => return Err(e.into_store()),
             }
         }
-        self.fill_outbox_columns()
-            .await
-            .map_err(Failure::into_store)?;
+        self.repair_outbox().await.map_err(Failure::into_store)?;
         Ok(Migrated {
             from,
             to: SCHEMA_VERSION,
