@@ -186,23 +186,9 @@ def main():
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     hook = f"http://127.0.0.1:{receiver.server_port}/hook"
 
-    data = tempfile.mkdtemp()
-    port = free_port()
-    env = dict(os.environ, COLLOQUY_PUSH__ALLOW_PRIVATE_NETWORKS="true")
-    server = subprocess.Popen(
-        [args.binary, "serve", "--listen", f"127.0.0.1:{port}", "--data", data],
-        env=env,
-        stderr=subprocess.DEVNULL,
-    )
+    server, port, data = start_server(args.binary, {})
     url = f"http://127.0.0.1:{port}/"
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.05)
-
         def send(i):
             request = {
                 "jsonrpc": "2.0",

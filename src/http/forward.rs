@@ -74,18 +74,22 @@ pub async fn rpc_to_holder(
     body: &[u8],
 ) -> Option<HttpResponse> {
     let task_id = request.params.get("id")?.as_str()?;
-    to_holder(state, req, principal, method, task_id, PATH, body).await
+    to_holder(state, req, principal, method, task_id, PATH, || {
+        body.to_vec()
+    })
+    .await
 }
 
 /// The holder's answer to an HTTP+JSON request, if it follows a task another node runs and that
-/// node answered: the same route, under [`REST_PREFIX`] there.
+/// node answered: the same route, under [`REST_PREFIX`] there. `body` makes the body to pass on,
+/// only when it is passed on.
 pub async fn rest_to_holder(
     state: &AppState,
     req: &HttpRequest,
     principal: &str,
     method: Method,
     task_id: &str,
-    body: &[u8],
+    body: impl FnOnce() -> Vec<u8>,
 ) -> Option<HttpResponse> {
     let path = format!("{REST_PREFIX}{}", req.path());
     to_holder(state, req, principal, method, task_id, &path, body).await
@@ -98,7 +102,7 @@ async fn to_holder(
     method: Method,
     task_id: &str,
     path: &str,
-    body: &[u8],
+    body: impl FnOnce() -> Vec<u8>,
 ) -> Option<HttpResponse> {
     let secret = state.config.cluster.secret()?;
     if !matches!(
@@ -134,7 +138,7 @@ async fn to_holder(
         .header(header::CONTENT_TYPE.as_str(), "application/json")
         .header(SECRET_HEADER, secret)
         .header(PRINCIPAL_HEADER, hex::encode(principal))
-        .body(body.to_vec());
+        .body(body());
     if let Some(version) = header_text(req, super::rpc::VERSION_HEADER) {
         forward = forward.header(super::rpc::VERSION_HEADER, version);
     }

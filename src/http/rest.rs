@@ -344,11 +344,12 @@ async fn to_holder(
     body: Body,
 ) -> Option<HttpResponse> {
     let task_id = params.get("id")?.as_str()?;
-    let forwarded_body = match body {
-        Body::Params => serde_json::to_vec(params).ok()?,
+    let forwarded_body = || match body {
+        // A map of JSON values always serializes.
+        Body::Params => serde_json::to_vec(params).unwrap_or_default(),
         Body::Unread => Vec::new(),
     };
-    super::forward::rest_to_holder(state, req, principal, method, task_id, &forwarded_body).await
+    super::forward::rest_to_holder(state, req, principal, method, task_id, forwarded_body).await
 }
 
 /// The body's JSON object, with the path's params laid over it (the path names the resource).
