@@ -128,9 +128,9 @@ pub(super) struct UnansweredStart {
     pub key: ConversationKey,
     pub principal: String,
     pub task_id: String,
-    pub token: u64,
-    /// The sequence number of the caller's message.
-    pub seq: u64,
+    /// The lease's token, if the start's answer came back; without it the start's task id,
+    /// new or locked by the start, tells its lease.
+    pub token: Option<u64>,
     /// The task as it was before (a continued task), or None for a task this start created.
     pub before: Option<StoredTask>,
 }
@@ -171,17 +171,20 @@ async fn undo_start(pool: &Pool, start: &UnansweredStart) -> Result<bool, Failur
     let key = key.as_slice();
     let held = tx
         .query_opt(
-            "SELECT turns FROM colloquy_conversations \
-             WHERE conv_key = $1 AND token = $2 AND running_task = $3 FOR UPDATE",
-            &[&key, &(start.token as i64), &start.task_id.as_bytes()],
+            "SELECT turns, next_seq FROM colloquy_conversations \
+             WHERE conv_key = $1 AND running_task = $3 AND ($2::BIGINT IS NULL OR token = $2) \
+             FOR UPDATE",
+            &[&key, &start.token.map(|t| t as i64), &start.task_id.as_bytes()],
         )
         .await?;
     let Some(held) = held else {
         return Ok(false);
     };
+    // Under the start's lease nothing else moved `next_seq`: the caller's message is the last.
+    let seq: i64 = held.try_get::<_, i64>("next_seq")? - 1;
     tx.execute(
         "DELETE FROM colloquy_messages WHERE conv_key = $1 AND seq = $2",
-        &[&key, &(start.seq as i64)],
+        &[&key, &seq],
     )
     .await?;
     match &start.before {

@@ -15,6 +15,7 @@ mod ops;
 mod push;
 mod schema;
 mod transfer;
+mod turn;
 
 pub use schema::{Migrated, SCHEMA_VERSION};
 
@@ -114,6 +115,9 @@ pub(crate) struct Ops {
     holder: parking_lot::RwLock<String>,
     /// When the sweep last repaired the outbox (see [`OUTBOX_REPAIR_PERIOD`]).
     outbox_repaired: parking_lot::Mutex<std::time::Instant>,
+    /// The turns this node started and has not yet ended, by conversation and token: what
+    /// their end writes without reading it first (`turn.rs`).
+    started: parking_lot::Mutex<std::collections::HashMap<(ConversationKey, u64), turn::StartedTurn>>,
 }
 
 /// The store's runtime, shut down without blocking when the last handle goes (which may be
@@ -251,6 +255,7 @@ impl PgStore {
                 lease_secs: options.lease.as_secs_f64(),
                 holder: parking_lot::RwLock::new(options.holder.clone()),
                 outbox_repaired: parking_lot::Mutex::new(std::time::Instant::now()),
+                started: parking_lot::Mutex::default(),
             }),
             runtime: Arc::new(OwnedRuntime(Some(runtime))),
             outbox: Arc::new(tokio::sync::Notify::new()),

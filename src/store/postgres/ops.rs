@@ -34,14 +34,14 @@ const TAKE_SQL: &str = "INSERT INTO colloquy_conversations (conv_key, principal_
      OR colloquy_conversations.lease_expires <= now() \
  RETURNING turns, next_seq, token, agent_state";
 /// Locks the conversation (before a turn starts).
-const LOCK_CONVERSATION_SQL: &str = "SELECT running_task, lease_expires <= now() AS expired \
+pub(super) const LOCK_CONVERSATION_SQL: &str = "SELECT running_task, lease_expires <= now() AS expired \
      FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE";
 /// The latest `$2` messages, read before the lease moves `next_seq` on.
 const HISTORY_WINDOW_SQL: &str = "SELECT body FROM colloquy_messages WHERE conv_key = $1 \
      AND seq >= (SELECT next_seq FROM colloquy_conversations WHERE conv_key = $1) - $2 \
      ORDER BY seq";
 /// Locks the conversation if the lease (token and task) still holds it.
-const HELD_SQL: &str = "SELECT next_seq FROM colloquy_conversations \
+pub(super) const HELD_SQL: &str = "SELECT next_seq FROM colloquy_conversations \
      WHERE conv_key = $1 AND token = $2 AND running_task = $3 FOR UPDATE";
 const LOAD_TASK_SQL: &str =
     "SELECT conv_key, principal, record FROM colloquy_tasks WHERE task_id = $1";
@@ -53,7 +53,7 @@ const LOCK_TASK_SQL: &str =
 /// its statements prepared, or one that still waits for its prepare goes out after those that
 /// do not, out of the batch's order (taking locks task row first, or moving `next_seq` before
 /// the history window is read).
-async fn prepared(client: &impl GenericClient, statements: &[&str]) -> Result<(), Failure> {
+pub(super) async fn prepared(client: &impl GenericClient, statements: &[&str]) -> Result<(), Failure> {
     futures_util::future::try_join_all(statements.iter().map(|sql| client.prepare_cached(sql)))
         .await?;
     Ok(())
@@ -179,13 +179,24 @@ impl Ops {
     }
 
     /// Stores the caller's message and the task as working, and takes the conversation's
-    /// lease, in one transaction, unless a live lease holds it.
+    /// lease, in one transaction, unless a live lease holds it: in one round trip when it can
+    /// (`turn.rs`), else in the general way.
+    pub(super) async fn begin(&self, turn: &BeginTurn) -> Result<TurnBegun, Failure> {
+        if !turn.continuing && turn.push_configs.is_empty() {
+            if let Some(begun) = self.start_in_one_trip(turn).await? {
+                return Ok(begun);
+            }
+        }
+        self.begin_in_transaction(turn).await
+    }
+
+    /// The general start: any task, any lease.
     ///
     /// Four round trips on the usual path: `BEGIN`; the conversation's lock, its history
     /// window, the task it continues and the lease, pipelined; the message, the task and its
     /// push configs, pipelined; `COMMIT` (a send that registers a push config stores it first,
     /// one more). Statements go in that order, so locks are still taken conversation row first.
-    pub(super) async fn begin(&self, turn: &BeginTurn) -> Result<TurnBegun, Failure> {
+    async fn begin_in_transaction(&self, turn: &BeginTurn) -> Result<TurnBegun, Failure> {
         let key = ConversationKey::new(&turn.principal, &turn.context_id);
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
@@ -236,8 +247,7 @@ impl Ops {
                     key,
                     principal: turn.principal.clone(),
                     task_id: turn.task_id.clone(),
-                    token: taken.token,
-                    seq,
+                    token: Some(taken.token),
                     before,
                 };
                 super::failover::undo_unanswered_start(self.pool.clone(), start);
@@ -245,6 +255,7 @@ impl Ops {
             return Err(e.into());
         }
         metrics::counter!("colloquy_leases_taken_total").increment(1);
+        self.remember(&key, taken.token, &stored, taken.next_seq);
         Ok(TurnBegun {
             lease: Lease {
                 key,
@@ -338,8 +349,17 @@ impl Ops {
         Ok(())
     }
 
-    /// Appends the reply, stores the final state and releases the conversation.
+    /// Appends the reply, stores the final state and releases the conversation: in one round
+    /// trip when it can (`turn.rs`), else in the general way.
     pub(super) async fn finish(&self, end: &FinishTurn) -> Result<(), Failure> {
+        if self.end_in_one_trip(end).await? {
+            return Ok(());
+        }
+        self.finish_in_transaction(end).await
+    }
+
+    /// The general end: any task, with its push notifications.
+    async fn finish_in_transaction(&self, end: &FinishTurn) -> Result<(), Failure> {
         let lease = &end.lease;
         let key = lease.key.as_bytes().as_slice();
         let mut client = self.client().await?;
@@ -866,7 +886,7 @@ struct Taken {
     agent_state: Option<serde_json::Value>,
 }
 
-fn stale(lease: &Lease) -> StoreError {
+pub(super) fn stale(lease: &Lease) -> StoreError {
     StoreError::StaleToken {
         task_id: lease.task_id.clone(),
     }
@@ -1066,10 +1086,13 @@ pub(super) async fn put_task(
     record.task.history.clear();
     let status = &record.task.status;
     let upsert = async {
+        // `has_push` tells a turn's end whether it must build notifications (`turn.rs`).
         let sql = "INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, \
-                   state, status_ms, record) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                   state, status_ms, record, has_push) VALUES ($1, $2, $3, $4, $5, $6, $7, \
+                   EXISTS (SELECT 1 FROM colloquy_push_configs WHERE task_id = $2)) \
                    ON CONFLICT (conv_key, task_id) DO UPDATE SET state = excluded.state, \
-                   status_ms = excluded.status_ms, record = excluded.record";
+                   status_ms = excluded.status_ms, record = excluded.record, \
+                   has_push = excluded.has_push";
         let statement = client.prepare_cached(sql).await?;
         client
             .execute(

@@ -223,9 +223,10 @@ impl Ops {
     ) -> Result<Result<PushConfig, PushError>, Failure> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        // The task row, locked: two nodes adding configs at once count each other's.
+        // The task row, locked: two nodes adding configs at once count each other's, and a
+        // turn's end sees `has_push` (and builds notifications) once this commits.
         tx.execute(
-            "SELECT 1 FROM colloquy_tasks WHERE task_id = $1 FOR UPDATE",
+            "UPDATE colloquy_tasks SET has_push = TRUE WHERE task_id = $1",
             &[&config.task_id.as_bytes()],
         )
         .await?;
@@ -430,6 +431,14 @@ impl Ops {
     pub(super) async fn repair_outbox(&self) -> Result<(), Failure> {
         self.fill_outbox_columns().await?;
         let client = self.client().await?;
+        // Configs stored by a node of a build before `has_push` (migration 4) mark their task.
+        client
+            .execute(
+                "UPDATE colloquy_tasks SET has_push = TRUE WHERE NOT has_push \
+                 AND task_id IN (SELECT task_id FROM colloquy_push_configs)",
+                &[],
+            )
+            .await?;
         client
             .execute(
                 "UPDATE colloquy_outbox o SET due = now() WHERE o.due IS NULL \

@@ -93,6 +93,11 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX colloquy_outbox_by_lane ON colloquy_outbox (task_id, lane, seq);
     CREATE INDEX colloquy_outbox_by_principal ON colloquy_outbox (principal_key, seq);
     "#,
+    // 4: whether a task has push configs, so a turn's end knows without reading them. Tasks
+    // whose configs came before are marked at start (`Ops::repair_outbox`).
+    r#"
+    ALTER TABLE colloquy_tasks ADD COLUMN has_push BOOLEAN NOT NULL DEFAULT FALSE;
+    "#,
 ];
 
 /// The newest schema version this build knows.
