@@ -5,6 +5,7 @@
 #   benches/cluster_compare.sh                     # 64 conversations in flight x 5 turns x 200 B, v1.0
 #   ROUNDS=3 benches/cluster_compare.sh            # repeat the three, alternating the order
 #   CONVERSATIONS=128 TOTAL=1024 benches/cluster_compare.sh
+#   PG_SETTINGS="-c synchronous_commit=off" benches/cluster_compare.sh   # server settings to try
 #
 # Builds release (unless COLLOQUY names a binary); starts its own throwaway PostgreSQL (Debian's
 # initdb/pg_ctl, as nobody when run as root; durable defaults: fsync and synchronous_commit on)
@@ -49,7 +50,8 @@ mkdir "$WORK/db"
 "${AS[@]}" "$PG_BIN/initdb" -D "$WORK/db/data" -U postgres --auth=trust -E UTF8 --locale=C >/dev/null
 "${AS[@]}" "$PG_BIN/pg_ctl" -D "$WORK/db/data" -l "$WORK/db/log" -w -t 60 \
   -o "-p $DB_PORT -k $WORK/db -c listen_addresses=127.0.0.1 -c max_connections=200 \
-      -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_planning=on" \
+      -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_planning=on \
+      ${PG_SETTINGS:-}" \
   start >/dev/null
 psql() { "$PG_BIN/psql" -h 127.0.0.1 -p "$DB_PORT" -U postgres -d postgres -qAtX "$@"; }
 psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
@@ -107,9 +109,9 @@ run() { # name urls node-pids...
   done
   wait "$lg" || true
   # Statements by the database's own time (parse/plan + execute), per run.
-  psql -F ' | ' -c "SELECT calls, round((total_plan_time + total_exec_time)::numeric, 1), \
-      left(regexp_replace(query, '\s+', ' ', 'g'), 90) FROM pg_stat_statements \
-      ORDER BY total_plan_time + total_exec_time DESC LIMIT 8" >"$WORK/statements.$name" || true
+  psql -F ' | ' -c "SELECT calls, round(total_plan_time::numeric, 1), round(total_exec_time::numeric, 1), \
+      left(regexp_replace(query, '\s+', ' ', 'g'), 80) FROM pg_stat_statements \
+      ORDER BY total_plan_time + total_exec_time DESC LIMIT 10" >"$WORK/statements.$name" || true
   pg_after=$(pg_snapshot)
   local node_ticks=0 i=0
   for pid in "$@"; do node_ticks=$((node_ticks + $(ticks "$pid") - before[i])); i=$((i + 1)); done
@@ -180,8 +182,8 @@ for r in rows:
 last = [r for r in rows if r["name"] == "2 nodes, PostgreSQL"][-1:]
 for r in last:
     ok = max(r["turns_ok"], 1)
-    print(f"\nStatements of the last '{r['name']}' run (pg_stat_statements; calls per turn, plan+exec ms per turn):")
+    print(f"\nStatements of the last '{r['name']}' run (pg_stat_statements; calls, plan and execution time per turn):")
     for line in r["statements"].splitlines():
-        calls, ms, query = line.split(" | ", 2)
-        print(f"  {int(calls) / ok:>5.2f} {1000 * float(ms) / ok:>7.1f} us  {query}")
+        calls, plan, execute, query = line.split(" | ", 3)
+        print(f"  {int(calls) / ok:>5.2f} {1000 * float(plan) / ok:>6.1f} {1000 * float(execute) / ok:>7.1f} us  {query}")
 EOF

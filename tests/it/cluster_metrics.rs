@@ -78,3 +78,54 @@ async fn each_node_counts_its_leases_taken_and_expired_and_its_forwarded_request
     assert_eq!(metric(&other, "colloquy_leases_taken_total").await, 1.0);
     assert_eq!(metric(&other, "colloquy_leases_lost_total").await, 0.0);
 }
+
+/// A new task's turn without push configs is started and ended in one round trip each; a task
+/// with push configs ends the general way.
+#[actix_rt::test]
+async fn turns_without_push_configs_take_the_one_round_trip_path() {
+    let Some(url) = pg::database("cluster_metrics::one_round_trip_path") else {
+        return;
+    };
+    let node = ChildNode::start_with_env(
+        &url,
+        5,
+        0,
+        &[("COLLOQUY_PUSH__ALLOW_PRIVATE_NETWORKS", "true")],
+    )
+    .await;
+    for text in ["one", "two", "three"] {
+        let sent = rpc(
+            &node,
+            "SendMessage",
+            json!({"message": user_message(V1, text, Some("quick"), None)}),
+        )
+        .await;
+        assert_eq!(
+            task_of(&sent)["status"]["state"],
+            json!("TASK_STATE_COMPLETED"),
+            "{sent}"
+        );
+    }
+    assert_eq!(metric(&node, "colloquy_leases_taken_total").await, 3.0);
+    assert_eq!(
+        metric(&node, "colloquy_store_general_turn_steps_total").await,
+        0.0
+    );
+    // A send that registers a config: its start stores the config, its end builds notifications.
+    let sent = rpc(
+        &node,
+        "SendMessage",
+        json!({"message": user_message(V1, "four", Some("quick"), None),
+               "configuration": {"taskPushNotificationConfig": {"url": "http://127.0.0.1:9/hook"}}}),
+    )
+    .await;
+    assert_eq!(
+        task_of(&sent)["status"]["state"],
+        json!("TASK_STATE_COMPLETED"),
+        "{sent}"
+    );
+    assert_eq!(
+        metric(&node, "colloquy_store_general_turn_steps_total").await,
+        2.0
+    );
+}

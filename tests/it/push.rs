@@ -1237,6 +1237,44 @@ async fn two_nodes_on_postgres_deliver_each_notification_once_and_in_order() {
     receiver.stop().await;
 }
 
+/// On PostgreSQL a turn's end is written in one round trip unless its task has push configs: a
+/// config created while the turn runs still gets the turn's final state.
+#[actix_rt::test]
+async fn a_config_created_while_its_turn_runs_on_postgres_gets_the_final_state() {
+    let Some(url) = pg::database("push::a_config_created_while_its_turn_runs") else {
+        return;
+    };
+    let receiver = Receiver::start(503, None).await;
+    let agent = colloquy::agent::EchoAgent::new(0, std::time::Duration::from_millis(1500));
+    let server = start_with(Arc::new(agent), |c| {
+        allow_loopback_with_fast_retries(c);
+        c.store.url = url.clone();
+    })
+    .await;
+    let started = server
+        .rpc(
+            V1,
+            "SendMessage",
+            json!({"message": user_message(V1, "slowly", None, None),
+                   "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    let task_id = task_of(&started)["id"].as_str().expect("a task").to_owned();
+    let created = server
+        .rpc(
+            V1,
+            "CreateTaskPushNotificationConfig",
+            v1_config(&task_id, &receiver.url),
+        )
+        .await;
+    assert!(created.get("result").is_some(), "{created}");
+    let delivered = receiver.delivered(1).await;
+    assert_eq!(delivered[0].state(), "TASK_STATE_COMPLETED");
+    assert_eq!(delivered[0].body["task"]["id"], json!(task_id));
+    server.stop().await;
+    receiver.stop().await;
+}
+
 /// A config that does not fit is refused with -32602 naming the field's path, in both versions,
 /// and nothing is stored.
 #[actix_rt::test]

@@ -174,7 +174,11 @@ async fn undo_start(pool: &Pool, start: &UnansweredStart) -> Result<bool, Failur
             "SELECT turns, next_seq FROM colloquy_conversations \
              WHERE conv_key = $1 AND running_task = $3 AND ($2::BIGINT IS NULL OR token = $2) \
              FOR UPDATE",
-            &[&key, &start.token.map(|t| t as i64), &start.task_id.as_bytes()],
+            &[
+                &key,
+                &start.token.map(|t| t as i64),
+                &start.task_id.as_bytes(),
+            ],
         )
         .await?;
     let Some(held) = held else {

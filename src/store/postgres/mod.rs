@@ -117,7 +117,8 @@ pub(crate) struct Ops {
     outbox_repaired: parking_lot::Mutex<std::time::Instant>,
     /// The turns this node started and has not yet ended, by conversation and token: what
     /// their end writes without reading it first (`turn.rs`).
-    started: parking_lot::Mutex<std::collections::HashMap<(ConversationKey, u64), turn::StartedTurn>>,
+    started:
+        parking_lot::Mutex<std::collections::HashMap<(ConversationKey, u64), turn::StartedTurn>>,
 }
 
 /// The store's runtime, shut down without blocking when the last handle goes (which may be

@@ -48,12 +48,18 @@ const LOAD_TASK_SQL: &str =
 const LOCK_TASK_SQL: &str =
     "SELECT conv_key, principal, record FROM colloquy_tasks WHERE task_id = $1 FOR UPDATE";
 
+/// Turn starts and ends written the general way, in several round trips (`turn.rs` says when).
+const GENERAL_STEPS: &str = "colloquy_store_general_turn_steps_total";
+
 /// Prepares `statements` on this connection: the first time in one round trip (their parses
 /// pipelined), after that from the connection's cache at no cost. A pipelined batch must have
 /// its statements prepared, or one that still waits for its prepare goes out after those that
 /// do not, out of the batch's order (taking locks task row first, or moving `next_seq` before
 /// the history window is read).
-pub(super) async fn prepared(client: &impl GenericClient, statements: &[&str]) -> Result<(), Failure> {
+pub(super) async fn prepared(
+    client: &impl GenericClient,
+    statements: &[&str],
+) -> Result<(), Failure> {
     futures_util::future::try_join_all(statements.iter().map(|sql| client.prepare_cached(sql)))
         .await?;
     Ok(())
@@ -182,11 +188,13 @@ impl Ops {
     /// lease, in one transaction, unless a live lease holds it: in one round trip when it can
     /// (`turn.rs`), else in the general way.
     pub(super) async fn begin(&self, turn: &BeginTurn) -> Result<TurnBegun, Failure> {
-        if !turn.continuing && turn.push_configs.is_empty() {
-            if let Some(begun) = self.start_in_one_trip(turn).await? {
-                return Ok(begun);
-            }
+        if !turn.continuing
+            && turn.push_configs.is_empty()
+            && let Some(begun) = self.start_in_one_trip(turn).await?
+        {
+            return Ok(begun);
         }
+        metrics::counter!(GENERAL_STEPS).increment(1);
         self.begin_in_transaction(turn).await
     }
 
@@ -355,6 +363,7 @@ impl Ops {
         if self.end_in_one_trip(end).await? {
             return Ok(());
         }
+        metrics::counter!(GENERAL_STEPS).increment(1);
         self.finish_in_transaction(end).await
     }
 

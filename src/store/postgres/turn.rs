@@ -13,7 +13,9 @@
 use super::ops::{HELD_SQL, LOCK_CONVERSATION_SQL, StoredTask, decode, encode, stale};
 use super::{Failure, Ops, failover};
 use crate::model::{Message, Task, TaskState, TaskStatus};
-use crate::store::{BeginTurn, ConversationKey, FinishTurn, Lease, PrincipalKey, StoreError, TurnBegun};
+use crate::store::{
+    BeginTurn, ConversationKey, FinishTurn, Lease, PrincipalKey, StoreError, TurnBegun,
+};
 use tokio_postgres::Row;
 
 /// Takes a free conversation (no holder at all: an expired lease goes the general way, which
@@ -309,7 +311,10 @@ impl Taken {
             next_seq: row.try_get::<_, i64>("next_seq")? as u64,
             token: row.try_get::<_, i64>("token")? as u64,
             agent_state: agent_state.as_deref().map(decode).transpose()?,
-            recent: recent.iter().map(|body| decode(body)).collect::<Result<_, _>>()?,
+            recent: recent
+                .iter()
+                .map(|body| decode(body))
+                .collect::<Result<_, _>>()?,
         })
     }
 }
