@@ -24,6 +24,7 @@ mod loadgen;
 mod malformed;
 mod metrics;
 mod overload;
+mod pg_turn;
 mod props_codec;
 mod props_history;
 mod props_namespace;

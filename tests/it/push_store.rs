@@ -39,7 +39,7 @@ pub fn postgres() -> Option<PushFixture> {
 
 /// A node's store on the database `url`, connected on a thread of its own (the caller may be
 /// inside a runtime).
-fn pg_store(url: &str, holder: &str) -> PgStore {
+pub(crate) fn pg_store(url: &str, holder: &str) -> PgStore {
     let options = PgOptions {
         url: url.to_owned(),
         pool_size: 4,

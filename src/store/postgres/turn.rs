@@ -1,27 +1,33 @@
-//! A turn's start and end in one round trip each, on the usual path: `BEGIN`, the row locks,
-//! one statement whose data-modifying CTEs write what the turn writes, and `COMMIT`, sent
-//! together (pipelined). The checks the general path (`ops.rs`) makes in Rust between its
-//! round trips are the statement's own conditions, so a refused turn writes nothing and the
-//! `COMMIT` commits only the locks. What the usual path does not cover goes the general way:
-//! a continued task or a send that registers a push config (start), an expired lease to take
-//! over (start), a task with push configs (end: its notifications are built in Rust).
+//! A turn's start and end in one round trip each, on the usual path: `BEGIN`, one statement
+//! whose data-modifying CTEs write what the turn writes, and `COMMIT`, sent together
+//! (pipelined). The checks the general path (`ops.rs`) makes in Rust between its round trips
+//! are the statement's own conditions, so a refused step writes nothing. What the usual path
+//! does not cover goes the general way: a continued task or a send that registers a push
+//! config (start), an expired lease to take over (start), a task with push configs (end: its
+//! notifications are built in Rust).
 //!
-//! Locks are taken as everywhere else, conversation row first, each by its own statement: a
-//! later statement's snapshot then sees what the lock waited for (one statement reads from
-//! one snapshot taken before it waits).
+//! One statement reads from one snapshot, taken before it waits for a row lock; each statement
+//! says how it stays right when the row changed meanwhile. Locks are taken conversation row
+//! first, as everywhere else.
 
-use super::ops::{HELD_SQL, LOCK_CONVERSATION_SQL, StoredTask, decode, encode, stale};
+use super::ops::{StoredTask, decode, encode};
 use super::{Failure, Ops, failover};
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
     BeginTurn, ConversationKey, FinishTurn, Lease, PrincipalKey, StoreError, TurnBegun,
 };
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 /// Takes a free conversation (no holder at all: an expired lease goes the general way, which
 /// fails its task), stores the caller's message at the next sequence number and the new task
-/// with it, and returns the history window as it was before.
-const START_SQL: &str = "WITH taken AS (\
+/// with it, and returns the history window as it was before. The window comes from the
+/// statement's snapshot: `seen_seq` (the conversation's `next_seq` in it) tells whether a turn
+/// ended between that snapshot and the take, and the window is then read again.
+const START_SQL: &str = "WITH seen AS (\
+     SELECT next_seq, running_task, lease_expires <= now() AS expired \
+     FROM colloquy_conversations WHERE conv_key = $1), \
+ taken AS (\
      INSERT INTO colloquy_conversations (conv_key, principal_key, principal, context_id, \
          created_at, updated_at, updated_ms, turns, next_seq, token, running_task, \
          lease_expires, lease_holder, agent_state) \
@@ -42,17 +48,21 @@ const START_SQL: &str = "WITH taken AS (\
  task AS (INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, state, \
          status_ms, record, has_push) \
      SELECT $1, $7, $2, $3, $11, $12, $13 || (next_seq - 1)::TEXT || $14, FALSE FROM taken) \
- SELECT turns, next_seq, token, agent_state, \
+ SELECT taken.turns, taken.next_seq, taken.token, taken.agent_state, \
+     seen.next_seq AS seen_seq, seen.running_task, seen.expired, \
      ARRAY(SELECT body FROM colloquy_messages \
          WHERE conv_key = $1 AND seq >= taken.next_seq - 1 - $15 ORDER BY seq) AS recent \
- FROM taken";
+ FROM (SELECT 1) AS one LEFT JOIN taken ON TRUE LEFT JOIN seen ON TRUE";
 
-/// Locks the turn's task row (after the conversation's): whether it has push configs.
-const LOCK_TASK_PUSH_SQL: &str =
-    "SELECT has_push FROM colloquy_tasks WHERE conv_key = $1 AND task_id = $2 FOR UPDATE";
+/// The `$3` messages before sequence number `$2`, oldest first.
+const WINDOW_BEFORE_SQL: &str = "SELECT body FROM colloquy_messages \
+     WHERE conv_key = $1 AND seq >= $2::BIGINT - $3::BIGINT AND seq < $2 ORDER BY seq";
 
 /// Stores the reply, the task's final record and releases the conversation, if the lease still
-/// holds it at the expected sequence number and the task has no push configs.
+/// holds it at the expected sequence number and the task has no push configs; else nothing.
+/// `has_push` is read twice: by `held` from the snapshot (the usual refusal), and by the task's
+/// update from the row it locked, in case a config was added in between; then the statement
+/// fails (a cast error), so that what `held` wrote goes too.
 const END_SQL: &str = "WITH held AS (\
      UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
          lease_holder = NULL, next_seq = $4, updated_at = $5, updated_ms = $6, \
@@ -61,11 +71,16 @@ const END_SQL: &str = "WITH held AS (\
          AND NOT EXISTS (SELECT 1 FROM colloquy_tasks \
              WHERE conv_key = $1 AND task_id = $3 AND has_push) \
      RETURNING conv_key), \
- reply AS (INSERT INTO colloquy_messages (conv_key, seq, body) \
-     SELECT conv_key, $8, $9::TEXT FROM held WHERE $9::TEXT IS NOT NULL), \
  task AS (UPDATE colloquy_tasks SET state = $10, status_ms = $11, record = $12 \
-     WHERE conv_key = $1 AND task_id = $3 AND EXISTS (SELECT 1 FROM held)) \
- SELECT count(*) AS ended FROM held";
+     WHERE conv_key = $1 AND task_id = $3 AND NOT has_push AND EXISTS (SELECT 1 FROM held) \
+     RETURNING task_id), \
+ reply AS (INSERT INTO colloquy_messages (conv_key, seq, body) \
+     SELECT conv_key, $8, $9::TEXT FROM held WHERE $9::TEXT IS NOT NULL) \
+ SELECT CAST(CASE WHEN (SELECT count(*) FROM held) = (SELECT count(*) FROM task) \
+     THEN (SELECT count(*) FROM task)::TEXT ELSE 'push config added' END AS BIGINT) AS ended";
+
+/// The SQLSTATE of [`END_SQL`]'s refusal when a push config came between its reads.
+const PUSH_CONFIG_ADDED: &str = "22P02";
 
 /// What a node remembers of a turn it started, for its end: the task as stored and the
 /// sequence number its reply takes.
@@ -104,7 +119,7 @@ fn new_task(turn: &BeginTurn) -> StoredTask {
 
 impl Ops {
     /// Starts a new task's turn in one round trip; `None` when the general path must run (a
-    /// lease to take over, or one taken between this node's lock and its write).
+    /// lease to take over).
     pub(super) async fn start_in_one_trip(
         &self,
         turn: &BeginTurn,
@@ -119,13 +134,9 @@ impl Ops {
         let limit = turn.history_limit.min(i64::MAX as usize) as i64;
         let status = &stored.task.status;
         let client = self.client().await?;
-        // Prepared (once per connection) before anything is sent: a batch's statements must
-        // leave in order.
-        let (lock, start) = futures_util::try_join!(
-            client.prepare_cached(LOCK_CONVERSATION_SQL),
-            client.prepare_cached(START_SQL),
-        )?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 15] = [
+        // Prepared (once per connection) before anything is sent: a batch leaves in order.
+        let start = client.prepare_cached(START_SQL).await?;
+        let params: [&(dyn ToSql + Sync); 15] = [
             &key_bytes.as_slice(),
             &principal_key.as_bytes().as_slice(),
             &turn.principal.as_bytes(),
@@ -142,25 +153,17 @@ impl Ops {
             &record_suffix,
             &limit,
         ];
-        let key_param: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&key_bytes.as_slice()];
-        // Each request goes out on its first poll, so all four leave together and in order.
-        let (began, locked, started, committed) = futures_util::join!(
+        // Each request goes out on its first poll, so all three leave together and in order.
+        let (began, started, committed) = futures_util::join!(
             client.batch_execute("BEGIN"),
-            client.query_opt(&lock, &key_param),
-            client.query_opt(&start, &params),
+            client.query_one(&start, &params),
             client.batch_execute("COMMIT"),
         );
-        let outcome = (|| {
-            began?;
-            let current = locked?;
-            let started = started?;
-            committed?;
-            Ok::<_, tokio_postgres::Error>((current, started))
-        })();
+        let outcome = began.and(started).and_then(|row| committed.map(|()| row));
         // The first error tells: a statement the database refused aborted the transaction, so
         // nothing was stored; a lost connection leaves it unknown whether the commit was.
-        let (current, started) = match outcome {
-            Ok(rows) => rows,
+        let row = match outcome {
+            Ok(row) => row,
             Err(e) => {
                 if failover::connection_lost(&e) {
                     // The caller is told to retry: take back what may have been stored.
@@ -169,11 +172,15 @@ impl Ops {
                 return Err(e.into());
             }
         };
-        let Some(row) = started else {
-            return busy_or_general(turn, current.as_ref());
+        let Some(mut taken) = Taken::of(&row)? else {
+            return busy_or_general(turn, &row);
         };
-        let taken = Taken::of(&row)?;
         let seq = taken.next_seq - 1;
+        let seen_seq: Option<i64> = row.try_get("seen_seq")?;
+        if seen_seq.unwrap_or(0) as u64 != seq {
+            // A turn ended after the snapshot: its messages are committed, read them now.
+            taken.recent = window_before(&client, &key, seq, limit).await?;
+        }
         stored.history_seqs.push(seq);
         self.remember(&key, taken.token, &stored, taken.next_seq);
         metrics::counter!("colloquy_leases_taken_total").increment(1);
@@ -215,54 +222,37 @@ impl Ops {
         let key_bytes = lease.key.as_bytes();
         let now = crate::model::now();
         let client = self.client().await?;
-        let (held, lock_task, write) = futures_util::try_join!(
-            client.prepare_cached(HELD_SQL),
-            client.prepare_cached(LOCK_TASK_PUSH_SQL),
-            client.prepare_cached(END_SQL),
-        )?;
-        let key = key_bytes.as_slice();
-        let (token, task_id) = (lease.token as i64, lease.task_id.as_bytes());
+        let write = client.prepare_cached(END_SQL).await?;
         let status = &stored.task.status;
-        let (next_seq, reply_seq) = (next_seq as i64, reply_seq as i64);
-        let agent_state = end.agent_state.as_ref().map(encode);
-        let reply = end.reply.as_ref().map(encode);
-        let write_params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [
-            &key,
-            &token,
-            &task_id,
-            &next_seq,
+        let write_params: [&(dyn ToSql + Sync); 12] = [
+            &key_bytes.as_slice(),
+            &(lease.token as i64),
+            &lease.task_id.as_bytes(),
+            &(next_seq as i64),
             &now,
             &now.timestamp_millis(),
-            &agent_state,
-            &reply_seq,
-            &reply,
+            &end.agent_state.as_ref().map(encode),
+            &(reply_seq as i64),
+            &end.reply.as_ref().map(encode),
             &(status.state.code() as i16),
             &status.timestamp.timestamp_millis().max(0),
             &encode(&stored),
         ];
-        let held_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&key, &token, &task_id];
-        let task_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &task_id];
-        let (began, held, task, ended, committed) = futures_util::join!(
+        let (began, ended, committed) = futures_util::join!(
             client.batch_execute("BEGIN"),
-            client.query_opt(&held, &held_params),
-            client.query_opt(&lock_task, &task_params),
             client.query_one(&write, &write_params),
             client.batch_execute("COMMIT"),
         );
         began?;
-        let held = held?;
-        task?;
-        let ended: i64 = ended?.try_get("ended")?;
+        let ended = match ended {
+            Ok(row) => row.try_get::<_, i64>("ended")?,
+            Err(e) if e.code().is_some_and(|c| c.code() == PUSH_CONFIG_ADDED) => 0,
+            Err(e) => return Err(e.into()),
+        };
         committed?;
-        if ended == 1 {
-            return Ok(true);
-        }
-        if held.is_none() {
-            return Err(stale(lease).into());
-        }
-        // The task has push configs (their notifications are built in Rust), or the reply's
-        // place moved: the general path decides.
-        Ok(false)
+        // Not ended: the task has push configs (their notifications are built in Rust) or the
+        // lease moved on; the general path tells which.
+        Ok(ended == 1)
     }
 
     /// Remembers a started turn for its end.
@@ -303,11 +293,15 @@ struct Taken {
 }
 
 impl Taken {
-    fn of(row: &Row) -> Result<Taken, Failure> {
+    /// What the start's statement returned, if it took the conversation.
+    fn of(row: &Row) -> Result<Option<Taken>, Failure> {
+        let Some(turns) = row.try_get::<_, Option<i64>>("turns")? else {
+            return Ok(None);
+        };
         let agent_state: Option<String> = row.try_get("agent_state")?;
         let recent: Vec<String> = row.try_get("recent")?;
-        Ok(Taken {
-            turns: row.try_get::<_, i64>("turns")? as u64,
+        Ok(Some(Taken {
+            turns: turns as u64,
             next_seq: row.try_get::<_, i64>("next_seq")? as u64,
             token: row.try_get::<_, i64>("token")? as u64,
             agent_state: agent_state.as_deref().map(decode).transpose()?,
@@ -315,15 +309,13 @@ impl Taken {
                 .iter()
                 .map(|body| decode(body))
                 .collect::<Result<_, _>>()?,
-        })
+        }))
     }
 }
 
-/// A start refused: busy if a live lease holds the conversation, else the general path.
-fn busy_or_general(turn: &BeginTurn, current: Option<&Row>) -> Result<Option<TurnBegun>, Failure> {
-    let Some(row) = current else {
-        return Ok(None);
-    };
+/// A start refused: busy if a live lease holds the conversation (as the snapshot saw it), else
+/// the general path.
+fn busy_or_general(turn: &BeginTurn, row: &Row) -> Result<Option<TurnBegun>, Failure> {
     let running: Option<Vec<u8>> = row.try_get("running_task")?;
     let expired: Option<bool> = row.try_get("expired")?;
     match running {
@@ -334,4 +326,23 @@ fn busy_or_general(turn: &BeginTurn, current: Option<&Row>) -> Result<Option<Tur
         .into()),
         _ => Ok(None),
     }
+}
+
+/// The `limit` messages before `seq`, oldest first.
+async fn window_before(
+    client: &deadpool_postgres::Object,
+    key: &ConversationKey,
+    seq: u64,
+    limit: i64,
+) -> Result<Vec<Message>, Failure> {
+    let statement = client.prepare_cached(WINDOW_BEFORE_SQL).await?;
+    let rows = client
+        .query(
+            &statement,
+            &[&key.as_bytes().as_slice(), &(seq as i64), &limit],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| decode(&row.try_get::<_, String>("body")?))
+        .collect()
 }
