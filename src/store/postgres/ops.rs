@@ -15,33 +15,46 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use tokio_postgres::Row;
 
-/// The lease: a conditional insert-or-update that succeeds only if no turn holds the
-/// conversation or its holder's lease has expired by the database's clock. Moves the token.
-const TAKE_SQL: &str = "INSERT INTO colloquy_conversations (conv_key, principal_key, principal, \
-     context_id, created_at, updated_at, updated_ms, turns, next_seq, token, running_task, \
-     lease_expires, lease_holder, agent_state) \
- VALUES ($1, $2, $3, $4, $5, $5, $6, 1, 1, 1, $7, \
-     now() + $8::FLOAT8 * INTERVAL '1 second', $9, NULL) \
- ON CONFLICT (conv_key) DO UPDATE SET \
-     updated_at = excluded.updated_at, updated_ms = excluded.updated_ms, \
-     turns = colloquy_conversations.turns + 1, \
-     next_seq = colloquy_conversations.next_seq + 1, \
-     token = colloquy_conversations.token + 1, \
-     running_task = excluded.running_task, \
-     lease_expires = excluded.lease_expires, \
-     lease_holder = excluded.lease_holder \
- WHERE colloquy_conversations.running_task IS NULL \
-     OR colloquy_conversations.lease_expires <= now() \
- RETURNING turns, next_seq, token, agent_state";
+/// The lease: a conditional insert-or-update that succeeds only while `$free` holds of the
+/// conversation's row (by the database's clock). Moves the token. Parameters `$1`-`$9`.
+macro_rules! take_sql {
+    ($free:literal) => {
+        concat!(
+            "INSERT INTO colloquy_conversations (conv_key, principal_key, principal, \
+                 context_id, created_at, updated_at, updated_ms, turns, next_seq, token, \
+                 running_task, lease_expires, lease_holder, agent_state) \
+             VALUES ($1, $2, $3, $4, $5, $5, $6, 1, 1, 1, $7, \
+                 now() + $8::FLOAT8 * INTERVAL '1 second', $9, NULL) \
+             ON CONFLICT (conv_key) DO UPDATE SET \
+                 updated_at = excluded.updated_at, updated_ms = excluded.updated_ms, \
+                 turns = colloquy_conversations.turns + 1, \
+                 next_seq = colloquy_conversations.next_seq + 1, \
+                 token = colloquy_conversations.token + 1, \
+                 running_task = excluded.running_task, \
+                 lease_expires = excluded.lease_expires, \
+                 lease_holder = excluded.lease_holder \
+             WHERE ",
+            $free,
+            " RETURNING turns, next_seq, token, agent_state"
+        )
+    };
+}
+pub(super) use take_sql;
+
+/// The general path's take: a free conversation, or one whose holder's lease expired.
+const TAKE_SQL: &str = take_sql!(
+    "colloquy_conversations.running_task IS NULL \
+     OR colloquy_conversations.lease_expires <= now()"
+);
 /// Locks the conversation (before a turn starts).
-pub(super) const LOCK_CONVERSATION_SQL: &str = "SELECT running_task, lease_expires <= now() AS expired \
+const LOCK_CONVERSATION_SQL: &str = "SELECT running_task, lease_expires <= now() AS expired \
      FROM colloquy_conversations WHERE conv_key = $1 FOR UPDATE";
 /// The latest `$2` messages, read before the lease moves `next_seq` on.
 const HISTORY_WINDOW_SQL: &str = "SELECT body FROM colloquy_messages WHERE conv_key = $1 \
      AND seq >= (SELECT next_seq FROM colloquy_conversations WHERE conv_key = $1) - $2 \
      ORDER BY seq";
 /// Locks the conversation if the lease (token and task) still holds it.
-pub(super) const HELD_SQL: &str = "SELECT next_seq FROM colloquy_conversations \
+const HELD_SQL: &str = "SELECT next_seq FROM colloquy_conversations \
      WHERE conv_key = $1 AND token = $2 AND running_task = $3 FOR UPDATE";
 const LOAD_TASK_SQL: &str =
     "SELECT conv_key, principal, record FROM colloquy_tasks WHERE task_id = $1";
@@ -56,10 +69,7 @@ const GENERAL_STEPS: &str = "colloquy_store_general_turn_steps_total";
 /// its statements prepared, or one that still waits for its prepare goes out after those that
 /// do not, out of the batch's order (taking locks task row first, or moving `next_seq` before
 /// the history window is read).
-pub(super) async fn prepared(
-    client: &impl GenericClient,
-    statements: &[&str],
-) -> Result<(), Failure> {
+async fn prepared(client: &impl GenericClient, statements: &[&str]) -> Result<(), Failure> {
     futures_util::future::try_join_all(statements.iter().map(|sql| client.prepare_cached(sql)))
         .await?;
     Ok(())
@@ -895,7 +905,7 @@ struct Taken {
     agent_state: Option<serde_json::Value>,
 }
 
-pub(super) fn stale(lease: &Lease) -> StoreError {
+fn stale(lease: &Lease) -> StoreError {
     StoreError::StaleToken {
         task_id: lease.task_id.clone(),
     }

@@ -10,7 +10,7 @@
 //! says how it stays right when the row changed meanwhile. Locks are taken conversation row
 //! first, as everywhere else.
 
-use super::ops::{StoredTask, decode, encode};
+use super::ops::{StoredTask, decode, encode, take_sql};
 use super::{Failure, Ops, failover};
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
@@ -24,35 +24,24 @@ use tokio_postgres::types::ToSql;
 /// with it, and returns the history window as it was before. The window comes from the
 /// statement's snapshot: `seen_seq` (the conversation's `next_seq` in it) tells whether a turn
 /// ended between that snapshot and the take, and the window is then read again.
-const START_SQL: &str = "WITH seen AS (\
-     SELECT next_seq, running_task, lease_expires <= now() AS expired \
-     FROM colloquy_conversations WHERE conv_key = $1), \
- taken AS (\
-     INSERT INTO colloquy_conversations (conv_key, principal_key, principal, context_id, \
-         created_at, updated_at, updated_ms, turns, next_seq, token, running_task, \
-         lease_expires, lease_holder, agent_state) \
-     VALUES ($1, $2, $3, $4, $5, $5, $6, 1, 1, 1, $7, \
-         now() + $8::FLOAT8 * INTERVAL '1 second', $9, NULL) \
-     ON CONFLICT (conv_key) DO UPDATE SET \
-         updated_at = excluded.updated_at, updated_ms = excluded.updated_ms, \
-         turns = colloquy_conversations.turns + 1, \
-         next_seq = colloquy_conversations.next_seq + 1, \
-         token = colloquy_conversations.token + 1, \
-         running_task = excluded.running_task, \
-         lease_expires = excluded.lease_expires, \
-         lease_holder = excluded.lease_holder \
-     WHERE colloquy_conversations.running_task IS NULL \
-     RETURNING turns, next_seq, token, agent_state), \
- message AS (INSERT INTO colloquy_messages (conv_key, seq, body) \
-     SELECT $1, next_seq - 1, $10 FROM taken), \
- task AS (INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, state, \
-         status_ms, record, has_push) \
-     SELECT $1, $7, $2, $3, $11, $12, $13 || (next_seq - 1)::TEXT || $14, FALSE FROM taken) \
- SELECT taken.turns, taken.next_seq, taken.token, taken.agent_state, \
-     seen.next_seq AS seen_seq, seen.running_task, seen.expired, \
-     ARRAY(SELECT body FROM colloquy_messages \
-         WHERE conv_key = $1 AND seq >= taken.next_seq - 1 - $15 ORDER BY seq) AS recent \
- FROM (SELECT 1) AS one LEFT JOIN taken ON TRUE LEFT JOIN seen ON TRUE";
+const START_SQL: &str = concat!(
+    "WITH seen AS (\
+         SELECT next_seq, running_task, lease_expires <= now() AS expired \
+         FROM colloquy_conversations WHERE conv_key = $1), \
+     taken AS (",
+    take_sql!("colloquy_conversations.running_task IS NULL"),
+    "), \
+     message AS (INSERT INTO colloquy_messages (conv_key, seq, body) \
+         SELECT $1, next_seq - 1, $10 FROM taken), \
+     task AS (INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, state, \
+             status_ms, record, has_push) \
+         SELECT $1, $7, $2, $3, $11, $12, $13 || (next_seq - 1)::TEXT || $14, FALSE FROM taken) \
+     SELECT taken.turns, taken.next_seq, taken.token, taken.agent_state, \
+         seen.next_seq AS seen_seq, seen.running_task, seen.expired, \
+         ARRAY(SELECT body FROM colloquy_messages \
+             WHERE conv_key = $1 AND seq >= taken.next_seq - 1 - $15 ORDER BY seq) AS recent \
+     FROM (SELECT 1) AS one LEFT JOIN taken ON TRUE LEFT JOIN seen ON TRUE"
+);
 
 /// The `$3` messages before sequence number `$2`, oldest first.
 const WINDOW_BEFORE_SQL: &str = "SELECT body FROM colloquy_messages \
