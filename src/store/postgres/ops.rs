@@ -14,6 +14,7 @@ use deadpool_postgres::{GenericClient, Object};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 /// The lease: a conditional insert-or-update that succeeds only while `$free` holds of the
 /// conversation's row (by the database's clock). Moves the token. Parameters `$1`-`$9`.
@@ -272,19 +273,7 @@ impl Ops {
             }
             return Err(e.into());
         }
-        metrics::counter!("colloquy_leases_taken_total").increment(1);
-        self.remember(&key, taken.token, &stored, taken.next_seq);
-        Ok(TurnBegun {
-            lease: Lease {
-                key,
-                task_id: turn.task_id.clone(),
-                token: taken.token,
-            },
-            task,
-            recent,
-            turn: taken.turns,
-            agent_state: taken.agent_state,
-        })
+        Ok(self.begun(turn, key, taken, &stored, task, recent))
     }
 
     /// The lease itself ([`TAKE_SQL`]).
@@ -294,34 +283,11 @@ impl Ops {
         turn: &BeginTurn,
         key: &ConversationKey,
     ) -> Result<Option<Taken>, Failure> {
-        let now = crate::model::now();
-        let holder = self.holder.read().clone();
+        let values = TakeValues::of(self, turn, key);
         let row = tx
-            .query_opt(
-                &tx.prepare_cached(TAKE_SQL).await?,
-                &[
-                    &key.as_bytes().as_slice(),
-                    &PrincipalKey::new(&turn.principal).as_bytes().as_slice(),
-                    &turn.principal.as_bytes(),
-                    &turn.context_id.as_bytes(),
-                    &now,
-                    &now.timestamp_millis(),
-                    &turn.task_id.as_bytes(),
-                    &self.lease_secs,
-                    &holder,
-                ],
-            )
+            .query_opt(&tx.prepare_cached(TAKE_SQL).await?, &values.params())
             .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let agent_state: Option<String> = row.try_get("agent_state")?;
-        Ok(Some(Taken {
-            turns: row.try_get::<_, i64>("turns")? as u64,
-            next_seq: row.try_get::<_, i64>("next_seq")? as u64,
-            token: row.try_get::<_, i64>("token")? as u64,
-            agent_state: agent_state.as_deref().map(decode).transpose()?,
-        }))
+        row.as_ref().map(Taken::of).transpose().map(Option::flatten)
     }
 
     pub(super) async fn record_status(
@@ -897,12 +863,72 @@ impl Ops {
 }
 
 /// What taking a conversation returned.
-struct Taken {
-    turns: u64,
+pub(super) struct Taken {
+    pub(super) turns: u64,
     /// The conversation's next sequence number after the caller's message.
-    next_seq: u64,
-    token: u64,
-    agent_state: Option<serde_json::Value>,
+    pub(super) next_seq: u64,
+    pub(super) token: u64,
+    pub(super) agent_state: Option<serde_json::Value>,
+}
+
+impl Taken {
+    /// What a row of `take_sql!`'s `RETURNING` says, if the row took the conversation.
+    pub(super) fn of(row: &Row) -> Result<Option<Taken>, Failure> {
+        let Some(turns) = row.try_get::<_, Option<i64>>("turns")? else {
+            return Ok(None);
+        };
+        let agent_state: Option<String> = row.try_get("agent_state")?;
+        Ok(Some(Taken {
+            turns: turns as u64,
+            next_seq: row.try_get::<_, i64>("next_seq")? as u64,
+            token: row.try_get::<_, i64>("token")? as u64,
+            agent_state: agent_state.as_deref().map(decode).transpose()?,
+        }))
+    }
+}
+
+/// The values of `take_sql!`'s `$1`-`$9` for a turn.
+pub(super) struct TakeValues {
+    key: Vec<u8>,
+    principal_key: Vec<u8>,
+    principal: Vec<u8>,
+    context_id: Vec<u8>,
+    now: chrono::DateTime<chrono::Utc>,
+    now_ms: i64,
+    task_id: Vec<u8>,
+    lease_secs: f64,
+    holder: String,
+}
+
+impl TakeValues {
+    pub(super) fn of(ops: &Ops, turn: &BeginTurn, key: &ConversationKey) -> TakeValues {
+        let now = crate::model::now();
+        TakeValues {
+            key: key.as_bytes().to_vec(),
+            principal_key: PrincipalKey::new(&turn.principal).as_bytes().to_vec(),
+            principal: turn.principal.as_bytes().to_vec(),
+            context_id: turn.context_id.as_bytes().to_vec(),
+            now,
+            now_ms: now.timestamp_millis(),
+            task_id: turn.task_id.as_bytes().to_vec(),
+            lease_secs: ops.lease_secs,
+            holder: ops.holder.read().clone(),
+        }
+    }
+
+    pub(super) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        vec![
+            &self.key,
+            &self.principal_key,
+            &self.principal,
+            &self.context_id,
+            &self.now,
+            &self.now_ms,
+            &self.task_id,
+            &self.lease_secs,
+            &self.holder,
+        ]
+    }
 }
 
 fn stale(lease: &Lease) -> StoreError {

@@ -10,12 +10,10 @@
 //! says how it stays right when the row changed meanwhile. Locks are taken conversation row
 //! first, as everywhere else.
 
-use super::ops::{StoredTask, decode, encode, take_sql};
+use super::ops::{StoredTask, TakeValues, Taken, decode, encode, take_sql};
 use super::{Failure, Ops, failover};
 use crate::model::{Message, Task, TaskState, TaskStatus};
-use crate::store::{
-    BeginTurn, ConversationKey, FinishTurn, Lease, PrincipalKey, StoreError, TurnBegun,
-};
+use crate::store::{BeginTurn, ConversationKey, FinishTurn, Lease, StoreError, TurnBegun};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -114,34 +112,28 @@ impl Ops {
         turn: &BeginTurn,
     ) -> Result<Option<TurnBegun>, Failure> {
         let key = ConversationKey::new(&turn.principal, &turn.context_id);
-        let key_bytes = key.as_bytes();
-        let principal_key = PrincipalKey::new(&turn.principal);
         let mut stored = new_task(turn);
         let (record_prefix, record_suffix) = record_around_seq(&stored);
-        let now = crate::model::now();
-        let holder = self.holder.read().clone();
         let limit = turn.history_limit.min(i64::MAX as usize) as i64;
         let status = &stored.task.status;
-        let client = self.client().await?;
-        // Prepared (once per connection) before anything is sent: a batch leaves in order.
-        let start = client.prepare_cached(START_SQL).await?;
-        let params: [&(dyn ToSql + Sync); 15] = [
-            &key_bytes.as_slice(),
-            &principal_key.as_bytes().as_slice(),
-            &turn.principal.as_bytes(),
-            &turn.context_id.as_bytes(),
-            &now,
-            &now.timestamp_millis(),
-            &turn.task_id.as_bytes(),
-            &self.lease_secs,
-            &holder,
-            &encode(&turn.message),
-            &(status.state.code() as i16),
-            &status.timestamp.timestamp_millis().max(0),
+        let (message, state, status_ms) = (
+            encode(&turn.message),
+            status.state.code() as i16,
+            status.timestamp.timestamp_millis().max(0),
+        );
+        let take = TakeValues::of(self, turn, &key);
+        let mut params = take.params();
+        params.extend::<[&(dyn ToSql + Sync); 6]>([
+            &message,
+            &state,
+            &status_ms,
             &record_prefix,
             &record_suffix,
             &limit,
-        ];
+        ]);
+        let client = self.client().await?;
+        // Prepared (once per connection) before anything is sent: a batch leaves in order.
+        let start = client.prepare_cached(START_SQL).await?;
         // Each request goes out on its first poll, so all three leave together and in order.
         let (began, started, committed) = futures_util::join!(
             client.batch_execute("BEGIN"),
@@ -161,31 +153,50 @@ impl Ops {
                 return Err(e.into());
             }
         };
-        let Some(mut taken) = Taken::of(&row)? else {
+        let Some(taken) = Taken::of(&row)? else {
             return busy_or_general(turn, &row);
         };
         let seq = taken.next_seq - 1;
         let seen_seq: Option<i64> = row.try_get("seen_seq")?;
-        if seen_seq.unwrap_or(0) as u64 != seq {
+        let recent = if seen_seq.unwrap_or(0) as u64 == seq {
+            let bodies: Vec<String> = row.try_get("recent")?;
+            bodies
+                .iter()
+                .map(|body| decode(body))
+                .collect::<Result<_, _>>()?
+        } else {
             // A turn ended after the snapshot: its messages are committed, read them now.
-            taken.recent = window_before(&client, &key, seq, limit).await?;
-        }
+            window_before(&client, &key, seq, limit).await?
+        };
         stored.history_seqs.push(seq);
-        self.remember(&key, taken.token, &stored, taken.next_seq);
-        metrics::counter!("colloquy_leases_taken_total").increment(1);
-        let mut task = stored.task;
+        let mut task = stored.task.clone();
         task.history = vec![turn.message.clone()];
-        Ok(Some(TurnBegun {
+        Ok(Some(self.begun(turn, key, taken, &stored, task, recent)))
+    }
+
+    /// A committed start: remembered for its end and counted.
+    pub(super) fn begun(
+        &self,
+        turn: &BeginTurn,
+        key: ConversationKey,
+        taken: Taken,
+        stored: &StoredTask,
+        task: Task,
+        recent: Vec<Message>,
+    ) -> TurnBegun {
+        self.remember(&key, taken.token, stored, taken.next_seq);
+        metrics::counter!("colloquy_leases_taken_total").increment(1);
+        TurnBegun {
             lease: Lease {
                 key,
                 task_id: turn.task_id.clone(),
                 token: taken.token,
             },
             task,
-            recent: taken.recent,
+            recent,
             turn: taken.turns,
             agent_state: taken.agent_state,
-        }))
+        }
     }
 
     /// Ends a turn this node started in one round trip; false when the general path must run
@@ -245,13 +256,7 @@ impl Ops {
     }
 
     /// Remembers a started turn for its end.
-    pub(super) fn remember(
-        &self,
-        key: &ConversationKey,
-        token: u64,
-        stored: &StoredTask,
-        reply_seq: u64,
-    ) {
+    fn remember(&self, key: &ConversationKey, token: u64, stored: &StoredTask, reply_seq: u64) {
         self.started.lock().insert(
             (*key, token),
             StartedTurn {
@@ -269,36 +274,6 @@ impl Ops {
             token: None,
             before: None,
         }
-    }
-}
-
-/// What the start's statement returned.
-struct Taken {
-    turns: u64,
-    next_seq: u64,
-    token: u64,
-    agent_state: Option<serde_json::Value>,
-    recent: Vec<Message>,
-}
-
-impl Taken {
-    /// What the start's statement returned, if it took the conversation.
-    fn of(row: &Row) -> Result<Option<Taken>, Failure> {
-        let Some(turns) = row.try_get::<_, Option<i64>>("turns")? else {
-            return Ok(None);
-        };
-        let agent_state: Option<String> = row.try_get("agent_state")?;
-        let recent: Vec<String> = row.try_get("recent")?;
-        Ok(Some(Taken {
-            turns: turns as u64,
-            next_seq: row.try_get::<_, i64>("next_seq")? as u64,
-            token: row.try_get::<_, i64>("token")? as u64,
-            agent_state: agent_state.as_deref().map(decode).transpose()?,
-            recent: recent
-                .iter()
-                .map(|body| decode(body))
-                .collect::<Result<_, _>>()?,
-        }))
     }
 }
 
