@@ -6,6 +6,7 @@
 #   ROUNDS=3 benches/cluster_compare.sh            # repeat the three, alternating the order
 #   CONVERSATIONS=128 TOTAL=1024 benches/cluster_compare.sh
 #   PG_SETTINGS="-c synchronous_commit=off" benches/cluster_compare.sh   # server settings to try
+#   DB_DELAY_MS=1 benches/cluster_compare.sh       # the nodes reach the database 1 ms away (each way)
 #
 # Builds release (unless COLLOQUY names a binary); starts its own throwaway PostgreSQL (Debian's
 # initdb/pg_ctl, as nobody when run as root; durable defaults: fsync and synchronous_commit on)
@@ -56,6 +57,14 @@ mkdir "$WORK/db"
 psql() { "$PG_BIN/psql" -h 127.0.0.1 -p "$DB_PORT" -U postgres -d postgres -qAtX "$@"; }
 psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
 DB_URL="postgres://postgres@127.0.0.1:$DB_PORT/postgres"
+if [ -n "${DB_DELAY_MS:-}" ]; then
+  # The nodes reach the database through a proxy that delays each read by DB_DELAY_MS.
+  PROXY_PORT=$((BASE + 4))
+  python3 benches/delay_proxy.py "$PROXY_PORT" 127.0.0.1 "$DB_PORT" "$DB_DELAY_MS" &
+  PIDS+=($!)
+  for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PROXY_PORT") 2>/dev/null && break; sleep 0.05; done
+  DB_URL="postgres://postgres@127.0.0.1:$PROXY_PORT/postgres"
+fi
 POSTMASTER=$(head -1 "$WORK/db/data/postmaster.pid")
 
 serve() { # name port [store url]
