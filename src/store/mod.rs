@@ -17,22 +17,37 @@ pub mod postgres;
 
 pub use key::{ConversationKey, KEY_LEN, NAMESPACE_VERSION, PrincipalKey};
 
+use crate::error::{BoxError, Cause};
 use crate::model::{Artifact, Message, Task, TaskState, TaskStatus, TaskView};
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+/// Why a store operation failed. `Backend`, `Unavailable` and `Corrupt` carry the message a
+/// client is shown and, where there is one, the error that caused it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StoreError {
-    #[error("storage backend: {0}")]
-    Backend(String),
+    #[error("storage backend: {message}")]
+    Backend {
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// The database cannot be reached or its connection broke (a failover, say): nothing of
     /// the operation is stored, and the same request may be retried.
-    #[error("the database is unavailable: {0}")]
-    Unavailable(String),
-    #[error("stored record is unreadable: {0}")]
-    Corrupt(String),
+    #[error("the database is unavailable: {message}")]
+    Unavailable {
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
+    #[error("stored record is unreadable: {message}")]
+    Corrupt {
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
     #[error("invalid page token")]
     BadPageToken,
     /// A turn is running in the conversation (its lease is held).
@@ -51,6 +66,52 @@ pub enum StoreError {
     /// Imported records that would break the store's invariants (nothing was stored).
     #[error("import refused: {0}")]
     ImportRefused(String),
+}
+
+impl StoreError {
+    /// A backend failure caused by `source`: the message is `context: source` (the source's
+    /// own causes are left to [`crate::error::chain`], for logs).
+    pub fn backend(context: impl std::fmt::Display, source: impl Into<BoxError>) -> Self {
+        let source = Cause::new(source);
+        StoreError::Backend {
+            message: format!("{context}: {source}"),
+            source: Some(source),
+        }
+    }
+
+    /// A backend failure with no underlying error.
+    pub fn backend_msg(message: impl Into<String>) -> Self {
+        StoreError::Backend {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An unreadable record; `source` is the decoding error.
+    pub fn corrupt(source: impl Into<BoxError>) -> Self {
+        let source = Cause::new(source);
+        StoreError::Corrupt {
+            message: source.to_string(),
+            source: Some(source),
+        }
+    }
+
+    /// An unreadable record found by colloquy's own checks.
+    pub fn corrupt_msg(message: impl Into<String>) -> Self {
+        StoreError::Corrupt {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The database is unreachable; the message is `context: source`.
+    pub fn unavailable(context: impl std::fmt::Display, source: impl Into<BoxError>) -> Self {
+        let source = Cause::new(source);
+        StoreError::Unavailable {
+            message: format!("{context}: {source}"),
+            source: Some(source),
+        }
+    }
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;

@@ -451,7 +451,7 @@ fn export_one(records: &Records, stored: Conversation) -> StoreResult<Conversati
     for entry in records.messages_from(&place, &meta.context_id, 0, None)? {
         let (seq, message, _) = entry?;
         if seq != *first_seq.get_or_insert(seq) + messages.len() as u64 {
-            return Err(StoreError::Corrupt(format!(
+            return Err(StoreError::corrupt_msg(format!(
                 "conversation {:?} has a gap before message {seq}",
                 meta.context_id
             )));

@@ -289,16 +289,12 @@ pub(super) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 /// Reads a record in version 1, or in JSON as stores before it wrote them.
 pub(super) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> StoreResult<T> {
     match bytes {
-        [0xC1, 1, body @ ..] => rmp_serde::from_slice(body).map_err(|e| corrupt(&e)),
-        [b'{', ..] => serde_json::from_slice(bytes).map_err(|e| corrupt(&e)),
-        _ => Err(StoreError::Corrupt(
-            "a record in an encoding this version does not know".into(),
+        [0xC1, 1, body @ ..] => rmp_serde::from_slice(body).map_err(StoreError::corrupt),
+        [b'{', ..] => serde_json::from_slice(bytes).map_err(StoreError::corrupt),
+        _ => Err(StoreError::corrupt_msg(
+            "a record in an encoding this version does not know",
         )),
     }
-}
-
-fn corrupt(e: &dyn std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(e.to_string())
 }
 
 /// Reads a record in version 2 with `read`, or in an earlier encoding.
@@ -307,7 +303,7 @@ fn decode_versioned<T: for<'de> Deserialize<'de>>(
     read: impl FnOnce(&[u8]) -> Result<T, compact::ReadError>,
 ) -> StoreResult<T> {
     match bytes {
-        [0xC1, 2, body @ ..] => read(body).map_err(|e| corrupt(&e)),
+        [0xC1, 2, body @ ..] => read(body).map_err(StoreError::corrupt),
         _ => decode(bytes),
     }
 }
@@ -342,7 +338,7 @@ fn encode_conversation(meta: &ConversationMeta, number: Option<u64>) -> Vec<u8> 
 /// The metadata and the number (None in records of stores before numbers).
 fn decode_conversation(bytes: &[u8]) -> StoreResult<(ConversationMeta, Option<u64>)> {
     match bytes {
-        [0xC1, 2, body @ ..] => compact::read_conversation(body).map_err(|e| corrupt(&e)),
+        [0xC1, 2, body @ ..] => compact::read_conversation(body).map_err(StoreError::corrupt),
         _ => Ok((decode(bytes)?, None)),
     }
 }
@@ -470,7 +466,7 @@ impl Records {
         };
         let following = number
             .checked_add(1)
-            .ok_or_else(|| StoreError::Corrupt("conversation numbers are exhausted".into()))?;
+            .ok_or_else(|| StoreError::corrupt_msg("conversation numbers are exhausted"))?;
         *next = Some(following);
         batch.put_raw(
             NEXT_CONVERSATION_NUMBER.to_vec(),
@@ -484,7 +480,7 @@ impl Records {
             None => Ok(0),
             Some(bytes) => <[u8; 8]>::try_from(bytes.as_slice())
                 .map(u64::from_be_bytes)
-                .map_err(|_| StoreError::Corrupt("the next conversation number".into())),
+                .map_err(|_| StoreError::corrupt_msg("the next conversation number")),
         }
     }
 
@@ -852,7 +848,7 @@ fn seq_of(key: &[u8]) -> StoreResult<u64> {
         .checked_sub(8)
         .and_then(|at| key[at..].try_into().ok())
         .map(u64::from_be_bytes)
-        .ok_or_else(|| StoreError::Corrupt("message key too short".into()))
+        .ok_or_else(|| StoreError::corrupt_msg("message key too short"))
 }
 
 #[cfg(test)]
@@ -943,11 +939,11 @@ mod tests {
         bytes[1] = 2;
         assert!(matches!(
             decode::<Message>(&bytes),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Corrupt { .. })
         ));
         assert!(matches!(
             decode::<Message>(&[]),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Corrupt { .. })
         ));
     }
 
@@ -1032,16 +1028,19 @@ mod tests {
             bytes[1] = version;
             assert!(matches!(
                 decode_message(&bytes, &meta.context_id),
-                Err(StoreError::Corrupt(_))
+                Err(StoreError::Corrupt { .. })
             ));
             let mut bytes = encode_task(&record);
             bytes[1] = version;
-            assert!(matches!(decode_task(&bytes), Err(StoreError::Corrupt(_))));
+            assert!(matches!(
+                decode_task(&bytes),
+                Err(StoreError::Corrupt { .. })
+            ));
             let mut bytes = encode_conversation(&meta, None);
             bytes[1] = version;
             assert!(matches!(
                 decode_conversation(&bytes),
-                Err(StoreError::Corrupt(_))
+                Err(StoreError::Corrupt { .. })
             ));
         }
         // A version 1 body under the version 2 marker is not read as either.
@@ -1049,12 +1048,12 @@ mod tests {
         bytes[1] = 2;
         assert!(matches!(
             decode_message(&bytes, &meta.context_id),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Corrupt { .. })
         ));
         let truncated = &encode_task(&record)[..20];
         assert!(matches!(
             decode_task(truncated),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Corrupt { .. })
         ));
     }
 

@@ -86,19 +86,19 @@ pub(super) fn encode<T: Serialize>(value: &T) -> String {
 }
 
 pub(super) fn decode<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, Failure> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()).into())
+    serde_json::from_str(text).map_err(|e| StoreError::corrupt(e).into())
 }
 
 /// An id column: its UTF-8 bytes.
 fn text(row: &Row, column: &str) -> Result<String, Failure> {
     let bytes: Vec<u8> = row.try_get(column)?;
-    String::from_utf8(bytes).map_err(|e| StoreError::Corrupt(e.to_string()).into())
+    String::from_utf8(bytes).map_err(|e| StoreError::corrupt(e).into())
 }
 
 fn opt_text(row: &Row, column: &str) -> Result<Option<String>, Failure> {
     let bytes: Option<Vec<u8>> = row.try_get(column)?;
     bytes
-        .map(|b| String::from_utf8(b).map_err(|e| StoreError::Corrupt(e.to_string()).into()))
+        .map(|b| String::from_utf8(b).map_err(|e| StoreError::corrupt(e).into()))
         .transpose()
 }
 
@@ -120,7 +120,7 @@ pub(super) fn meta_of(row: &Row) -> Result<ConversationMeta, Failure> {
 fn task_row(row: &Row) -> Result<TaskRow, Failure> {
     let key_bytes: Vec<u8> = row.try_get("conv_key")?;
     let key = ConversationKey::from_bytes(&key_bytes).ok_or_else(|| {
-        StoreError::Corrupt("a task names a conversation key of another version".into())
+        StoreError::corrupt_msg("a task names a conversation key of another version")
     })?;
     let record: String = row.try_get("record")?;
     Ok(TaskRow {
@@ -151,18 +151,6 @@ fn parse_page_token(token: Option<&str>) -> Result<Option<(i64, Vec<u8>)>, Failu
     Ok(Some((ordinal, tail.to_vec())))
 }
 
-/// An error with the chain of its causes (a TLS handshake's reason, say).
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
-}
-
 fn failed_status(task: &Task, text: &str) -> TaskStatus {
     TaskStatus::new(
         TaskState::Failed,
@@ -172,10 +160,7 @@ fn failed_status(task: &Task, text: &str) -> TaskStatus {
 
 impl Ops {
     pub(super) async fn client(&self) -> Result<Object, Failure> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| Failure::Pool(with_causes(&e)))
+        self.pool.get().await.map_err(Failure::Pool)
     }
 
     /// Stores the caller's message and the task as working, and takes the conversation's

@@ -94,7 +94,7 @@ async fn export_one(
     for row in &rows {
         let seq = row.try_get::<_, i64>("seq")? as u64;
         if seq != first_seq + messages.len() as u64 {
-            return Err(StoreError::Corrupt(format!(
+            return Err(StoreError::corrupt_msg(format!(
                 "conversation {:?} has a gap before message {seq}",
                 meta.context_id
             ))
