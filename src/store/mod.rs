@@ -465,6 +465,52 @@ impl ResponseBudget {
     }
 }
 
+/// A listing's page filled within a byte budget, whichever store reads it: items are offered in
+/// order, each with the token that resumes the listing after it. Once one does not fit, the page
+/// ends before it and resumes where the last one taken (or passed over) left off.
+pub(crate) struct BudgetedPage<T> {
+    budget: ResponseBudget,
+    items: Vec<T>,
+    resume_after: String,
+    next_page_token: String,
+}
+
+impl<T> BudgetedPage<T> {
+    /// `next_page_token` resumes after the listing's page, if every item fits.
+    pub(crate) fn new(max_bytes: usize, next_page_token: String) -> Self {
+        BudgetedPage {
+            budget: ResponseBudget::new(max_bytes),
+            items: Vec::new(),
+            resume_after: String::new(),
+            next_page_token,
+        }
+    }
+
+    /// Takes `item` of `bytes` if it fits; false (take no more) once one does not.
+    pub(crate) fn offer(&mut self, item: T, bytes: usize, resume: &str) -> bool {
+        if !self.budget.take(bytes) {
+            self.next_page_token = std::mem::take(&mut self.resume_after);
+            return false;
+        }
+        self.items.push(item);
+        self.pass(resume);
+        true
+    }
+
+    /// Passes over an item that is gone since it was listed.
+    pub(crate) fn pass(&mut self, resume: &str) {
+        resume.clone_into(&mut self.resume_after);
+    }
+
+    pub(crate) fn finish(self, total_size: usize) -> Page<T> {
+        Page {
+            items: self.items,
+            next_page_token: self.next_page_token,
+            total_size,
+        }
+    }
+}
+
 /// Why a push-notification config operation was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PushError {

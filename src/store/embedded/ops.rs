@@ -11,9 +11,9 @@ use super::records::{
 };
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
-    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationRecords,
-    FinishTurn, Imported, Lease, MessagesFrom, Page, ResponseBudget, StoreError, StoreResult,
-    TaskQuery, TaskRecords, TurnBegun,
+    BeginTurn, BudgetedPage, ConversationKey, ConversationMeta, ConversationPage,
+    ConversationRecords, FinishTurn, Imported, Lease, MessagesFrom, Page, ResponseBudget,
+    StoreError, StoreResult, TaskQuery, TaskRecords, TurnBegun,
 };
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -530,29 +530,22 @@ pub fn list_tasks(records: &Records, principal: &str, query: TaskQuery) -> Store
         query.page_size,
         query.page_token.as_deref(),
     )?;
-    let mut budget = ResponseBudget::new(query.max_bytes);
-    let mut tasks = Vec::with_capacity(listed.items.len());
-    let mut next_page_token = listed.next_page_token;
-    let mut resume_after: Option<&str> = None;
+    let mut page = BudgetedPage::new(query.max_bytes, listed.next_page_token);
     for ListedTask {
         task_id,
         resume_token,
     } in &listed.items
     {
-        if let Some((task, bytes)) = listed_task(records, task_id, &query)? {
-            if !budget.take(bytes) {
-                next_page_token = resume_after.unwrap_or_default().to_owned();
-                break;
+        match listed_task(records, task_id, &query)? {
+            Some((task, bytes)) => {
+                if !page.offer(task, bytes, resume_token) {
+                    break;
+                }
             }
-            tasks.push(task);
+            None => page.pass(resume_token),
         }
-        resume_after = Some(resume_token);
     }
-    Ok(Page {
-        items: tasks,
-        next_page_token,
-        total_size: listed.total_size,
-    })
+    Ok(page.finish(listed.total_size))
 }
 
 /// A listed task as the view shows it, and its estimated size: the stored sizes of its record

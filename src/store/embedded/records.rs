@@ -29,7 +29,7 @@ use super::compact;
 use super::kv::{KvBackend, KvOp};
 use crate::model::{Message, Task, TaskState};
 use crate::store::{
-    ConversationKey, ConversationMeta, Page, PrincipalKey, StoreError, StoreResult,
+    ConversationKey, ConversationMeta, Page, PrincipalKey, StoreError, StoreResult, page_token,
 };
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -129,6 +129,16 @@ impl TaskRecord {
 pub struct ListedTask {
     pub task_id: String,
     pub resume_token: String,
+}
+
+/// The page token that resumes a listing after the index entry whose key ends in `suffix`: its
+/// order (the inverted time every index key holds first), then its id.
+fn resume_after(suffix: &[u8]) -> String {
+    match suffix.split_first_chunk::<8>() {
+        Some((order, tail)) => page_token::for_listing(*order, tail),
+        // Not an index key of this version: nothing to resume after.
+        None => String::new(),
+    }
 }
 
 /// Collects writes, already encoded, to be applied atomically.
@@ -546,7 +556,7 @@ impl Records {
         page_token: Option<&str>,
     ) -> StoreResult<impl Iterator<Item = StoreResult<(u64, Message, usize)>> + 'a> {
         let from = match page_token.filter(|t| !t.is_empty()) {
-            Some(token) => crate::store::page_token::message_seq(token)?,
+            Some(token) => page_token::message_seq(token)?,
             None => from,
         };
         let scan = self.backend.scan(
@@ -662,7 +672,7 @@ impl Records {
             .iter()
             .map(|key| ListedTask {
                 task_id: String::from_utf8_lossy(&key[prefix.len() + 8..]).into_owned(),
-                resume_token: hex::encode(&key[prefix.len()..]),
+                resume_token: resume_after(&key[prefix.len()..]),
             })
             .collect();
         Ok(Page {
@@ -713,8 +723,8 @@ impl Records {
     ) -> StoreResult<Page<Vec<u8>>> {
         let start = match page_token.filter(|t| !t.is_empty()) {
             Some(token) => {
-                let suffix = hex::decode(token).map_err(|_| StoreError::BadPageToken)?;
-                Bound::Excluded(prefixed(prefix[0], &[&prefix[1..], &suffix]))
+                let (order, tail) = page_token::listing(token)?;
+                Bound::Excluded(prefixed(prefix[0], &[&prefix[1..], &order, &tail]))
             }
             None => Bound::Included(prefix.to_vec()),
         };
@@ -740,7 +750,7 @@ impl Records {
             } else if next_page_token.is_empty()
                 && let Some(last) = items.last()
             {
-                next_page_token = hex::encode(&last[prefix.len()..]);
+                next_page_token = resume_after(&last[prefix.len()..]);
             }
         }
         Ok(Page {

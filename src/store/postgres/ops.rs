@@ -7,8 +7,9 @@
 use super::{ABANDONED_TASK_TEXT, Failure, Ops};
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
-    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, FinishTurn, Lease,
-    MessagesFrom, Page, PrincipalKey, ResponseBudget, StoreError, TaskQuery, TurnBegun, page_token,
+    BeginTurn, BudgetedPage, ConversationKey, ConversationMeta, ConversationPage, FinishTurn,
+    Lease, MessagesFrom, Page, PrincipalKey, ResponseBudget, StoreError, TaskQuery, TurnBegun,
+    page_token,
 };
 use deadpool_postgres::{GenericClient, Object};
 use serde::{Deserialize, Serialize};
@@ -131,24 +132,17 @@ fn task_row(row: &Row) -> Result<TaskRow, Failure> {
     })
 }
 
-/// A page token: `hex(i64 BE ++ tail)`, resuming after the row with that order key.
+/// A listing's page token, resuming after the row ordered by `ordinal`, then `tail`.
 fn resume_token(ordinal: i64, tail: &[u8]) -> String {
-    let mut bytes = ordinal.to_be_bytes().to_vec();
-    bytes.extend_from_slice(tail);
-    hex::encode(bytes)
+    page_token::for_listing(ordinal.to_be_bytes(), tail)
 }
 
 fn parse_page_token(token: Option<&str>) -> Result<Option<(i64, Vec<u8>)>, Failure> {
     let Some(token) = token.filter(|t| !t.is_empty()) else {
         return Ok(None);
     };
-    let bytes = hex::decode(token).map_err(|_| StoreError::BadPageToken)?;
-    if bytes.len() < 8 {
-        return Err(StoreError::BadPageToken.into());
-    }
-    let (ordinal, tail) = bytes.split_at(8);
-    let ordinal = i64::from_be_bytes(ordinal.try_into().map_err(|_| StoreError::BadPageToken)?);
-    Ok(Some((ordinal, tail.to_vec())))
+    let (order, tail) = page_token::listing(token)?;
+    Ok(Some((i64::from_be_bytes(order), tail)))
 }
 
 fn failed_status(task: &Task, text: &str) -> TaskStatus {
@@ -666,23 +660,14 @@ impl Ops {
             }
             listed.push((task_row(row)?, resume));
         }
-        let mut budget = ResponseBudget::new(query.max_bytes);
-        let mut tasks = Vec::with_capacity(listed.len());
-        let mut resume_after: Option<&str> = None;
+        let mut page = BudgetedPage::new(query.max_bytes, next_page_token);
         for (row, resume) in &listed {
             let (task, bytes) = listed_task(&client, row, query).await?;
-            if !budget.take(bytes) {
-                next_page_token = resume_after.unwrap_or_default().to_owned();
+            if !page.offer(task, bytes, resume) {
                 break;
             }
-            tasks.push(task);
-            resume_after = Some(resume);
         }
-        Ok(Page {
-            items: tasks,
-            next_page_token,
-            total_size: total as usize,
-        })
+        Ok(page.finish(total as usize))
     }
 
     pub(super) async fn list_conversations(
