@@ -255,6 +255,20 @@ pub struct BeginTurn {
     pub push_configs: Vec<crate::model::PushConfig>,
 }
 
+impl BeginTurn {
+    /// The task a turn starts when it continues none: submitted, with nothing in it yet.
+    pub(crate) fn new_task(&self) -> Task {
+        Task {
+            id: self.task_id.clone(),
+            context_id: self.context_id.clone(),
+            status: TaskStatus::new(TaskState::Submitted, None),
+            artifacts: Vec::new(),
+            history: Vec::new(),
+            metadata: None,
+        }
+    }
+}
+
 /// What a started turn knows.
 #[derive(Debug, Clone)]
 pub struct TurnBegun {
@@ -335,7 +349,8 @@ pub struct ConversationRecords {
 }
 
 /// A task as stored: without history, which is the conversation's messages at `history_seqs`.
-#[derive(Debug, Clone, PartialEq)]
+/// The PostgreSQL store keeps it as it is (JSON), the embedded one with more beside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskRecords {
     pub task: Task,
     pub history_seqs: Vec<u64>,
@@ -463,6 +478,38 @@ impl ResponseBudget {
         self.taken += 1;
         true
     }
+}
+
+/// The sequence numbers of the history messages a listing shows of a task: the latest ones, as
+/// many as the view asks for.
+pub(crate) fn shown_history<'a>(view: &TaskView, seqs: &'a [u64]) -> &'a [u64] {
+    let shown = view
+        .history_length
+        .map_or(seqs.len(), |n| n.min(seqs.len()));
+    &seqs[seqs.len() - shown..]
+}
+
+/// A listed task as the view shows it, with `history`, and its estimated size: `bytes` (its
+/// stored record and the messages shown) less its artifacts' text when they are not shown.
+pub(crate) fn as_listed(
+    view: &TaskView,
+    mut task: Task,
+    history: Vec<Message>,
+    bytes: usize,
+) -> (Task, usize) {
+    task.history = history;
+    if view.artifacts {
+        return (task, bytes);
+    }
+    let left_out: usize = task
+        .artifacts
+        .iter()
+        .flat_map(|a| &a.parts)
+        .filter_map(|p| p.as_text())
+        .map(str::len)
+        .sum();
+    task.artifacts.clear();
+    (task, bytes.saturating_sub(left_out))
 }
 
 /// A listing's page filled within a byte budget, whichever store reads it: items are offered in

@@ -13,7 +13,7 @@ use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
     BeginTurn, BudgetedPage, ConversationKey, ConversationMeta, ConversationPage,
     ConversationRecords, FinishTurn, Imported, Lease, MessagesFrom, Page, ResponseBudget,
-    StoreError, StoreResult, TaskQuery, TaskRecords, TurnBegun,
+    StoreError, StoreResult, TaskQuery, TaskRecords, TurnBegun, as_listed, shown_history,
 };
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -150,14 +150,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
 
 fn new_task_record(turn: &BeginTurn, place: &Place) -> TaskRecord {
     TaskRecord {
-        task: Task {
-            id: turn.task_id.clone(),
-            context_id: turn.context_id.clone(),
-            status: TaskStatus::new(TaskState::Submitted, None),
-            artifacts: Vec::new(),
-            history: Vec::new(),
-            metadata: None,
-        },
+        task: turn.new_task(),
         principal: turn.principal.clone(),
         history_seqs: Vec::new(),
         reply_in: None,
@@ -559,31 +552,17 @@ fn listed_task(
     let Some((record, record_bytes)) = records.task_sized(task_id)? else {
         return Ok(None);
     };
-    let seqs = &record.history_seqs;
-    let shown = query
-        .view
-        .history_length
-        .map_or(seqs.len(), |n| n.min(seqs.len()));
     let (history, history_bytes) = records.messages_sized(
         &record.place(),
         &record.task.context_id,
-        &seqs[seqs.len() - shown..],
+        shown_history(&query.view, &record.history_seqs),
     )?;
-    let mut task = record.task;
-    task.history = history;
-    let mut bytes = record_bytes + history_bytes;
-    if !query.view.artifacts {
-        let left_out: usize = task
-            .artifacts
-            .iter()
-            .flat_map(|a| &a.parts)
-            .filter_map(|p| p.as_text())
-            .map(str::len)
-            .sum();
-        bytes = bytes.saturating_sub(left_out);
-        task.artifacts.clear();
-    }
-    Ok(Some((task, bytes)))
+    Ok(Some(as_listed(
+        &query.view,
+        record.task,
+        history,
+        record_bytes + history_bytes,
+    )))
 }
 
 /// A conversation's metadata and one page of its messages, oldest first, within the budget.

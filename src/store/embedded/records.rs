@@ -624,17 +624,23 @@ impl Records {
     /// The ids of the tasks stored as running: one scan of the running-task index, however many
     /// conversations and tasks are stored.
     pub fn running_tasks(&self) -> StoreResult<Vec<String>> {
-        let prefix = vec![RUNNING_TASKS];
+        self.index_ids(&[RUNNING_TASKS], 0)
+    }
+
+    /// The ids an index holds under `prefix`, in key order: what follows the prefix in each
+    /// key, past `skip` bytes of ordering.
+    fn index_ids(&self, prefix: &[u8], skip: usize) -> StoreResult<Vec<String>> {
         let mut ids = Vec::new();
         for entry in self
             .backend
-            .scan(Bound::Included(prefix.clone()), Bound::Unbounded, false)
+            .scan(Bound::Included(prefix.to_vec()), Bound::Unbounded, false)
         {
             let (key, _) = entry?;
-            if !key.starts_with(&prefix) {
+            if !key.starts_with(prefix) {
                 break;
             }
-            ids.push(String::from_utf8_lossy(&key[prefix.len()..]).into_owned());
+            let id = key.get(prefix.len() + skip..).unwrap_or_default();
+            ids.push(String::from_utf8_lossy(id).into_owned());
         }
         Ok(ids)
     }
@@ -804,19 +810,8 @@ impl Records {
 
     /// The ids of a conversation's tasks (in the index's order: newest status first).
     pub fn conversation_task_ids(&self, place: &Place) -> StoreResult<Vec<String>> {
-        let prefix = place.task_index_prefix();
-        let mut ids = Vec::new();
-        for entry in self
-            .backend
-            .scan(Bound::Included(prefix.clone()), Bound::Unbounded, false)
-        {
-            let (index_key, _) = entry?;
-            if !index_key.starts_with(&prefix) {
-                break;
-            }
-            ids.push(String::from_utf8_lossy(&index_key[prefix.len() + 8..]).into_owned());
-        }
-        Ok(ids)
+        // Past the inverted status time each entry is ordered by.
+        self.index_ids(&place.task_index_prefix(), 8)
     }
 
     /// Removes a conversation: its metadata, messages, tasks and index entries.

@@ -9,7 +9,7 @@ use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
     BeginTurn, BudgetedPage, ConversationKey, ConversationMeta, ConversationPage, FinishTurn,
     Lease, MessagesFrom, Page, PrincipalKey, ResponseBudget, StoreError, TaskQuery, TurnBegun,
-    page_token,
+    as_listed, page_token, shown_history,
 };
 use deadpool_postgres::{GenericClient, Object};
 use serde::{Deserialize, Serialize};
@@ -60,12 +60,8 @@ async fn prepared(client: &impl GenericClient, statements: &[&str]) -> Result<()
     Ok(())
 }
 
-/// A task as stored: its history lives in the conversation, referenced by sequence number.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct StoredTask {
-    pub(super) task: Task,
-    pub(super) history_seqs: Vec<u64>,
-}
+/// A task as stored (its `record` column, in JSON): the one type both stores and transfers use.
+pub(super) type StoredTask = crate::store::TaskRecords;
 
 /// A task row: the record and who owns it.
 pub(super) struct TaskRow {
@@ -934,14 +930,7 @@ fn task_to_run(
 ) -> Result<StoredTask, Failure> {
     if !turn.continuing {
         return Ok(StoredTask {
-            task: Task {
-                id: turn.task_id.clone(),
-                context_id: turn.context_id.clone(),
-                status: TaskStatus::new(TaskState::Submitted, None),
-                artifacts: Vec::new(),
-                history: Vec::new(),
-                metadata: None,
-            },
+            task: turn.new_task(),
             history_seqs: Vec::new(),
         });
     }
@@ -1120,26 +1109,12 @@ async fn listed_task(
     row: &TaskRow,
     query: &TaskQuery,
 ) -> Result<(Task, usize), Failure> {
-    let seqs = &row.stored.history_seqs;
-    let shown = query
-        .view
-        .history_length
-        .map_or(seqs.len(), |n| n.min(seqs.len()));
-    let (history, history_bytes) =
-        messages_at(client, &row.key, &seqs[seqs.len() - shown..]).await?;
-    let mut task = row.stored.task.clone();
-    task.history = history;
-    let mut bytes = row.bytes + history_bytes;
-    if !query.view.artifacts {
-        let left_out: usize = task
-            .artifacts
-            .iter()
-            .flat_map(|a| &a.parts)
-            .filter_map(|p| p.as_text())
-            .map(str::len)
-            .sum();
-        bytes = bytes.saturating_sub(left_out);
-        task.artifacts.clear();
-    }
-    Ok((task, bytes))
+    let shown = shown_history(&query.view, &row.stored.history_seqs);
+    let (history, history_bytes) = messages_at(client, &row.key, shown).await?;
+    Ok(as_listed(
+        &query.view,
+        row.stored.task.clone(),
+        history,
+        row.bytes + history_bytes,
+    ))
 }
