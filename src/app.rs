@@ -3,14 +3,15 @@
 //!
 //! The only module that knows every other one; none of them depends on it.
 
-use crate::agent::{A2aAgent, EchoAgent, ExecAgent, OpenAiAgent, SharedAgent};
+use crate::agent::{A2aAgent, AgentBuildError, EchoAgent, ExecAgent, OpenAiAgent, SharedAgent};
 use crate::config::{Config, StoreConfig};
 use crate::engine::MessageLimits;
 use crate::engine::{Engine, EngineConfig};
+use crate::error::chain;
 use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
 use crate::push::deliver::DeliveryOptions;
-use crate::push::sign::{DEFAULT_KEY_FILE, Signer};
+use crate::push::sign::{DEFAULT_KEY_FILE, SignError, Signer};
 use crate::push::{ConfigLimits, PushConfigs, TargetPolicy};
 use crate::store::embedded::{DEFAULT_MEMTABLE_BYTES, EmbeddedStore, SledOptions, WalLimits};
 use crate::store::postgres::{PgOptions, PgStore};
@@ -25,12 +26,32 @@ pub enum StartError {
     Config(String),
     #[error("tokens: {0}")]
     Tokens(#[from] TokenConfigError),
-    #[error("opening the store at {path}: {error}")]
-    Store { path: String, error: String },
+    #[error("opening the store at {path}: {source}")]
+    Store {
+        path: String,
+        source: StoreStartError,
+    },
+    #[error(transparent)]
+    Signer(#[from] SignError),
+    #[error("building the push delivery client: {0}")]
+    Delivery(#[source] reqwest::Error),
+    #[error(transparent)]
+    Join(#[from] tokio::task::JoinError),
     #[error(transparent)]
     Invalid(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Serve(#[from] ServeError),
+}
+
+/// Why the store did not open, or the engine over it did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreStartError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Join(#[from] tokio::task::JoinError),
+    #[error("failing the turns a crash cut off: {0}")]
+    Interrupted(#[source] crate::engine::EngineError),
 }
 
 /// Opens the store, starts the engine and serves. Needs a running actix System.
@@ -59,7 +80,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
                 Some(signer),
                 delivery_options(&config),
             )
-            .map_err(StartError::Config)?;
+            .map_err(StartError::Delivery)?;
             (Some(push_configs(push_store, &config)), jwks)
         }
         None => (None, serde_json::json!({"keys": []})),
@@ -67,9 +88,9 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let database = opened.database;
     let engine = start_engine(store, agent, &config)
         .await
-        .map_err(|error| StartError::Store {
+        .map_err(|source| StartError::Store {
             path: store_location(&config),
-            error,
+            source,
         })?;
     let metrics_token = config
         .metrics
@@ -216,11 +237,11 @@ async fn load_signer(config: &Config) -> Result<Arc<Signer>, StartError> {
         .signing_key_file
         .clone()
         .unwrap_or_else(|| config.data.join(DEFAULT_KEY_FILE));
-    actix_rt::task::spawn_blocking(move || Signer::load_or_generate(&path))
-        .await
-        .map_err(|e| StartError::Config(e.to_string()))?
-        .map(Arc::new)
-        .map_err(|e| StartError::Config(e.to_string()))
+    Ok(
+        actix_rt::task::spawn_blocking(move || Signer::load_or_generate(&path))
+            .await?
+            .map(Arc::new)?,
+    )
 }
 
 fn delivery_options(config: &Config) -> DeliveryOptions {
@@ -286,7 +307,7 @@ async fn sweep_expired_leases(store: std::sync::Weak<dyn ConversationStore>, per
                 tasks = failed,
                 "marked failed the tasks whose nodes stopped renewing their leases"
             ),
-            Err(e) => tracing::warn!(error = %e, "sweeping expired leases"),
+            Err(e) => tracing::warn!(error = %chain(&e), "sweeping expired leases"),
         }
     }
 }
@@ -302,14 +323,14 @@ struct OpenedStore {
 /// The configured store: PostgreSQL when `store.url` is set, else sled in `data` (opened off
 /// the async threads).
 async fn open_store_async(config: &Config) -> Result<OpenedStore, StartError> {
-    let failed = |error: String| StartError::Store {
+    let failed = |source: StoreStartError| StartError::Store {
         path: store_location(config),
-        error,
+        source,
     };
     if let Some(options) = postgres_options(config) {
         let store = PgStore::connect(&options)
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| failed(e.into()))?;
         if config.cluster.secret().is_none() {
             tracing::warn!(
                 "cluster.secret is not set: streams, live reads and cancels of a task another \
@@ -326,7 +347,7 @@ async fn open_store_async(config: &Config) -> Result<OpenedStore, StartError> {
     let store_config = config.store.clone();
     actix_rt::task::spawn_blocking(move || open_store(&data, &store_config))
         .await
-        .map_err(|e| failed(e.to_string()))?
+        .map_err(|e| failed(e.into()))?
         .map(|store| {
             let store = Arc::new(store);
             OpenedStore {
@@ -335,7 +356,7 @@ async fn open_store_async(config: &Config) -> Result<OpenedStore, StartError> {
                 database: None,
             }
         })
-        .map_err(|e| failed(e.to_string()))
+        .map_err(|e| failed(e.into()))
 }
 
 /// Starts the engine over `store` and fails the turns a crash cut off.
@@ -343,7 +364,7 @@ async fn start_engine(
     store: SharedStore,
     agent: SharedAgent,
     config: &Config,
-) -> Result<Engine, String> {
+) -> Result<Engine, StoreStartError> {
     let engine_config = engine_config(config);
     if engine_config.max_resident < config.contexts.max_resident {
         tracing::info!(
@@ -356,7 +377,7 @@ async fn start_engine(
     let interrupted = engine
         .fail_interrupted_turns()
         .await
-        .map_err(|e| format!("failing the turns a crash cut off: {e}"))?;
+        .map_err(StoreStartError::Interrupted)?;
     if interrupted > 0 {
         tracing::warn!(
             tasks = interrupted,
@@ -447,8 +468,29 @@ pub fn resident_limit(contexts: &crate::config::ContextsConfig, container: Optio
     contexts.max_resident.min(by_memory).max(1)
 }
 
+/// Why the configured agent backend cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentSetupError {
+    #[error("agent.kind {kind:?}: {source}")]
+    Build {
+        kind: &'static str,
+        source: AgentBuildError,
+    },
+    #[error("agent.kind {0:?} is not available; use \"echo\", \"exec\", \"openai\" or \"a2a\"")]
+    UnknownKind(String),
+    #[error("agent.kind = \"a2a\" needs agent.peer_url (the peer agent's URL)")]
+    NoPeerUrl,
+    #[error("agent.peer_url: {0}")]
+    PeerUrl(#[source] crate::client::ClientError),
+    #[error("agent.token_env names {name}, which is not set in the environment")]
+    TokenEnv {
+        name: String,
+        source: std::env::VarError,
+    },
+}
+
 /// The backend `agent.kind` names.
-pub fn build_agent(config: &Config) -> Result<SharedAgent, String> {
+pub fn build_agent(config: &Config) -> Result<SharedAgent, AgentSetupError> {
     match config.agent.kind.as_str() {
         "echo" => Ok(Arc::new(EchoAgent::new(
             config.agent.echo.chunk_chars,
@@ -456,27 +498,36 @@ pub fn build_agent(config: &Config) -> Result<SharedAgent, String> {
         ))),
         "exec" => ExecAgent::from_config(&config.agent)
             .map(|agent| Arc::new(agent) as SharedAgent)
-            .map_err(|e| format!("agent.kind \"exec\": {e}")),
+            .map_err(|source| AgentSetupError::Build {
+                kind: "exec",
+                source,
+            }),
         "openai" => OpenAiAgent::from_config(config)
             .map(|agent| Arc::new(agent) as SharedAgent)
-            .map_err(|e| format!("agent.kind \"openai\": {e}")),
+            .map_err(|source| AgentSetupError::Build {
+                kind: "openai",
+                source,
+            }),
         "a2a" => build_a2a_agent(config),
-        other => Err(format!(
-            "agent.kind {other:?} is not available; use \"echo\", \"exec\", \"openai\" or \"a2a\""
-        )),
+        other => Err(AgentSetupError::UnknownKind(other.to_owned())),
     }
 }
 
-fn build_a2a_agent(config: &Config) -> Result<SharedAgent, String> {
-    let url = config.agent.peer_url.clone().ok_or_else(|| {
-        "agent.kind = \"a2a\" needs agent.peer_url (the peer agent's URL)".to_owned()
-    })?;
-    crate::client::check_url(&url).map_err(|e| format!("agent.peer_url: {e}"))?;
+fn build_a2a_agent(config: &Config) -> Result<SharedAgent, AgentSetupError> {
+    let url = config
+        .agent
+        .peer_url
+        .clone()
+        .ok_or(AgentSetupError::NoPeerUrl)?;
+    crate::client::check_url(&url).map_err(AgentSetupError::PeerUrl)?;
     let token = match &config.agent.token_env {
         None => None,
-        Some(name) => Some(std::env::var(name).map_err(|_| {
-            format!("agent.token_env names {name}, which is not set in the environment")
-        })?),
+        Some(name) => Some(
+            std::env::var(name).map_err(|source| AgentSetupError::TokenEnv {
+                name: name.clone(),
+                source,
+            })?,
+        ),
     };
     Ok(Arc::new(A2aAgent::new(
         url,

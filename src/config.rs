@@ -25,11 +25,14 @@ use std::path::{Path, PathBuf};
 pub enum ConfigError {
     #[error("configuration: {0}")]
     Invalid(String),
+    /// Boxed: figment's error is large, and every `Result` of the start-up path carries it.
+    #[error("configuration: {0}")]
+    Load(#[source] Box<figment::Error>),
 }
 
 impl From<figment::Error> for ConfigError {
     fn from(e: figment::Error) -> Self {
-        ConfigError::Invalid(e.to_string())
+        ConfigError::Load(Box::new(e))
     }
 }
 

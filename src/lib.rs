@@ -7,7 +7,8 @@
 //! Layout: [`model`] the internal types; [`store`] persistence; [`history`] guarded rendering;
 //! [`agent`] backends; [`engine`] the actors; [`protocol`] the two wire versions; [`http`] the
 //! JSON-RPC front; [`app`] the composition root that builds and wires them; [`telemetry`] the
-//! metrics recorder; [`cli`] the commands; [`config`] layered configuration.
+//! metrics recorder; [`cli`] the commands; [`config`] layered configuration; [`error`] what every
+//! layer's errors share (causes, and rendering them for logs).
 //!
 //! Dependencies point one way: `protocol` is a pure wire library (model only), `store` knows
 //! neither engine nor HTTP, nothing below `http` knows `http` (`tests/it/layering.rs` checks).
@@ -20,6 +21,7 @@ pub mod config;
 pub mod container;
 pub mod durable;
 pub mod engine;
+pub mod error;
 pub mod history;
 pub mod http;
 pub mod model;

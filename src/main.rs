@@ -8,5 +8,11 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
 fn main() -> std::process::ExitCode {
-    colloquy::cli::run()
+    match colloquy::cli::run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("colloquy: {}", colloquy::error::chain(&e));
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

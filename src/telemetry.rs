@@ -1,6 +1,7 @@
 //! The process-wide metrics recorder and the series colloquy documents: installed by the
 //! composition root (`crate::app`) before the store and engine start, rendered by `GET /metrics`.
 
+use crate::error::chain;
 use crate::model::TaskState;
 use crate::protocol::Method;
 use metrics::{KeyName, SharedString, Unit};
@@ -48,7 +49,7 @@ fn start_upkeep(handle: PrometheusHandle) {
             }
         });
     if let Err(e) = started {
-        tracing::warn!(error = %e, "cannot start the metrics upkeep thread; histograms are folded at each scrape only");
+        tracing::warn!(error = %chain(&e), "cannot start the metrics upkeep thread; histograms are folded at each scrape only");
     }
 }
 

@@ -55,12 +55,21 @@ impl A2aAgent {
     }
 }
 
+/// Talking to the peer failed.
+#[derive(Debug, thiserror::Error)]
+#[error("delegating to the peer agent: {0}")]
+struct Delegation(#[source] ClientError);
+
+#[derive(Debug, thiserror::Error)]
+#[error("encoding the delegation state: {0}")]
+struct EncodeState(#[source] serde_json::Error);
+
 fn peer_error(url: &str, e: ClientError) -> AgentError {
     match e {
         ClientError::Rpc { message, code, .. } => AgentError::Failed(format!(
             "the peer agent at {url} answered error {code}: {message}"
         )),
-        other => AgentError::Failed(format!("delegating to the peer agent: {other}")),
+        other => AgentError::Backend(Box::new(Delegation(other))),
     }
 }
 
@@ -245,8 +254,8 @@ enum Failure {
 }
 
 async fn emit_state(sink: &AgentSink, state: &DelegationState) -> Result<(), AgentError> {
-    let value = serde_json::to_value(state)
-        .map_err(|e| AgentError::Failed(format!("encoding the delegation state: {e}")))?;
+    let value =
+        serde_json::to_value(state).map_err(|e| AgentError::Backend(Box::new(EncodeState(e))))?;
     sink.send(AgentEvent::State(value)).await
 }
 

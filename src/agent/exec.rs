@@ -141,15 +141,19 @@ enum ExecError {
         source: std::io::Error,
     },
     #[error("reading the program's output: {0}")]
-    Read(std::io::Error),
+    Read(#[source] std::io::Error),
     #[error("waiting for the program: {0}")]
-    Wait(std::io::Error),
+    Wait(#[source] std::io::Error),
     #[error("the program wrote a line longer than {0} bytes (agent.max_line_bytes)")]
     LineTooLong(usize),
     #[error("the program wrote more than {0} bytes (agent.max_output_bytes)")]
     OutputTooLarge(usize),
     #[error("line {line} of the program's output: {problem}")]
-    Protocol { line: u64, problem: String },
+    Protocol {
+        line: u64,
+        #[source]
+        problem: LineError,
+    },
     #[error("{program} {how}{stderr}")]
     Exit {
         program: String,
@@ -164,7 +168,7 @@ impl From<ExecError> for AgentError {
     fn from(e: ExecError) -> Self {
         match e {
             ExecError::Sink(e) => e,
-            other => AgentError::Failed(other.to_string()),
+            other => AgentError::Backend(Box::new(other)),
         }
     }
 }
@@ -424,8 +428,29 @@ async fn read_line(
     }
 }
 
+/// Why a protocol object on a line of the program's output does not fit.
+#[derive(Debug, thiserror::Error)]
+enum LineError {
+    #[error("{0}")]
+    Shape(String),
+    #[error(transparent)]
+    Part(#[from] crate::protocol::fields::FieldError),
+}
+
+impl From<String> for LineError {
+    fn from(why: String) -> Self {
+        LineError::Shape(why)
+    }
+}
+
+impl From<&str> for LineError {
+    fn from(why: &str) -> Self {
+        LineError::Shape(why.to_owned())
+    }
+}
+
 /// One stdout line as an event. `Err` for a protocol object that does not fit.
-fn parse_line(line: &[u8], context_id: &str) -> Result<AgentEvent, String> {
+fn parse_line(line: &[u8], context_id: &str) -> Result<AgentEvent, LineError> {
     let as_text = || AgentEvent::Text(String::from_utf8_lossy(line).into_owned());
     let Ok(text) = std::str::from_utf8(line) else {
         return Ok(as_text());
@@ -451,7 +476,7 @@ fn parse_line(line: &[u8], context_id: &str) -> Result<AgentEvent, String> {
     }
 }
 
-fn parse_status(status: &Value, object: &Map<String, Value>) -> Result<AgentEvent, String> {
+fn parse_status(status: &Value, object: &Map<String, Value>) -> Result<AgentEvent, LineError> {
     const ALLOWED: [TaskState; 6] = [
         TaskState::Completed,
         TaskState::InputRequired,
@@ -480,7 +505,7 @@ fn parse_status(status: &Value, object: &Map<String, Value>) -> Result<AgentEven
     Ok(AgentEvent::Status { state, text })
 }
 
-fn parse_parts(value: Option<&Value>, path: &str) -> Result<Vec<Part>, String> {
+fn parse_parts(value: Option<&Value>, path: &str) -> Result<Vec<Part>, LineError> {
     let parts = value
         .and_then(Value::as_array)
         .ok_or_else(|| format!("{path} must be an array of parts"))?;
@@ -488,7 +513,7 @@ fn parse_parts(value: Option<&Value>, path: &str) -> Result<Vec<Part>, String> {
         .iter()
         .enumerate()
         .map(|(i, part)| {
-            decode_part(WireVersion::V1, part, &format!("{path}[{i}]")).map_err(|e| e.to_string())
+            decode_part(WireVersion::V1, part, &format!("{path}[{i}]")).map_err(LineError::from)
         })
         .collect()
 }
@@ -497,15 +522,15 @@ fn optional_string(
     object: &Map<String, Value>,
     key: &str,
     path: &str,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, LineError> {
     match object.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(format!("{path}.{key} must be a string")),
+        Some(_) => Err(format!("{path}.{key} must be a string").into()),
     }
 }
 
-fn parse_artifact(artifact: &Value) -> Result<AgentEvent, String> {
+fn parse_artifact(artifact: &Value) -> Result<AgentEvent, LineError> {
     let object = artifact
         .as_object()
         .ok_or_else(|| "\"artifact\" must be an object".to_owned())?;
@@ -519,7 +544,7 @@ fn parse_artifact(artifact: &Value) -> Result<AgentEvent, String> {
     }))
 }
 
-fn parse_message(message: &Value, context_id: &str) -> Result<AgentEvent, String> {
+fn parse_message(message: &Value, context_id: &str) -> Result<AgentEvent, LineError> {
     let object = message
         .as_object()
         .ok_or_else(|| "\"message\" must be an object".to_owned())?;

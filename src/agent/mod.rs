@@ -15,6 +15,7 @@ pub use echo::EchoAgent;
 pub use exec::ExecAgent;
 pub use openai::{HISTORY_NOTE as OPENAI_HISTORY_NOTE, OpenAiAgent};
 
+use crate::error::BoxError;
 use crate::history::HistoryEntry;
 use crate::model::{Artifact, Message, TaskState};
 use futures_util::future::BoxFuture;
@@ -57,14 +58,22 @@ pub enum AgentEvent {
     State(serde_json::Value),
 }
 
-#[derive(Debug, Clone, thiserror::Error)]
+/// Why a backend's run failed. Its message becomes the task's status message.
+#[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// A failure the backend states in words (the peer's task failed, say).
     #[error("{0}")]
     Failed(String),
+    /// The backend's own error, with its causes.
+    #[error(transparent)]
+    Backend(BoxError),
+    /// The task was canceled or timed out: the sink takes no more events.
+    #[error("the task is no longer running")]
+    Stopped,
 }
 
 /// A backend's configuration does not allow it to start.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum AgentBuildError {
     #[error("{field} is required: {why}")]
     Missing {
@@ -73,6 +82,14 @@ pub enum AgentBuildError {
     },
     #[error("{0}")]
     Invalid(String),
+    #[error("{field} {value:?} is not a URL: {source}")]
+    BadUrl {
+        field: &'static str,
+        value: String,
+        source: crate::client::UrlError,
+    },
+    #[error("HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
 }
 
 /// Where a backend writes its events. Sending fails once the task was canceled or timed out.
@@ -86,10 +103,7 @@ impl AgentSink {
     }
 
     pub async fn send(&self, event: AgentEvent) -> Result<(), AgentError> {
-        self.0
-            .send(event)
-            .await
-            .map_err(|_| AgentError::Failed("the task is no longer running".into()))
+        self.0.send(event).await.map_err(|_| AgentError::Stopped)
     }
 
     pub async fn text(&self, text: impl Into<String>) -> Result<(), AgentError> {

@@ -14,6 +14,7 @@
 
 use super::{Agent, AgentBuildError, AgentError, AgentRequest, AgentSink};
 use crate::config::Config;
+use crate::error::chain;
 use crate::model::Role;
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::future::BoxFuture;
@@ -83,9 +84,12 @@ impl OpenAiAgent {
                 field: "agent.model",
                 why: "the openai backend needs the model name to ask for",
             })?;
-        let parsed = reqwest::Url::parse(base_url.trim()).map_err(|e| {
-            AgentBuildError::Invalid(format!("agent.base_url {base_url:?} is not a URL: {e}"))
-        })?;
+        let parsed =
+            reqwest::Url::parse(base_url.trim()).map_err(|source| AgentBuildError::BadUrl {
+                field: "agent.base_url",
+                value: base_url.to_owned(),
+                source,
+            })?;
         if !["http", "https"].contains(&parsed.scheme()) {
             return Err(AgentBuildError::Invalid(format!(
                 "agent.base_url {base_url:?}: use http or https"
@@ -115,7 +119,7 @@ impl OpenAiAgent {
             .read_timeout(read_timeout)
             .user_agent(concat!("colloquy/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| AgentBuildError::Invalid(format!("HTTP client: {e}")))?;
+            .map_err(AgentBuildError::Client)?;
         Ok(OpenAiAgent {
             settings: Arc::new(Settings {
                 client,
@@ -177,10 +181,12 @@ enum OpenAiError {
         detail: String,
         retried: String,
     },
-    #[error("could not reach the upstream at {url}: {reason}{retried}")]
+    /// reqwest's own message rarely says what happened (refused, reset, ...): the message
+    /// carries the causes.
+    #[error("could not reach the upstream at {url}: {}{retried}", chain(.source))]
     Connect {
         url: String,
-        reason: String,
+        source: reqwest::Error,
         retried: String,
     },
     #[error("the upstream did not answer within {0} s (agent.read_timeout_secs)")]
@@ -189,10 +195,17 @@ enum OpenAiError {
         "the upstream went silent for {0} s in the middle of its answer (agent.read_timeout_secs)"
     )]
     Silent(u64),
-    #[error("the upstream's stream broke: {0}")]
-    Broken(String),
+    #[error("the upstream's stream broke: {}", chain(.0))]
+    Broken(#[source] reqwest::Error),
     #[error("malformed upstream response: {0}")]
     Malformed(String),
+    #[error("malformed upstream response: the JSON answer does not parse: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("malformed upstream response: {what}: {source}")]
+    Stream {
+        what: &'static str,
+        source: crate::error::BoxError,
+    },
     #[error("the upstream reported an error: {0}")]
     Upstream(String),
     #[error("the upstream closed its stream before the answer was finished")]
@@ -205,7 +218,7 @@ impl From<OpenAiError> for AgentError {
     fn from(e: OpenAiError) -> Self {
         match e {
             OpenAiError::Sink(e) => e,
-            other => AgentError::Failed(other.to_string()),
+            other => AgentError::Backend(Box::new(other)),
         }
     }
 }
@@ -351,32 +364,17 @@ async fn connect(settings: &Settings, body: &Value) -> Result<reqwest::Response,
                 if !e.is_connect() || attempt >= settings.retries {
                     return Err(OpenAiError::Connect {
                         url: settings.url.clone(),
-                        reason: error_chain(&e),
+                        source: e,
                         retried: retried(attempt),
                     });
                 }
-                tracing::info!(error = %error_chain(&e), attempt, "openai upstream unreachable; retrying");
+                tracing::info!(error = %chain(&e), attempt, "openai upstream unreachable; retrying");
                 backoff(settings.backoff, attempt, None)
             }
         };
         tokio::time::sleep(delay).await;
         attempt += 1;
     }
-}
-
-/// An error with its sources, which say what actually happened (refused, reset, ...).
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 async fn run(
@@ -410,8 +408,7 @@ async fn relay_json(
     let body = read_bounded(response, MAX_JSON_BODY)
         .await
         .map_err(|e| transport_error(settings, e))?;
-    let value: Value = serde_json::from_slice(&body)
-        .map_err(|e| OpenAiError::Malformed(format!("the JSON answer does not parse: {e}")))?;
+    let value: Value = serde_json::from_slice(&body).map_err(OpenAiError::NotJson)?;
     if let Some(error) = value.get("error") {
         return Err(OpenAiError::Upstream(describe_error(error)));
     }
@@ -441,7 +438,7 @@ fn transport_error(settings: &Settings, e: reqwest::Error) -> OpenAiError {
     if e.is_timeout() {
         OpenAiError::Silent(settings.read_timeout.as_secs())
     } else {
-        OpenAiError::Broken(error_chain(&e))
+        OpenAiError::Broken(e)
     }
 }
 
@@ -461,14 +458,16 @@ async fn relay_stream(
             Ok(event) => event,
             Err(EventStreamError::Transport(e)) => return Err(transport_error(settings, e)),
             Err(EventStreamError::Utf8(e)) => {
-                return Err(OpenAiError::Malformed(format!(
-                    "the stream is not UTF-8: {e}"
-                )));
+                return Err(OpenAiError::Stream {
+                    what: "the stream is not UTF-8",
+                    source: e.into(),
+                });
             }
             Err(EventStreamError::Parser(e)) => {
-                return Err(OpenAiError::Malformed(format!(
-                    "not a server-sent event stream: {e}"
-                )));
+                return Err(OpenAiError::Stream {
+                    what: "not a server-sent event stream",
+                    source: e.into(),
+                });
             }
         };
         let data = event.data.trim();

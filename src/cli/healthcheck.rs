@@ -1,6 +1,7 @@
 //! `colloquy healthcheck`: asks a running server's `/healthz` and exits 0 only on 200, so a
 //! container's `HEALTHCHECK` needs nothing in the image but the binary (no curl).
 
+use super::CliError;
 use crate::config::Config;
 use clap::Args;
 use std::path::PathBuf;
@@ -34,12 +35,11 @@ pub fn local_url(listen: &str) -> String {
     format!("http://{host}:{port}/")
 }
 
-pub fn run(args: HealthcheckArgs) -> Result<ExitCode, String> {
+pub fn run(args: HealthcheckArgs) -> Result<ExitCode, CliError> {
     let base = match args.url {
         Some(url) => url,
         None => {
-            let config = Config::load(args.config.as_deref(), serde_json::json!({}))
-                .map_err(|e| e.to_string())?;
+            let config = Config::load(args.config.as_deref(), serde_json::json!({}))?;
             local_url(&config.listen)
         }
     };
@@ -47,7 +47,7 @@ pub fn run(args: HealthcheckArgs) -> Result<ExitCode, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("starting the runtime: {e}"))?;
+        .map_err(CliError::Runtime)?;
     let timeout = Duration::from_secs(args.timeout_secs.max(1));
     let status = runtime.block_on(async {
         // The server is local: never through an HTTP_PROXY the environment names.
@@ -55,19 +55,22 @@ pub fn run(args: HealthcheckArgs) -> Result<ExitCode, String> {
             .no_proxy()
             .timeout(timeout)
             .build()
-            .map_err(|e| format!("building the HTTP client: {e}"))?;
+            .map_err(CliError::HttpClient)?;
         let response = client
             .get(&url)
             .send()
             .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        Ok::<_, String>(response.status())
+            .map_err(|source| CliError::Request {
+                url: url.clone(),
+                source,
+            })?;
+        Ok::<_, CliError>(response.status())
     })?;
     if status.is_success() {
         println!("{url}: {status}");
         Ok(ExitCode::SUCCESS)
     } else {
-        Err(format!("{url}: {status}"))
+        Err(CliError::Refused(format!("{url}: {status}")))
     }
 }
 

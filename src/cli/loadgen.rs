@@ -13,6 +13,7 @@
 //! first artifact-update event with non-empty text read), and counts every artifact-update event
 //! received (chunks delivered).
 
+use super::CliError;
 use crate::protocol::{WireVersion, codec};
 use clap::Args;
 use hdrhistogram::Histogram;
@@ -72,11 +73,11 @@ pub enum LoadgenError {
     #[error("invalid arguments: {0}")]
     Args(String),
     #[error("starting the runtime: {0}")]
-    Runtime(std::io::Error),
+    Runtime(#[source] std::io::Error),
     #[error("building the HTTP client: {0}")]
-    Client(reqwest::Error),
+    Client(#[source] reqwest::Error),
     #[error("latency histogram: {0}")]
-    Histogram(String),
+    Histogram(#[source] crate::error::BoxError),
 }
 
 /// Why a turn did not count as a good reply.
@@ -167,15 +168,12 @@ pub struct Latency {
     pub max: f64,
 }
 
-pub fn run(args: LoadgenArgs) -> Result<ExitCode, String> {
-    let report = run_report(args.clone()).map_err(|e| e.to_string())?;
+pub fn run(args: LoadgenArgs) -> Result<ExitCode, CliError> {
+    let report = run_report(args.clone())?;
     if !args.json {
         print!("{}", table(&report));
     }
-    println!(
-        "{}",
-        serde_json::to_string(&report).map_err(|e| e.to_string())?
-    );
+    println!("{}", serde_json::to_string(&report)?);
     Ok(if report.error_total == 0 {
         ExitCode::SUCCESS
     } else {
@@ -254,10 +252,10 @@ async fn drive(args: LoadgenArgs) -> Result<Report, LoadgenError> {
             Ok(Ok(h)) => {
                 histogram
                     .add(&h.latency)
-                    .map_err(|e| LoadgenError::Histogram(e.to_string()))?;
+                    .map_err(|e| LoadgenError::Histogram(e.into()))?;
                 ttfc_histogram
                     .add(&h.ttfc)
-                    .map_err(|e| LoadgenError::Histogram(e.to_string()))?;
+                    .map_err(|e| LoadgenError::Histogram(e.into()))?;
             }
             Ok(Err(e)) => return Err(e),
             Err(e) => shared.error(&format!("worker_panicked: {e}")),
@@ -327,8 +325,7 @@ async fn drive(args: LoadgenArgs) -> Result<Report, LoadgenError> {
 
 fn new_histogram() -> Result<Histogram<u64>, LoadgenError> {
     // Microseconds, 1 us to 10 minutes, 3 significant figures.
-    Histogram::new_with_bounds(1, 600_000_000, 3)
-        .map_err(|e| LoadgenError::Histogram(e.to_string()))
+    Histogram::new_with_bounds(1, 600_000_000, 3).map_err(|e| LoadgenError::Histogram(e.into()))
 }
 
 /// One worker's samples, in microseconds.

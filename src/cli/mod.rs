@@ -8,6 +8,7 @@ mod store_commands;
 mod transfer;
 
 pub use crate::app::build_agent;
+pub use transfer::ImportError;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -69,9 +70,52 @@ pub struct StoreArgs {
     config: Option<PathBuf>,
 }
 
-pub fn run() -> ExitCode {
+/// Why a command failed. `main` prints it with its causes.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A refusal said in words (no such conversation, a server that is not healthy).
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Agent(#[from] crate::app::AgentSetupError),
+    #[error(transparent)]
+    Start(#[from] crate::app::StartError),
+    #[error(transparent)]
+    Loadgen(#[from] loadgen::LoadgenError),
+    #[error(transparent)]
+    Import(#[from] ImportError),
+    #[error("starting the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("{path}: {source}")]
+    File {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "opening {path}: {source} (is a server running on it? use the colloquy/* JSON-RPC methods then)"
+    )]
+    Locked {
+        path: String,
+        source: crate::store::StoreError,
+    },
+    #[error("writing the export: {0}")]
+    Write(#[source] std::io::Error),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error("building the HTTP client: {0}")]
+    HttpClient(#[source] reqwest::Error),
+    #[error("{url}: {source}")]
+    Request { url: String, source: reqwest::Error },
+}
+
+/// Runs the command the arguments name.
+pub fn run() -> Result<ExitCode, CliError> {
     let cli = Cli::parse();
-    let result = match cli.command {
+    match cli.command {
         None => serve::run(cli.serve),
         Some(Command::Serve(args)) => serve::run(args),
         Some(Command::Conversations(args)) => store_commands::list(args),
@@ -83,12 +127,5 @@ pub fn run() -> ExitCode {
         Some(Command::Send(args)) => send::run(args),
         Some(Command::Loadgen(args)) => loadgen::run(args),
         Some(Command::Healthcheck(args)) => healthcheck::run(args),
-    };
-    match result {
-        Ok(code) => code,
-        Err(message) => {
-            eprintln!("colloquy: {message}");
-            ExitCode::FAILURE
-        }
     }
 }

@@ -6,8 +6,10 @@
 //! 5 the peer's JSON-RPC error or another HTTP or protocol error, 6 the task failed, was
 //! rejected or canceled.
 
+use super::CliError;
 use crate::client::{self, ClientError, ClientOptions, Peer, TaskAssembler};
 use crate::config::Config;
+use crate::error::chain;
 use crate::model::{Message, SendResult, Task, TaskState};
 use chrono::{DateTime, Utc};
 use clap::Args;
@@ -92,11 +94,13 @@ impl From<ClientError> for SendFailure {
             | ClientError::Timeout { .. }
             | ClientError::Tls { .. } => EXIT_CONNECT,
             ClientError::Unauthorized { .. } => EXIT_AUTH,
-            ClientError::Rpc { .. } | ClientError::Http { .. } | ClientError::Malformed { .. } => {
-                EXIT_PEER
-            }
+            ClientError::Rpc { .. }
+            | ClientError::Http { .. }
+            | ClientError::Request { .. }
+            | ClientError::Malformed { .. }
+            | ClientError::Card { .. } => EXIT_PEER,
         };
-        fail(code, e.to_string())
+        fail(code, chain(&e).to_string())
     }
 }
 
@@ -384,11 +388,11 @@ fn read_text(arg: Option<&str>) -> Result<String, SendFailure> {
     Ok(text)
 }
 
-pub fn run(args: SendArgs) -> Result<ExitCode, String> {
+pub fn run(args: SendArgs) -> Result<ExitCode, CliError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("starting the runtime: {e}"))?;
+        .map_err(CliError::Runtime)?;
     let json = args.json;
     match runtime.block_on(run_async(args)) {
         Ok(code) => Ok(ExitCode::from(code)),

@@ -1,5 +1,6 @@
 //! `colloquy serve`.
 
+use super::CliError;
 use crate::app::build_agent;
 use crate::config::Config;
 use clap::Args;
@@ -129,9 +130,8 @@ fn init_tracing(format: &str) {
     };
 }
 
-pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
-    let config =
-        Config::load(args.config.as_deref(), args.overrides()).map_err(|e| e.to_string())?;
+pub fn run(args: ServeArgs) -> Result<ExitCode, CliError> {
+    let config = Config::load(args.config.as_deref(), args.overrides())?;
     init_tracing(&config.log_format);
     let ignored = crate::config::ignored_environment();
     if !ignored.is_empty() {
@@ -147,9 +147,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, String> {
         Duration::from_secs(config.shutdown.grace_secs) + crate::http::CLOSE_MARGIN + STOP_OVERRUN;
     let system = actix_rt::System::new();
     system.block_on(async move {
-        let server = crate::app::start(config, agent)
-            .await
-            .map_err(|e| e.to_string())?;
+        let server = crate::app::start(config, agent).await?;
         wait_for_signal().await;
         tracing::info!("shutting down: finishing running turns");
         if tokio::time::timeout(stop_deadline, server.stop())

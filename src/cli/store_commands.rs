@@ -2,7 +2,7 @@
 //! stopped server, or the PostgreSQL database of `store.url`, servers running or not);
 //! `colloquy migrate`: the PostgreSQL schema.
 
-use super::StoreArgs;
+use super::{CliError, StoreArgs};
 use crate::config::Config;
 use crate::model::{Role, format_time};
 use crate::store::postgres::PgStore;
@@ -46,7 +46,7 @@ pub struct DeleteArgs {
     context_id: String,
 }
 
-fn open(args: &StoreArgs) -> Result<SharedStore, String> {
+fn open(args: &StoreArgs) -> Result<SharedStore, CliError> {
     open_store(
         &load_config(args.config.as_deref())?,
         args.data.clone(),
@@ -54,8 +54,8 @@ fn open(args: &StoreArgs) -> Result<SharedStore, String> {
     )
 }
 
-pub(super) fn load_config(path: Option<&std::path::Path>) -> Result<Config, String> {
-    Config::load(path, serde_json::json!({})).map_err(|e| e.to_string())
+pub(super) fn load_config(path: Option<&std::path::Path>) -> Result<Config, CliError> {
+    Ok(Config::load(path, serde_json::json!({}))?)
 }
 
 /// The store the config names: the PostgreSQL database of `store.url`, else the sled folder
@@ -64,38 +64,43 @@ pub(super) fn open_store(
     config: &Config,
     data: Option<std::path::PathBuf>,
     create: bool,
-) -> Result<SharedStore, String> {
+) -> Result<SharedStore, CliError> {
     if let Some(options) = crate::app::postgres_options(config) {
         let store = wait(PgStore::connect(&options))?;
         return Ok(Arc::new(store));
     }
     let data = data.unwrap_or_else(|| config.data.clone());
     if create {
-        std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
+        std::fs::create_dir_all(&data).map_err(|source| CliError::File {
+            path: data.display().to_string(),
+            source,
+        })?;
     }
     if !data.exists() {
-        return Err(format!("no data folder at {}", data.display()));
-    }
-    let store = crate::app::open_store(&data, &config.store).map_err(|e| {
-        format!(
-            "opening {}: {e} (is a server running on it? use the colloquy/* JSON-RPC methods then)",
+        return Err(CliError::Refused(format!(
+            "no data folder at {}",
             data.display()
-        )
-    })?;
+        )));
+    }
+    let store =
+        crate::app::open_store(&data, &config.store).map_err(|source| CliError::Locked {
+            path: data.display().to_string(),
+            source,
+        })?;
     Ok(Arc::new(store))
 }
 
 /// Runs a store future to its end on a runtime of its own (the commands are synchronous).
 pub(super) fn wait<T>(
     work: impl std::future::Future<Output = StoreResult<T>>,
-) -> Result<T, String> {
+) -> Result<T, CliError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
-        .map_err(|e| e.to_string())?;
-    runtime.block_on(work).map_err(|e| e.to_string())
+        .map_err(CliError::Runtime)?;
+    Ok(runtime.block_on(work)?)
 }
 
-pub fn list(args: ListArgs) -> Result<ExitCode, String> {
+pub fn list(args: ListArgs) -> Result<ExitCode, CliError> {
     let store = open(&args.store)?;
     let page = wait(store.list_conversations(
         &args.store.principal,
@@ -126,19 +131,19 @@ pub fn list(args: ListArgs) -> Result<ExitCode, String> {
 fn find(
     args: &StoreArgs,
     context_id: &str,
-) -> Result<(SharedStore, ConversationKey, ConversationMeta), String> {
+) -> Result<(SharedStore, ConversationKey, ConversationMeta), CliError> {
     let store = open(args)?;
     let key = ConversationKey::new(&args.principal, context_id);
     match wait(store.conversation(key))? {
         Some(meta) => Ok((store, key, meta)),
-        None => Err(format!(
+        None => Err(CliError::Refused(format!(
             "no conversation {context_id:?} for principal {:?}",
             args.principal
-        )),
+        ))),
     }
 }
 
-pub fn history(args: HistoryArgs) -> Result<ExitCode, String> {
+pub fn history(args: HistoryArgs) -> Result<ExitCode, CliError> {
     let (store, key, meta) = find(&args.store, &args.context_id)?;
     println!(
         "conversation {} ({} turns, updated {})",
@@ -147,7 +152,7 @@ pub fn history(args: HistoryArgs) -> Result<ExitCode, String> {
         format_time(&meta.updated_at)
     );
     let page = wait(store.conversation_page(key, MessagesFrom::Latest(args.limit), usize::MAX))?
-        .ok_or_else(|| format!("conversation {:?} is gone", args.context_id))?;
+        .ok_or_else(|| CliError::Refused(format!("conversation {:?} is gone", args.context_id)))?;
     for message in page.messages {
         let role = match message.role {
             Role::User => "user",
@@ -163,19 +168,20 @@ pub fn history(args: HistoryArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn delete(args: DeleteArgs) -> Result<ExitCode, String> {
+pub fn delete(args: DeleteArgs) -> Result<ExitCode, CliError> {
     let (store, key, _) = find(&args.store, &args.context_id)?;
     wait(store.delete_conversation(key))?;
     println!("deleted conversation {}", args.context_id);
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn migrate(args: MigrateArgs) -> Result<ExitCode, String> {
-    let config =
-        Config::load(args.config.as_deref(), serde_json::json!({})).map_err(|e| e.to_string())?;
+pub fn migrate(args: MigrateArgs) -> Result<ExitCode, CliError> {
+    let config = load_config(args.config.as_deref())?;
     let options = crate::app::postgres_options(&config).ok_or_else(|| {
-        "store.url is not set (COLLOQUY_STORE__URL): the embedded store needs no migration"
-            .to_owned()
+        CliError::Refused(
+            "store.url is not set (COLLOQUY_STORE__URL): the embedded store needs no migration"
+                .to_owned(),
+        )
     })?;
     let migrated = wait(crate::store::postgres::PgStore::migrate(&options))?;
     if migrated.from == migrated.to {

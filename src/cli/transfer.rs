@@ -8,8 +8,9 @@
 //! every line names its conversation's principal and contextId. Conversations come in key order,
 //! so two exports of the same contents are the same bytes.
 
+use super::CliError;
 use super::store_commands::{load_config, open_store, wait};
-use crate::engine::{MessageLimits, check_context_id, check_sizes};
+use crate::engine::{EngineError, MessageLimits, check_context_id, check_sizes};
 use crate::model::Role;
 use crate::model::{Message, Task};
 use crate::store::{
@@ -110,13 +111,13 @@ fn conversation_line(meta: &ConversationMeta) -> Line {
     }
 }
 
-fn write_line(out: &mut impl Write, line: &Line) -> Result<(), String> {
+fn write_line(out: &mut impl Write, line: &Line) -> Result<(), CliError> {
     // Our own plain data types always serialise.
-    let json = serde_json::to_string(line).map_err(|e| e.to_string())?;
-    writeln!(out, "{json}").map_err(|e| format!("writing the export: {e}"))
+    let json = serde_json::to_string(line)?;
+    writeln!(out, "{json}").map_err(CliError::Write)
 }
 
-fn write_conversation(out: &mut impl Write, item: ConversationRecords) -> Result<(), String> {
+fn write_conversation(out: &mut impl Write, item: ConversationRecords) -> Result<(), CliError> {
     let meta = &item.meta;
     write_line(out, &conversation_line(meta))?;
     for (offset, message) in item.messages.into_iter().enumerate() {
@@ -140,7 +141,7 @@ fn write_conversation(out: &mut impl Write, item: ConversationRecords) -> Result
     Ok(())
 }
 
-pub fn export(args: ExportArgs) -> Result<ExitCode, String> {
+pub fn export(args: ExportArgs) -> Result<ExitCode, CliError> {
     let store = open_store(
         &load_config(args.config.as_deref())?,
         args.data.clone(),
@@ -148,7 +149,10 @@ pub fn export(args: ExportArgs) -> Result<ExitCode, String> {
     )?;
     let mut out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?,
+            std::fs::File::create(path).map_err(|source| CliError::File {
+                path: path.display().to_string(),
+                source,
+            })?,
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
@@ -168,17 +172,19 @@ pub fn export(args: ExportArgs) -> Result<ExitCode, String> {
             write_conversation(&mut out, item)?;
         }
     }
-    out.flush()
-        .map_err(|e| format!("writing the export: {e}"))?;
+    out.flush().map_err(CliError::Write)?;
     eprintln!("exported {exported} conversations");
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn import(args: ImportArgs) -> Result<ExitCode, String> {
+pub fn import(args: ImportArgs) -> Result<ExitCode, CliError> {
     let input: Box<dyn BufRead> = match &args.input {
-        Some(path) => Box::new(std::io::BufReader::new(
-            std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?,
-        )),
+        Some(path) => Box::new(std::io::BufReader::new(std::fs::File::open(path).map_err(
+            |source| CliError::File {
+                path: path.display().to_string(),
+                source,
+            },
+        )?)),
         None => Box::new(std::io::BufReader::new(std::io::stdin().lock())),
     };
     let config = load_config(args.config.as_deref())?;
@@ -212,7 +218,7 @@ struct RecordLimits {
 }
 
 impl RecordLimits {
-    fn check_message(&self, message: &Message) -> Result<(), String> {
+    fn check_message(&self, message: &Message) -> Result<(), EngineError> {
         let (limits, text_bytes) = match message.role {
             Role::User => (self.message, self.message.text_bytes),
             // A reply is bounded as the agent's output is: by its text, not a caller's part count.
@@ -224,17 +230,14 @@ impl RecordLimits {
                 self.response_bytes,
             ),
         };
-        check_sizes(message, &limits, text_bytes).map_err(|e| e.to_string())
+        check_sizes(message, &limits, text_bytes)
     }
 
-    fn check_task(&self, task: &Task) -> Result<(), String> {
+    fn check_task(&self, task: &Task) -> Result<(), LineError> {
         if task.id.is_empty() || task.id.len() > self.message.id_bytes {
-            return Err(format!(
-                "task id: must be 1 to {} bytes",
-                self.message.id_bytes
-            ));
+            return Err(LineError::TaskId(self.message.id_bytes));
         }
-        check_context_id(&task.context_id, &self.message).map_err(|e| e.to_string())
+        Ok(check_context_id(&task.context_id, &self.message)?)
     }
 }
 
@@ -243,34 +246,36 @@ fn read_lines(
     input: impl BufRead,
     limits: &RecordLimits,
     importer: &mut Importer,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     let mut lines = input.lines().enumerate();
-    let at = |n: usize, why: String| format!("line {}: {why}", n + 1);
-    let parse = |n: usize, text: &str| -> Result<Line, String> {
-        serde_json::from_str(text).map_err(|e| at(n, e.to_string()))
+    let at = |n: usize| {
+        move |source: LineError| ImportError::Line {
+            line: n + 1,
+            source,
+        }
+    };
+    let parse = |n: usize, text: std::io::Result<String>| -> Result<Line, ImportError> {
+        let text = text.map_err(|e| at(n)(LineError::Read(e)))?;
+        serde_json::from_str(&text).map_err(|e| at(n)(LineError::Json(e)))
     };
     match lines.next() {
-        Some((n, text)) => match parse(n, &text.map_err(|e| e.to_string())?)? {
+        Some((n, text)) => match parse(n, text)? {
             Line::Header { format, version } if format == FORMAT => {
                 if version > FORMAT_VERSION {
-                    return Err(format!(
-                        "the export is format version {version}, newer than this colloquy \
-                         reads ({FORMAT_VERSION}): use a newer colloquy"
-                    ));
+                    return Err(ImportError::NewerFormat(version).into());
                 }
             }
-            _ => return Err(at(n, format!("not a {FORMAT} header"))),
+            _ => return Err(at(n)(LineError::NotHeader).into()),
         },
-        None => return Err("the input is empty (no header line)".into()),
+        None => return Err(ImportError::Empty.into()),
     }
     let mut current: Option<ConversationRecords> = None;
     for (n, text) in lines {
-        let text = text.map_err(|e| at(n, e.to_string()))?;
-        if text.trim().is_empty() {
+        if text.as_ref().is_ok_and(|text| text.trim().is_empty()) {
             continue;
         }
-        match parse(n, &text)? {
-            Line::Header { .. } => return Err(at(n, "a second header".into())),
+        match parse(n, text)? {
+            Line::Header { .. } => return Err(at(n)(LineError::SecondHeader).into()),
             Line::Conversation {
                 principal,
                 context_id,
@@ -285,7 +290,8 @@ fn read_lines(
                 if let Some(done) = current.take() {
                     importer.add(done)?;
                 }
-                check_context_id(&context_id, &limits.message).map_err(|e| at(n, e.to_string()))?;
+                check_context_id(&context_id, &limits.message)
+                    .map_err(|e| at(n)(LineError::Invalid(e)))?;
                 current = Some(ConversationRecords {
                     meta: ConversationMeta {
                         context_id,
@@ -309,17 +315,16 @@ fn read_lines(
                 seq,
                 message,
             } => {
-                let item =
-                    of_current(&mut current, &principal, &context_id).map_err(|e| at(n, e))?;
+                let item = of_current(&mut current, &principal, &context_id).map_err(at(n))?;
                 if item.messages.is_empty() {
                     item.first_seq = seq;
                 }
                 if seq != item.first_seq + item.messages.len() as u64 {
-                    return Err(at(n, format!("message {seq} out of sequence")));
+                    return Err(at(n)(LineError::OutOfSequence(seq)).into());
                 }
                 limits
                     .check_message(&message)
-                    .map_err(|e| at(n, format!("message {seq}: {e}")))?;
+                    .map_err(|source| at(n)(LineError::Message { seq, source }))?;
                 item.messages.push(message);
             }
             Line::Task {
@@ -328,9 +333,8 @@ fn read_lines(
                 history_seqs,
                 task,
             } => {
-                let item =
-                    of_current(&mut current, &principal, &context_id).map_err(|e| at(n, e))?;
-                limits.check_task(&task).map_err(|e| at(n, e))?;
+                let item = of_current(&mut current, &principal, &context_id).map_err(at(n))?;
+                limits.check_task(&task).map_err(at(n))?;
                 item.tasks.push(TaskRecords { task, history_seqs });
             }
         }
@@ -346,15 +350,56 @@ fn of_current<'a>(
     current: &'a mut Option<ConversationRecords>,
     principal: &str,
     context_id: &str,
-) -> Result<&'a mut ConversationRecords, String> {
+) -> Result<&'a mut ConversationRecords, LineError> {
     match current {
         Some(item) if item.meta.principal == principal && item.meta.context_id == context_id => {
             Ok(item)
         }
-        _ => Err(format!(
-            "a record of conversation {context_id:?} ({principal:?}) outside its conversation"
-        )),
+        _ => Err(LineError::Outside {
+            principal: principal.to_owned(),
+            context_id: context_id.to_owned(),
+        }),
     }
+}
+
+/// Why an import stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("line {line}: {source}")]
+    Line { line: usize, source: LineError },
+    #[error(
+        "the export is format version {0}, newer than this colloquy reads ({FORMAT_VERSION}): \
+         use a newer colloquy"
+    )]
+    NewerFormat(u32),
+    #[error("the input is empty (no header line)")]
+    Empty,
+}
+
+/// What is wrong with one line of an export.
+#[derive(Debug, thiserror::Error)]
+pub enum LineError {
+    #[error(transparent)]
+    Read(std::io::Error),
+    #[error(transparent)]
+    Json(serde_json::Error),
+    #[error("not a {FORMAT} header")]
+    NotHeader,
+    #[error("a second header")]
+    SecondHeader,
+    #[error("message {0} out of sequence")]
+    OutOfSequence(u64),
+    #[error("message {seq}: {source}")]
+    Message { seq: u64, source: EngineError },
+    #[error("task id: must be 1 to {0} bytes")]
+    TaskId(usize),
+    #[error(transparent)]
+    Invalid(#[from] EngineError),
+    #[error("a record of conversation {context_id:?} ({principal:?}) outside its conversation")]
+    Outside {
+        principal: String,
+        context_id: String,
+    },
 }
 
 /// Collects whole conversations into atomic writes of about [`IMPORT_BATCH_RECORDS`].
@@ -366,7 +411,7 @@ struct Importer {
 }
 
 impl Importer {
-    fn add(&mut self, item: ConversationRecords) -> Result<(), String> {
+    fn add(&mut self, item: ConversationRecords) -> Result<(), CliError> {
         self.records += 1 + item.messages.len() + item.tasks.len();
         self.batch.push(item);
         if self.records >= IMPORT_BATCH_RECORDS {
@@ -375,7 +420,7 @@ impl Importer {
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), String> {
+    fn flush(&mut self) -> Result<(), CliError> {
         if self.batch.is_empty() {
             return Ok(());
         }

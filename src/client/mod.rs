@@ -5,6 +5,7 @@
 //! Shared by `colloquy send` and the `a2a` agent backend. Wire shapes come from
 //! [`crate::protocol::codec`], the same mapping the server uses.
 
+use crate::error::chain;
 use crate::model::{Artifact, Message, SendResult, StreamItem, Task, TaskEvent};
 use crate::protocol::jsonrpc::ERROR_INFO_TYPE;
 use crate::protocol::{RpcError, WireVersion, codec, protojson};
@@ -18,15 +19,26 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("{0:?} is not a usable URL: {1}")]
-    InvalidUrl(String, String),
+    InvalidUrl(String, #[source] UrlProblem),
     #[error("connection refused by {url} (is the agent running?)")]
     ConnectionRefused { url: String },
     #[error("could not connect to {url}: {detail}")]
-    Connect { url: String, detail: String },
+    Connect {
+        url: String,
+        detail: String,
+        source: reqwest::Error,
+    },
     #[error("timed out after {secs} s waiting for {url}")]
     Timeout { url: String, secs: u64 },
     #[error("TLS failure talking to {url}: {detail}")]
-    Tls { url: String, detail: String },
+    Tls {
+        url: String,
+        detail: String,
+        source: reqwest::Error,
+    },
+    /// A request that failed for another reason than the ones above.
+    #[error("the request to {url} failed: {}", chain(.source))]
+    Request { url: String, source: reqwest::Error },
     #[error("{url} answered HTTP 401 Unauthorized{}", if *.with_token { " (the bearer token was refused)" } else { " (no bearer token was sent)" })]
     Unauthorized { url: String, with_token: bool },
     #[error("{url} answered HTTP {status}: {body}")]
@@ -43,6 +55,8 @@ pub enum ClientError {
     },
     #[error("malformed response from {url}: {detail}")]
     Malformed { url: String, detail: String },
+    #[error("malformed response from {url}: {source}")]
+    Card { url: String, source: NoInterface },
 }
 
 /// The JSON-RPC code colloquy (and this client) uses for "context busy".
@@ -75,7 +89,7 @@ impl ClientError {
                 secs: timeout.as_secs(),
             };
         }
-        let mut chain = Vec::new();
+        let mut causes = Vec::new();
         let mut source: Option<&dyn std::error::Error> = Some(&error);
         let mut refused = false;
         while let Some(e) = source {
@@ -91,31 +105,48 @@ impl ClientError {
                     _ => {}
                 }
             }
-            chain.push(e.to_string());
+            causes.push(e.to_string());
             source = e.source();
         }
-        let detail = chain.last().cloned().unwrap_or_default();
-        let text = chain.join(": ").to_lowercase();
+        // The innermost cause says what happened (refused, reset, a certificate not trusted).
+        let detail = causes.pop().unwrap_or_default();
+        let text = format!("{} {detail}", causes.join(" ")).to_lowercase();
         if refused {
             ClientError::ConnectionRefused { url }
         } else if ["tls", "certificate", "handshake", "rustls"]
             .iter()
             .any(|w| text.contains(w))
         {
-            ClientError::Tls { url, detail }
-        } else if error.is_connect() {
-            ClientError::Connect { url, detail }
-        } else {
-            ClientError::Http {
+            ClientError::Tls {
                 url,
-                status: 0,
-                body: chain.join(": "),
+                detail,
+                source: error,
             }
+        } else if error.is_connect() {
+            ClientError::Connect {
+                url,
+                detail,
+                source: error,
+            }
+        } else {
+            ClientError::Request { url, source: error }
         }
     }
 }
 
 pub type ClientResult<T> = Result<T, ClientError>;
+
+/// Why a URL does not parse (the `url` crate's error, which reqwest does not name).
+pub type UrlError = <reqwest::Url as std::str::FromStr>::Err;
+
+/// What is wrong with a URL given as a peer.
+#[derive(Debug, thiserror::Error)]
+pub enum UrlProblem {
+    #[error(transparent)]
+    Parse(UrlError),
+    #[error("only http:// and https:// URLs are supported")]
+    Scheme,
+}
 
 /// How to reach peers.
 #[derive(Debug, Clone)]
@@ -168,7 +199,7 @@ pub struct Interface {
 
 /// What colloquy speaks of what the card offers: JSON-RPC as [`negotiate`] picks it, else a
 /// v1.0 HTTP+JSON interface.
-pub fn negotiate_interface(card: &Value, base_url: &str) -> Result<Interface, String> {
+pub fn negotiate_interface(card: &Value, base_url: &str) -> Result<Interface, NoInterface> {
     let jsonrpc_error = match negotiate(card, base_url) {
         Ok((version, url)) => {
             return Ok(Interface {
@@ -197,7 +228,7 @@ pub fn negotiate_interface(card: &Value, base_url: &str) -> Result<Interface, St
             binding: Binding::HttpJson,
             url: url.to_owned(),
         })
-        .ok_or_else(|| format!("{jsonrpc_error}, nor an HTTP+JSON 1.0 one"))
+        .ok_or_else(|| NoInterface::NorHttpJson(Box::new(jsonrpc_error)))
 }
 
 /// What a call asks of the peer, whichever binding carries it.
@@ -234,18 +265,30 @@ pub fn card_url(url: &str) -> String {
 /// Checks that `url` is an absolute http(s) URL.
 pub fn check_url(url: &str) -> ClientResult<reqwest::Url> {
     let parsed = reqwest::Url::parse(url)
-        .map_err(|e| ClientError::InvalidUrl(url.to_owned(), e.to_string()))?;
+        .map_err(|e| ClientError::InvalidUrl(url.to_owned(), UrlProblem::Parse(e)))?;
     match parsed.scheme() {
         "http" | "https" if parsed.host().is_some() => Ok(parsed),
-        _ => Err(ClientError::InvalidUrl(
-            url.to_owned(),
-            "only http:// and https:// URLs are supported".into(),
-        )),
+        _ => Err(ClientError::InvalidUrl(url.to_owned(), UrlProblem::Scheme)),
     }
 }
 
 /// The version and endpoint the card offers: v1.0 JSONRPC in `supportedInterfaces`, else v0.3.
-pub fn negotiate(card: &Value, base_url: &str) -> Result<(WireVersion, String), String> {
+/// Why a card offers nothing colloquy speaks.
+#[derive(Debug, thiserror::Error)]
+pub enum NoInterface {
+    #[error(
+        "the card offers protocol {version} over {transport}; colloquy speaks A2A 1.0 and 0.3 over JSON-RPC"
+    )]
+    Unsupported { version: String, transport: String },
+    #[error(
+        "the card at {card_url} offers no JSON-RPC interface (no supportedInterfaces entry for 1.0 or 0.3, no url)"
+    )]
+    NoJsonRpc { card_url: String },
+    #[error("{0}, nor an HTTP+JSON 1.0 one")]
+    NorHttpJson(#[source] Box<NoInterface>),
+}
+
+pub fn negotiate(card: &Value, base_url: &str) -> Result<(WireVersion, String), NoInterface> {
     let interfaces = card
         .get("supportedInterfaces")
         .and_then(Value::as_array)
@@ -290,23 +333,24 @@ pub fn negotiate(card: &Value, base_url: &str) -> Result<(WireVersion, String), 
         if legacy_version.starts_with("0.3") && transport.eq_ignore_ascii_case("JSONRPC") {
             return Ok((WireVersion::V03, url.to_owned()));
         }
-        return Err(format!(
-            "the card offers protocol {legacy_version} over {transport}; colloquy speaks A2A 1.0 and 0.3 over JSON-RPC"
-        ));
+        return Err(NoInterface::Unsupported {
+            version: legacy_version.to_owned(),
+            transport: transport.to_owned(),
+        });
     }
-    Err(format!(
-        "the card at {} offers no JSON-RPC interface (no supportedInterfaces entry for 1.0 or 0.3, no url)",
-        card_url(base_url)
-    ))
+    Err(NoInterface::NoJsonRpc {
+        card_url: card_url(base_url),
+    })
 }
 
 fn build_http(options: &ClientOptions) -> ClientResult<reqwest::Client> {
     reqwest::Client::builder()
         .connect_timeout(options.connect_timeout)
         .build()
-        .map_err(|e| ClientError::Connect {
+        .map_err(|source| ClientError::Connect {
             url: String::new(),
-            detail: e.to_string(),
+            detail: source.to_string(),
+            source,
         })
 }
 
@@ -338,9 +382,9 @@ pub async fn connect(url: &str, options: ClientOptions) -> ClientResult<Peer> {
             detail: "the agent card is not a JSON object".into(),
         });
     }
-    let interface = negotiate_interface(&card, url).map_err(|detail| ClientError::Malformed {
+    let interface = negotiate_interface(&card, url).map_err(|source| ClientError::Card {
         url: card_url.clone(),
-        detail,
+        source,
     })?;
     let Interface {
         version,

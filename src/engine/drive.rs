@@ -5,6 +5,7 @@
 
 use super::hub::TaskHub;
 use crate::agent::{AgentEvent, AgentRequest, AgentSink, SharedAgent};
+use crate::error::chain;
 use crate::model::{Message, TaskState, TaskStatus};
 use crate::store::{Lease, SharedStore, StoreError};
 use std::time::{Duration, Instant};
@@ -45,7 +46,7 @@ async fn keep_lease(
     lease: &Lease,
     length: Duration,
     renewed_at: &mut tokio::time::Instant,
-) -> Result<(), String> {
+) -> Result<(), LeaseLost> {
     let left = length.saturating_sub(renewed_at.elapsed());
     let attempt = tokio::time::Instant::now();
     match tokio::time::timeout(left, store.renew_lease(lease)).await {
@@ -53,18 +54,24 @@ async fn keep_lease(
             *renewed_at = attempt;
             Ok(())
         }
-        Ok(Err(StoreError::StaleToken { .. })) => {
-            Err("the turn lost its conversation: another turn took it over".into())
-        }
+        Ok(Err(StoreError::StaleToken { .. })) => Err(LeaseLost::Taken),
         Ok(Err(e)) if renewed_at.elapsed() < length => {
-            tracing::warn!(error = %e, task_id = %lease.task_id, "could not renew a turn's lease; retrying");
+            tracing::warn!(error = %chain(&e), task_id = %lease.task_id, "could not renew a turn's lease; retrying");
             Ok(())
         }
-        Ok(Err(_)) | Err(_) => Err(format!(
-            "the turn's lease could not be renewed within {} s",
-            length.as_secs_f64()
-        )),
+        Ok(Err(e)) => Err(LeaseLost::Expired(length, Some(e))),
+        Err(_) => Err(LeaseLost::Expired(length, None)),
     }
+}
+
+/// Why a turn stopped holding its conversation; the message becomes the task's status message.
+#[derive(Debug, thiserror::Error)]
+enum LeaseLost {
+    #[error("the turn lost its conversation: another turn took it over")]
+    Taken,
+    /// With the store's last refusal, if it answered at all.
+    #[error("the turn's lease could not be renewed within {} s", .0.as_secs_f64())]
+    Expired(Duration, #[source] Option<StoreError>),
 }
 
 /// Holds back an incomplete UTF-8 sequence at the end of a byte chunk until the next one.
@@ -195,6 +202,7 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
                 Some(event) => {
                     let Some(status) = progress.apply(event, hub) else { continue };
                     if let Err(e) = store.record_status(lease, status.clone()).await {
+                        tracing::error!(error = %chain(&e), task_id = %lease.task_id, "could not record a status");
                         stopped = Some((TaskState::Failed, format!("could not record a status: {e}")));
                         break;
                     }
@@ -217,9 +225,10 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
                 break;
             },
             _ = renew.tick() => {
-                if let Err(text) = keep_lease(store, lease, lease_length, &mut renewed_at).await {
+                if let Err(lost) = keep_lease(store, lease, lease_length, &mut renewed_at).await {
                     metrics::counter!("colloquy_leases_lost_total").increment(1);
-                    stopped = Some((TaskState::Failed, text));
+                    tracing::warn!(error = %chain(&lost), task_id = %lease.task_id, "a turn lost its lease");
+                    stopped = Some((TaskState::Failed, lost.to_string()));
                     break;
                 }
             },
@@ -249,6 +258,8 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
         match result {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
+                // The status message is the error's own; its causes are for the log.
+                tracing::warn!(error = %chain(&e), backend = kind, "the agent failed");
                 outcome.state = TaskState::Failed;
                 outcome.status_text = Some(format!("the agent failed: {e}"));
                 outcome.message = None;

@@ -19,10 +19,10 @@ pub enum EngineError {
     #[error("the server is shutting down")]
     ShuttingDown,
     #[error("storage error: {0}")]
-    Store(String),
+    Store(#[source] StoreError),
     /// The database is unreachable for now (a failover): the caller may retry.
     #[error("{0}")]
-    StoreUnavailable(String),
+    StoreUnavailable(#[source] StoreError),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -47,11 +47,11 @@ impl From<StoreError> for EngineError {
             StoreError::TaskNotCancelable { task_id, state } => {
                 EngineError::TaskNotCancelable { task_id, state }
             }
-            e @ StoreError::Unavailable(_) => EngineError::StoreUnavailable(e.to_string()),
-            other @ (StoreError::Backend(_)
-            | StoreError::Corrupt(_)
+            e @ StoreError::Unavailable { .. } => EngineError::StoreUnavailable(e),
+            other @ (StoreError::Backend { .. }
+            | StoreError::Corrupt { .. }
             | StoreError::ImportRefused(_)
-            | StoreError::StaleToken { .. }) => EngineError::Store(other.to_string()),
+            | StoreError::StaleToken { .. }) => EngineError::Store(other),
         }
     }
 }

@@ -22,6 +22,7 @@ pub use shared::{DEFAULT_RESPONSE_BYTES, EngineConfig, Shared, TaskRegistry};
 pub use validate::{MessageLimits, ValidMessage, check_context_id, check_sizes};
 
 use crate::agent::SharedAgent;
+use crate::error::chain;
 use crate::model::{SendResult, Task};
 use crate::store::{
     ConversationKey, ConversationMeta, ConversationPage, MessagesFrom, Page, SharedStore, TaskQuery,
@@ -372,7 +373,7 @@ impl Engine {
             }
         }
         if let Err(e) = shared.store.flush().await {
-            tracing::error!(error = %e, "final flush failed");
+            tracing::error!(error = %chain(&e), "final flush failed");
         }
         self.directory.stop_arbiters().await;
     }

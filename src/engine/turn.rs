@@ -10,6 +10,7 @@ use super::error::{EngineError, EngineResult};
 use super::hub::{Subscription, TaskHub};
 use super::shared::{Permit, Shared};
 use crate::agent::AgentRequest;
+use crate::error::chain;
 use crate::history::{HistoryEntry, render_prompt};
 use crate::model::{Artifact, Message, Role, SendResult, Task, TaskState, TaskStatus, now};
 use crate::store::{BeginTurn, FinishTurn, Lease, TurnBegun};
@@ -240,7 +241,7 @@ impl Drop for Turn {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 if let Err(e) = write.await {
-                    tracing::error!(error = %e, %context_id, %task_id, "could not store the failure of a dropped turn");
+                    tracing::error!(error = %chain(&e), %context_id, %task_id, "could not store the failure of a dropped turn");
                 }
             });
         }
@@ -314,7 +315,7 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
     let result = match shared.store.finish_turn(end).await {
         Ok(()) => result,
         Err(e) => {
-            tracing::error!(error = %e, %context_id, %task_id, "could not store the end of a turn");
+            tracing::error!(error = %chain(&e), %context_id, %task_id, "could not store the end of a turn");
             unstored(&hub, &e.to_string())
         }
     };

@@ -50,7 +50,11 @@ pub enum TokenConfigError {
         second_origin: String,
     },
     #[error("auth.tokens_file {path}: {error}")]
-    File { path: String, error: std::io::Error },
+    File {
+        path: String,
+        #[source]
+        error: std::io::Error,
+    },
     #[error("{origin}: expected principal:sha256-hex-of-token")]
     FileLine { origin: String },
     #[error("COLLOQUY_TOKENS entry {position}: expected principal:token")]

@@ -1,9 +1,11 @@
 //! The one place engine failures become JSON-RPC errors (and so their code, message and data).
 //!
 //! Protocol knows JSON-RPC error values; the engine knows why it refused. Only the edge that
-//! speaks both maps one onto the other.
+//! speaks both maps one onto the other. An internal error is logged here, with its causes,
+//! while the client gets its message alone.
 
 use crate::engine::EngineError;
+use crate::error::chain;
 use crate::protocol::{RpcError, WireVersion};
 
 /// How long a client is asked to wait before retrying a request the database could not take
@@ -30,12 +32,17 @@ pub fn rpc_error(error: EngineError, version: WireVersion) -> RpcError {
         },
         EngineError::Overloaded { retry_after_ms, .. } => RpcError::Overloaded { retry_after_ms },
         EngineError::ShuttingDown => RpcError::ShuttingDown,
-        EngineError::StoreUnavailable(why) => RpcError::StoreUnavailable {
-            why,
+        EngineError::StoreUnavailable(e) => RpcError::StoreUnavailable {
+            why: e.to_string(),
             retry_after_ms: STORE_RETRY_AFTER_MS,
         },
-        e @ (EngineError::Store(_) | EngineError::Internal(_)) => RpcError::Internal(e.to_string()),
+        e @ (EngineError::Store(_) | EngineError::Internal(_)) => internal(&e),
     }
+}
+
+fn internal(error: &(dyn std::error::Error + 'static)) -> RpcError {
+    tracing::error!(error = %chain(error), "request failed");
+    RpcError::Internal(error.to_string())
 }
 
 /// The JSON-RPC error for a refused push-notification config request.
@@ -47,13 +54,13 @@ pub fn push_error(error: crate::push::ConfigError) -> RpcError {
         e @ ConfigError::Store(
             PushError::ConfigNotFound { .. } | PushError::TooManyConfigs { .. },
         ) => RpcError::InvalidParams(e.to_string()),
-        ConfigError::Store(PushError::Store(e @ crate::store::StoreError::Unavailable(_))) => {
+        ConfigError::Store(PushError::Store(e @ crate::store::StoreError::Unavailable { .. })) => {
             RpcError::StoreUnavailable {
                 why: e.to_string(),
                 retry_after_ms: STORE_RETRY_AFTER_MS,
             }
         }
-        ConfigError::Store(PushError::Store(e)) => RpcError::Internal(e.to_string()),
+        ConfigError::Store(PushError::Store(e)) => internal(&e),
         e @ (ConfigError::Target(_) | ConfigError::PendingLimit { .. }) => {
             RpcError::InvalidParams(e.to_string())
         }

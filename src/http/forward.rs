@@ -7,6 +7,7 @@
 //! is answered from the database here (its lease expires, then its task reads failed).
 
 use super::state::AppState;
+use crate::error::chain;
 use crate::protocol::{Method, RpcRequest};
 use actix_web::http::StatusCode;
 use actix_web::http::header;
@@ -122,7 +123,7 @@ async fn to_holder(
     {
         Ok(holder) => holder?,
         Err(e) => {
-            tracing::warn!(error = %e, %task_id, "finding the node that runs a task");
+            tracing::warn!(error = %chain(&e), %task_id, "finding the node that runs a task");
             return None;
         }
     };
@@ -145,7 +146,7 @@ async fn to_holder(
     let answer = match forward.send().await {
         Ok(answer) => answer,
         Err(e) => {
-            tracing::warn!(error = %e, %holder, %task_id, "the node running a task did not answer; answering from the database");
+            tracing::warn!(error = %chain(&e), %holder, %task_id, "the node running a task did not answer; answering from the database");
             return None;
         }
     };

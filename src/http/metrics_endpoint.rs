@@ -3,6 +3,7 @@
 
 use super::auth::{authorization, bearer_matches};
 use super::state::AppState;
+use crate::error::chain;
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
 
@@ -58,7 +59,7 @@ pub async fn metrics(req: HttpRequest, state: web::Data<AppState>) -> HttpRespon
         }
     }
     if let Err(e) = actix_rt::task::spawn_blocking(record_process).await {
-        tracing::warn!(error = %e, "gathering process metrics failed");
+        tracing::warn!(error = %chain(&e), "gathering process metrics failed");
     }
     if let Ok(size) = state.engine.store().size_on_disk().await {
         metrics::gauge!("colloquy_store_size_bytes").set(size as f64);

@@ -38,7 +38,11 @@ pub enum ServeError {
     #[error("{0}")]
     Config(String),
     #[error("listening on {addr}: {error}")]
-    Bind { addr: String, error: std::io::Error },
+    Bind {
+        addr: String,
+        #[source]
+        error: std::io::Error,
+    },
 }
 
 /// After the grace period, how long streams have to deliver the final state of the turns failed

@@ -62,7 +62,7 @@ pub(super) enum BodyError {
     #[error("the request body was not received within {0} ms")]
     TooSlow(u128),
     #[error("reading the body: {0}")]
-    Unreadable(String),
+    Unreadable(#[source] actix_web::error::PayloadError),
 }
 
 impl BodyError {
@@ -107,7 +107,7 @@ async fn collect_body(
 ) -> Result<BytesMut, BodyError> {
     let mut body = BytesMut::with_capacity(capacity);
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| BodyError::Unreadable(e.to_string()))?;
+        let chunk = chunk.map_err(BodyError::Unreadable)?;
         if body.len() + chunk.len() > limit {
             return Err(BodyError::TooLarge {
                 size: "more than that".into(),
@@ -292,12 +292,8 @@ pub(super) async fn call(
         .await;
     match &reply {
         Ok(_) => record(method.label(), 0, started),
-        Err(error) => {
-            if let RpcError::Internal(detail) = error {
-                tracing::error!(method = method.label(), %detail, "request failed");
-            }
-            record(method.label(), error.code(), started);
-        }
+        // An internal error was logged with its causes where it became an RpcError.
+        Err(error) => record(method.label(), error.code(), started),
     }
     reply
 }

@@ -16,3 +16,21 @@ pub fn field_error(path: impl Into<String>, problem: impl Into<String>) -> Field
         problem: problem.into(),
     }
 }
+
+/// Why a part's fields do not make a part (one of text, raw, url or data, say); serde reports
+/// it at the part's path.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PartError(String);
+
+impl From<String> for PartError {
+    fn from(problem: String) -> Self {
+        PartError(problem)
+    }
+}
+
+impl From<&str> for PartError {
+    fn from(problem: &str) -> Self {
+        PartError(problem.to_owned())
+    }
+}

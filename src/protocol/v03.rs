@@ -2,7 +2,7 @@
 
 use super::WireVersion;
 use super::codec;
-use super::fields::{FieldResult, field_error};
+use super::fields::{FieldResult, PartError, field_error};
 use super::params::{self, Base64, SendRequest, decode, decode_at};
 use crate::model::{
     Artifact, Message, Metadata, Part, PartContent, Role, SendResult, StreamItem, Task, TaskEvent,
@@ -128,9 +128,9 @@ struct RawPart {
 struct WirePart(Part);
 
 impl TryFrom<RawPart> for WirePart {
-    type Error = String;
+    type Error = PartError;
 
-    fn try_from(raw: RawPart) -> Result<Self, String> {
+    fn try_from(raw: RawPart) -> Result<Self, PartError> {
         let kind = match raw.kind.as_deref() {
             Some(kind) => kind,
             None if raw.text.is_some() => "text",
@@ -169,7 +169,8 @@ impl TryFrom<RawPart> for WirePart {
             other => {
                 return Err(format!(
                     "kind: unknown part kind {other:?} (expected \"text\", \"file\" or \"data\")"
-                ));
+                )
+                .into());
             }
         };
         part.metadata = raw.metadata;

@@ -4,7 +4,7 @@
 
 use super::WireVersion;
 use super::codec;
-use super::fields::FieldResult;
+use super::fields::{FieldResult, PartError};
 use super::params::{self, Base64, SendRequest, decode, decode_at};
 use crate::model::{
     Artifact, Message, Metadata, Part, PartContent, Role, SendResult, StreamItem, Task, TaskEvent,
@@ -103,9 +103,9 @@ struct RawPart {
 struct WirePart(Part);
 
 impl TryFrom<RawPart> for WirePart {
-    type Error = String;
+    type Error = PartError;
 
-    fn try_from(raw: RawPart) -> Result<Self, String> {
+    fn try_from(raw: RawPart) -> Result<Self, PartError> {
         let RawPart {
             text,
             raw: bytes,
@@ -141,7 +141,8 @@ impl TryFrom<RawPart> for WirePart {
                 };
                 return Err(format!(
                     "a part needs exactly one of text, raw, url or data (found {found})"
-                ));
+                )
+                .into());
             }
         };
         // ProtoJSON: an empty string is the default, so absent.

@@ -16,6 +16,7 @@
 //! store is dropped.
 
 use super::target::{CheckedResolver, TargetError, TargetPolicy};
+use crate::error::chain;
 use crate::model::now;
 use crate::protocol::WireVersion;
 use crate::store::{Notification, PushStore};
@@ -86,7 +87,7 @@ pub fn start(
     policy: Arc<TargetPolicy>,
     signer: Option<Arc<dyn SignBody>>,
     options: DeliveryOptions,
-) -> Result<(), String> {
+) -> Result<(), reqwest::Error> {
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
@@ -94,8 +95,7 @@ pub fn start(
         .connect_timeout(options.attempt_timeout)
         .timeout(options.attempt_timeout)
         .user_agent(concat!("colloquy/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| format!("building the push delivery client: {e}"))?;
+        .build()?;
     let waker = store.outbox_waker();
     let worker = Arc::new(Worker {
         store: Arc::downgrade(&store),
@@ -127,7 +127,9 @@ impl Worker {
                 (counted, changed) = (Some(scanned), false);
                 match store.pending_count().await {
                     Ok(pending) => metrics::gauge!("colloquy_push_pending").set(pending as f64),
-                    Err(e) => tracing::error!(error = %e, "counting the push-notification outbox"),
+                    Err(e) => {
+                        tracing::error!(error = %chain(&e), "counting the push-notification outbox")
+                    }
                 }
             }
             drop(store);
@@ -176,7 +178,7 @@ impl Worker {
                 (wait, read)
             }
             Err(e) => {
-                tracing::error!(error = %e, "reading the push-notification outbox");
+                tracing::error!(error = %chain(&e), "reading the push-notification outbox");
                 (IDLE_POLL, 0)
             }
         }
@@ -247,7 +249,7 @@ impl Worker {
             }
         };
         if let Err(e) = recorded {
-            tracing::error!(task_id, notification_id = id, error = %e, "recording a push notification's outcome");
+            tracing::error!(task_id, notification_id = id, error = %chain(&e), "recording a push notification's outcome");
         }
     }
 
@@ -261,7 +263,7 @@ impl Worker {
         match store.claim_notification(notification, hold).await {
             Ok(claimed) => claimed,
             Err(e) => {
-                tracing::error!(notification_id = id, error = %e, "claiming a push notification");
+                tracing::error!(notification_id = id, error = %chain(&e), "claiming a push notification");
                 None
             }
         }
@@ -317,9 +319,9 @@ impl Worker {
         match request.body(body).send().await {
             Ok(response) => classify(&response),
             Err(e) if refused_by_policy(&e) => Outcome::Refused(REFUSED_TARGET.into()),
-            Err(e) if e.is_builder() => Outcome::Refused(chain(&e)),
+            Err(e) if e.is_builder() => Outcome::Refused(without_url(&e)),
             Err(e) => Outcome::Retry {
-                why: chain(&e),
+                why: without_url(&e),
                 after: None,
             },
         }
@@ -381,16 +383,10 @@ fn refused_by_policy(error: &reqwest::Error) -> bool {
     false
 }
 
-/// The error with its causes (reqwest's own message rarely says what happened).
-fn chain(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    // The URL may carry secrets in its query: keep it out of logs.
+/// The error with its causes (reqwest's own message rarely says what happened), without the
+/// URL: it may carry secrets in its query, which must stay out of logs.
+fn without_url(error: &reqwest::Error) -> String {
+    let text = chain(error).to_string();
     match error.url() {
         Some(url) => text.replace(url.as_str(), "<url>"),
         None => text,

@@ -5,6 +5,7 @@
 //! [`JWKS_PATH`], which the agent card names. How a receiver verifies: `docs/push.md`.
 
 use super::deliver::SignBody;
+use crate::error::chain;
 use crate::store::Notification;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -24,11 +25,23 @@ pub const DEFAULT_KEY_FILE: &str = "push-signing-key.p8";
 #[derive(Debug, thiserror::Error)]
 pub enum SignError {
     #[error("reading the push signing key {path}: {error}")]
-    Read { path: String, error: std::io::Error },
+    Read {
+        path: String,
+        #[source]
+        error: std::io::Error,
+    },
     #[error("writing the push signing key {path}: {error}")]
-    Write { path: String, error: std::io::Error },
-    #[error("the push signing key {path} is not a PKCS#8 ECDSA P-256 key: {error}")]
-    Invalid { path: String, error: String },
+    Write {
+        path: String,
+        #[source]
+        error: std::io::Error,
+    },
+    /// ring's reason is not a `std::error::Error`, so it cannot be kept as a source.
+    #[error("the push signing key {path} is not a PKCS#8 ECDSA P-256 key: {reason}")]
+    Invalid {
+        path: String,
+        reason: ring::error::KeyRejected,
+    },
     #[error("generating the push signing key failed")]
     Generate,
 }
@@ -65,9 +78,9 @@ impl Signer {
             Err(error) => return Err(SignError::Read { path: shown, error }),
         };
         let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &pkcs8, &rng)
-            .map_err(|e| SignError::Invalid {
+            .map_err(|reason| SignError::Invalid {
                 path: shown,
-                error: e.to_string(),
+                reason,
             })?;
         let (jwk, kid) = public_jwk(key.public_key().as_ref());
         Ok(Signer { key, kid, jwk, rng })
@@ -127,7 +140,7 @@ fn public_jwk(point: &[u8]) -> (Value, String) {
 fn restrict_to_owner(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
     if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
-        tracing::warn!(error = %e, "could not make the push signing key readable by its owner only");
+        tracing::warn!(error = %chain(&e), "could not make the push signing key readable by its owner only");
     }
 }
 

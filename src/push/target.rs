@@ -20,7 +20,13 @@ pub enum TargetError {
     )]
     NotHttps,
     #[error("{host} cannot be resolved: {error}")]
-    Unresolvable { host: String, error: String },
+    Unresolvable {
+        host: String,
+        #[source]
+        error: crate::error::Cause,
+    },
+    #[error("{host} cannot be resolved: no address")]
+    NoAddress { host: String },
     #[error(
         "{host} resolves to {addr}, in {why}: a special-purpose address, not a public one (allow it with push.allow_private_networks or push.allowed_hosts)"
     )]
@@ -97,16 +103,17 @@ impl TargetPolicy {
         if let Ok(ip) = bare.parse::<IpAddr>() {
             return Ok(vec![SocketAddr::new(ip, port)]);
         }
-        let unresolvable = |error: String| TargetError::Unresolvable {
-            host: host.to_owned(),
-            error,
-        };
         let addrs: Vec<SocketAddr> = tokio::net::lookup_host((bare, port))
             .await
-            .map_err(|e| unresolvable(e.to_string()))?
+            .map_err(|e| TargetError::Unresolvable {
+                host: host.to_owned(),
+                error: crate::error::Cause::new(e),
+            })?
             .collect();
         if addrs.is_empty() {
-            return Err(unresolvable("no address".into()));
+            return Err(TargetError::NoAddress {
+                host: host.to_owned(),
+            });
         }
         Ok(addrs)
     }

@@ -17,22 +17,37 @@ pub mod postgres;
 
 pub use key::{ConversationKey, KEY_LEN, NAMESPACE_VERSION, PrincipalKey};
 
+use crate::error::{BoxError, Cause};
 use crate::model::{Artifact, Message, Task, TaskState, TaskStatus, TaskView};
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+/// Why a store operation failed. `Backend`, `Unavailable` and `Corrupt` carry the message a
+/// client is shown and, where there is one, the error that caused it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StoreError {
-    #[error("storage backend: {0}")]
-    Backend(String),
+    #[error("storage backend: {message}")]
+    Backend {
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// The database cannot be reached or its connection broke (a failover, say): nothing of
     /// the operation is stored, and the same request may be retried.
-    #[error("the database is unavailable: {0}")]
-    Unavailable(String),
-    #[error("stored record is unreadable: {0}")]
-    Corrupt(String),
+    #[error("the database is unavailable: {message}")]
+    Unavailable {
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
+    #[error("stored record is unreadable: {message}")]
+    Corrupt {
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
     #[error("invalid page token")]
     BadPageToken,
     /// A turn is running in the conversation (its lease is held).
@@ -51,6 +66,52 @@ pub enum StoreError {
     /// Imported records that would break the store's invariants (nothing was stored).
     #[error("import refused: {0}")]
     ImportRefused(String),
+}
+
+impl StoreError {
+    /// A backend failure caused by `source`: the message is `context: source` (the source's
+    /// own causes are left to [`crate::error::chain`], for logs).
+    pub fn backend(context: impl std::fmt::Display, source: impl Into<BoxError>) -> Self {
+        let source = Cause::new(source);
+        StoreError::Backend {
+            message: format!("{context}: {source}"),
+            source: Some(source),
+        }
+    }
+
+    /// A backend failure with no underlying error.
+    pub fn backend_msg(message: impl Into<String>) -> Self {
+        StoreError::Backend {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An unreadable record; `source` is the decoding error.
+    pub fn corrupt(source: impl Into<BoxError>) -> Self {
+        let source = Cause::new(source);
+        StoreError::Corrupt {
+            message: source.to_string(),
+            source: Some(source),
+        }
+    }
+
+    /// An unreadable record found by colloquy's own checks.
+    pub fn corrupt_msg(message: impl Into<String>) -> Self {
+        StoreError::Corrupt {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The database is unreachable; the message is `context: source`.
+    pub fn unavailable(context: impl std::fmt::Display, source: impl Into<BoxError>) -> Self {
+        let source = Cause::new(source);
+        StoreError::Unavailable {
+            message: format!("{context}: {source}"),
+            source: Some(source),
+        }
+    }
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -194,6 +255,20 @@ pub struct BeginTurn {
     pub push_configs: Vec<crate::model::PushConfig>,
 }
 
+impl BeginTurn {
+    /// The task a turn starts when it continues none: submitted, with nothing in it yet.
+    pub(crate) fn new_task(&self) -> Task {
+        Task {
+            id: self.task_id.clone(),
+            context_id: self.context_id.clone(),
+            status: TaskStatus::new(TaskState::Submitted, None),
+            artifacts: Vec::new(),
+            history: Vec::new(),
+            metadata: None,
+        }
+    }
+}
+
 /// What a started turn knows.
 #[derive(Debug, Clone)]
 pub struct TurnBegun {
@@ -274,7 +349,8 @@ pub struct ConversationRecords {
 }
 
 /// A task as stored: without history, which is the conversation's messages at `history_seqs`.
-#[derive(Debug, Clone, PartialEq)]
+/// The PostgreSQL store keeps it as it is (JSON), the embedded one with more beside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskRecords {
     pub task: Task,
     pub history_seqs: Vec<u64>,
@@ -401,6 +477,84 @@ impl ResponseBudget {
         self.left = self.left.saturating_sub(bytes);
         self.taken += 1;
         true
+    }
+}
+
+/// The sequence numbers of the history messages a listing shows of a task: the latest ones, as
+/// many as the view asks for.
+pub(crate) fn shown_history<'a>(view: &TaskView, seqs: &'a [u64]) -> &'a [u64] {
+    let shown = view
+        .history_length
+        .map_or(seqs.len(), |n| n.min(seqs.len()));
+    &seqs[seqs.len() - shown..]
+}
+
+/// A listed task as the view shows it, with `history`, and its estimated size: `bytes` (its
+/// stored record and the messages shown) less its artifacts' text when they are not shown.
+pub(crate) fn as_listed(
+    view: &TaskView,
+    mut task: Task,
+    history: Vec<Message>,
+    bytes: usize,
+) -> (Task, usize) {
+    task.history = history;
+    if view.artifacts {
+        return (task, bytes);
+    }
+    let left_out: usize = task
+        .artifacts
+        .iter()
+        .flat_map(|a| &a.parts)
+        .filter_map(|p| p.as_text())
+        .map(str::len)
+        .sum();
+    task.artifacts.clear();
+    (task, bytes.saturating_sub(left_out))
+}
+
+/// A listing's page filled within a byte budget, whichever store reads it: items are offered in
+/// order, each with the token that resumes the listing after it. Once one does not fit, the page
+/// ends before it and resumes where the last one taken (or passed over) left off.
+pub(crate) struct BudgetedPage<T> {
+    budget: ResponseBudget,
+    items: Vec<T>,
+    resume_after: String,
+    next_page_token: String,
+}
+
+impl<T> BudgetedPage<T> {
+    /// `next_page_token` resumes after the listing's page, if every item fits.
+    pub(crate) fn new(max_bytes: usize, next_page_token: String) -> Self {
+        BudgetedPage {
+            budget: ResponseBudget::new(max_bytes),
+            items: Vec::new(),
+            resume_after: String::new(),
+            next_page_token,
+        }
+    }
+
+    /// Takes `item` of `bytes` if it fits; false (take no more) once one does not.
+    pub(crate) fn offer(&mut self, item: T, bytes: usize, resume: &str) -> bool {
+        if !self.budget.take(bytes) {
+            self.next_page_token = std::mem::take(&mut self.resume_after);
+            return false;
+        }
+        self.items.push(item);
+        self.pass(resume);
+        true
+    }
+
+    /// Passes over an item that is gone since it was listed.
+    pub(crate) fn pass(&mut self, resume: &str) {
+        resume.clone_into(&mut self.resume_after);
+    }
+
+    pub(crate) fn finish(self, total_size: usize) -> Page<T> {
+        Page {
+            items: self.items,
+            next_page_token: self.next_page_token,
+            total_size,
+        }
     }
 }
 

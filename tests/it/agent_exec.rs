@@ -198,7 +198,10 @@ async fn a_program_that_cannot_start_fails_the_task() {
 fn missing_command_is_a_configuration_error() {
     let mut config = Config::default();
     config.agent.kind = "exec".into();
-    let error = colloquy::cli::build_agent(&config).err().expect("refused");
+    let error = colloquy::cli::build_agent(&config)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(error.contains("agent.command"), "{error}");
 }
 

@@ -496,14 +496,23 @@ async fn upstream_errors_end_the_task_failed() {
 fn configuration_errors_name_the_field() {
     let mut config = Config::default();
     config.agent.kind = "openai".into();
-    let error = colloquy::cli::build_agent(&config).err().expect("refused");
+    let error = colloquy::cli::build_agent(&config)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(error.contains("agent.base_url"), "{error}");
     config.agent.base_url = Some("http://127.0.0.1:9/v1".into());
-    let error = colloquy::cli::build_agent(&config).err().expect("refused");
+    let error = colloquy::cli::build_agent(&config)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(error.contains("agent.model"), "{error}");
     config.agent.model = Some("m".into());
     config.agent.api_key_env = Some("COLLOQUY_TEST_SURELY_UNSET_KEY".into());
-    let error = colloquy::cli::build_agent(&config).err().expect("refused");
+    let error = colloquy::cli::build_agent(&config)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(error.contains("COLLOQUY_TEST_SURELY_UNSET_KEY"), "{error}");
     config.agent.api_key_env = None;
     assert!(colloquy::cli::build_agent(&config).is_ok());

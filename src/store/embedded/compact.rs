@@ -84,11 +84,11 @@ impl<'a> StoredId<'a> {
         }
     }
 
-    fn of(raw: Raw) -> Result<Self, String> {
+    fn of<E: de::Error>(raw: Raw) -> Result<Self, E> {
         match raw {
             Raw::Uuid(uuid) => Ok(StoredId::Uuid(uuid)),
             Raw::Text(text) => Ok(StoredId::Text(Cow::Owned(text))),
-            other => Err(format!("an id, not {other:?}")),
+            other => Err(E::custom(format_args!("an id, not {other:?}"))),
         }
     }
 }
@@ -104,7 +104,7 @@ impl Serialize for StoredId<'_> {
 
 impl<'de> Deserialize<'de> for StoredId<'_> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        StoredId::of(Raw::read(deserializer)?).map_err(de::Error::custom)
+        StoredId::of(Raw::read(deserializer)?)
     }
 }
 
@@ -149,9 +149,7 @@ impl<'de> Deserialize<'de> for StoredContext<'_> {
         match Raw::read(deserializer)? {
             Raw::Nil => Ok(StoredContext::Absent),
             Raw::Bool(true) => Ok(StoredContext::Own),
-            raw => StoredId::of(raw)
-                .map(StoredContext::Other)
-                .map_err(de::Error::custom),
+            raw => StoredId::of(raw).map(StoredContext::Other),
         }
     }
 }

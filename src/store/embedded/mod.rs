@@ -165,7 +165,7 @@ impl EmbeddedStore {
         });
         let submitted = self.writer.submit(job);
         Box::pin(async move {
-            let closed = || StoreError::Backend("the store is closed".into());
+            let closed = || StoreError::backend_msg("the store is closed");
             if !submitted {
                 return Err(closed());
             }
@@ -197,7 +197,7 @@ impl EmbeddedStore {
         Box::pin(async move {
             tokio::task::spawn_blocking(move || op(&records))
                 .await
-                .map_err(|e| StoreError::Backend(format!("store read: {e}")))?
+                .map_err(|e| StoreError::backend("store read", e))?
         })
     }
 }

@@ -11,9 +11,9 @@ use super::records::{
 };
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
-    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationRecords,
-    FinishTurn, Imported, Lease, MessagesFrom, Page, ResponseBudget, StoreError, StoreResult,
-    TaskQuery, TaskRecords, TurnBegun,
+    BeginTurn, BudgetedPage, ConversationKey, ConversationMeta, ConversationPage,
+    ConversationRecords, FinishTurn, Imported, Lease, MessagesFrom, Page, ResponseBudget,
+    StoreError, StoreResult, TaskQuery, TaskRecords, TurnBegun, as_listed, shown_history,
 };
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -150,14 +150,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
 
 fn new_task_record(turn: &BeginTurn, place: &Place) -> TaskRecord {
     TaskRecord {
-        task: Task {
-            id: turn.task_id.clone(),
-            context_id: turn.context_id.clone(),
-            status: TaskStatus::new(TaskState::Submitted, None),
-            artifacts: Vec::new(),
-            history: Vec::new(),
-            metadata: None,
-        },
+        task: turn.new_task(),
         principal: turn.principal.clone(),
         history_seqs: Vec::new(),
         reply_in: None,
@@ -451,7 +444,7 @@ fn export_one(records: &Records, stored: Conversation) -> StoreResult<Conversati
     for entry in records.messages_from(&place, &meta.context_id, 0, None)? {
         let (seq, message, _) = entry?;
         if seq != *first_seq.get_or_insert(seq) + messages.len() as u64 {
-            return Err(StoreError::Corrupt(format!(
+            return Err(StoreError::corrupt_msg(format!(
                 "conversation {:?} has a gap before message {seq}",
                 meta.context_id
             )));
@@ -530,29 +523,22 @@ pub fn list_tasks(records: &Records, principal: &str, query: TaskQuery) -> Store
         query.page_size,
         query.page_token.as_deref(),
     )?;
-    let mut budget = ResponseBudget::new(query.max_bytes);
-    let mut tasks = Vec::with_capacity(listed.items.len());
-    let mut next_page_token = listed.next_page_token;
-    let mut resume_after: Option<&str> = None;
+    let mut page = BudgetedPage::new(query.max_bytes, listed.next_page_token);
     for ListedTask {
         task_id,
         resume_token,
     } in &listed.items
     {
-        if let Some((task, bytes)) = listed_task(records, task_id, &query)? {
-            if !budget.take(bytes) {
-                next_page_token = resume_after.unwrap_or_default().to_owned();
-                break;
+        match listed_task(records, task_id, &query)? {
+            Some((task, bytes)) => {
+                if !page.offer(task, bytes, resume_token) {
+                    break;
+                }
             }
-            tasks.push(task);
+            None => page.pass(resume_token),
         }
-        resume_after = Some(resume_token);
     }
-    Ok(Page {
-        items: tasks,
-        next_page_token,
-        total_size: listed.total_size,
-    })
+    Ok(page.finish(listed.total_size))
 }
 
 /// A listed task as the view shows it, and its estimated size: the stored sizes of its record
@@ -566,31 +552,17 @@ fn listed_task(
     let Some((record, record_bytes)) = records.task_sized(task_id)? else {
         return Ok(None);
     };
-    let seqs = &record.history_seqs;
-    let shown = query
-        .view
-        .history_length
-        .map_or(seqs.len(), |n| n.min(seqs.len()));
     let (history, history_bytes) = records.messages_sized(
         &record.place(),
         &record.task.context_id,
-        &seqs[seqs.len() - shown..],
+        shown_history(&query.view, &record.history_seqs),
     )?;
-    let mut task = record.task;
-    task.history = history;
-    let mut bytes = record_bytes + history_bytes;
-    if !query.view.artifacts {
-        let left_out: usize = task
-            .artifacts
-            .iter()
-            .flat_map(|a| &a.parts)
-            .filter_map(|p| p.as_text())
-            .map(str::len)
-            .sum();
-        bytes = bytes.saturating_sub(left_out);
-        task.artifacts.clear();
-    }
-    Ok(Some((task, bytes)))
+    Ok(Some(as_listed(
+        &query.view,
+        record.task,
+        history,
+        record_bytes + history_bytes,
+    )))
 }
 
 /// A conversation's metadata and one page of its messages, oldest first, within the budget.

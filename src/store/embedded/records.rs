@@ -29,7 +29,7 @@ use super::compact;
 use super::kv::{KvBackend, KvOp};
 use crate::model::{Message, Task, TaskState};
 use crate::store::{
-    ConversationKey, ConversationMeta, Page, PrincipalKey, StoreError, StoreResult,
+    ConversationKey, ConversationMeta, Page, PrincipalKey, StoreError, StoreResult, page_token,
 };
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -129,6 +129,16 @@ impl TaskRecord {
 pub struct ListedTask {
     pub task_id: String,
     pub resume_token: String,
+}
+
+/// The page token that resumes a listing after the index entry whose key ends in `suffix`: its
+/// order (the inverted time every index key holds first), then its id.
+fn resume_after(suffix: &[u8]) -> String {
+    match suffix.split_first_chunk::<8>() {
+        Some((order, tail)) => page_token::for_listing(*order, tail),
+        // Not an index key of this version: nothing to resume after.
+        None => String::new(),
+    }
 }
 
 /// Collects writes, already encoded, to be applied atomically.
@@ -289,16 +299,12 @@ pub(super) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 /// Reads a record in version 1, or in JSON as stores before it wrote them.
 pub(super) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> StoreResult<T> {
     match bytes {
-        [0xC1, 1, body @ ..] => rmp_serde::from_slice(body).map_err(|e| corrupt(&e)),
-        [b'{', ..] => serde_json::from_slice(bytes).map_err(|e| corrupt(&e)),
-        _ => Err(StoreError::Corrupt(
-            "a record in an encoding this version does not know".into(),
+        [0xC1, 1, body @ ..] => rmp_serde::from_slice(body).map_err(StoreError::corrupt),
+        [b'{', ..] => serde_json::from_slice(bytes).map_err(StoreError::corrupt),
+        _ => Err(StoreError::corrupt_msg(
+            "a record in an encoding this version does not know",
         )),
     }
-}
-
-fn corrupt(e: &dyn std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(e.to_string())
 }
 
 /// Reads a record in version 2 with `read`, or in an earlier encoding.
@@ -307,7 +313,7 @@ fn decode_versioned<T: for<'de> Deserialize<'de>>(
     read: impl FnOnce(&[u8]) -> Result<T, compact::ReadError>,
 ) -> StoreResult<T> {
     match bytes {
-        [0xC1, 2, body @ ..] => read(body).map_err(|e| corrupt(&e)),
+        [0xC1, 2, body @ ..] => read(body).map_err(StoreError::corrupt),
         _ => decode(bytes),
     }
 }
@@ -342,7 +348,7 @@ fn encode_conversation(meta: &ConversationMeta, number: Option<u64>) -> Vec<u8> 
 /// The metadata and the number (None in records of stores before numbers).
 fn decode_conversation(bytes: &[u8]) -> StoreResult<(ConversationMeta, Option<u64>)> {
     match bytes {
-        [0xC1, 2, body @ ..] => compact::read_conversation(body).map_err(|e| corrupt(&e)),
+        [0xC1, 2, body @ ..] => compact::read_conversation(body).map_err(StoreError::corrupt),
         _ => Ok((decode(bytes)?, None)),
     }
 }
@@ -470,7 +476,7 @@ impl Records {
         };
         let following = number
             .checked_add(1)
-            .ok_or_else(|| StoreError::Corrupt("conversation numbers are exhausted".into()))?;
+            .ok_or_else(|| StoreError::corrupt_msg("conversation numbers are exhausted"))?;
         *next = Some(following);
         batch.put_raw(
             NEXT_CONVERSATION_NUMBER.to_vec(),
@@ -484,7 +490,7 @@ impl Records {
             None => Ok(0),
             Some(bytes) => <[u8; 8]>::try_from(bytes.as_slice())
                 .map(u64::from_be_bytes)
-                .map_err(|_| StoreError::Corrupt("the next conversation number".into())),
+                .map_err(|_| StoreError::corrupt_msg("the next conversation number")),
         }
     }
 
@@ -550,7 +556,7 @@ impl Records {
         page_token: Option<&str>,
     ) -> StoreResult<impl Iterator<Item = StoreResult<(u64, Message, usize)>> + 'a> {
         let from = match page_token.filter(|t| !t.is_empty()) {
-            Some(token) => crate::store::page_token::message_seq(token)?,
+            Some(token) => page_token::message_seq(token)?,
             None => from,
         };
         let scan = self.backend.scan(
@@ -618,17 +624,23 @@ impl Records {
     /// The ids of the tasks stored as running: one scan of the running-task index, however many
     /// conversations and tasks are stored.
     pub fn running_tasks(&self) -> StoreResult<Vec<String>> {
-        let prefix = vec![RUNNING_TASKS];
+        self.index_ids(&[RUNNING_TASKS], 0)
+    }
+
+    /// The ids an index holds under `prefix`, in key order: what follows the prefix in each
+    /// key, past `skip` bytes of ordering.
+    fn index_ids(&self, prefix: &[u8], skip: usize) -> StoreResult<Vec<String>> {
         let mut ids = Vec::new();
         for entry in self
             .backend
-            .scan(Bound::Included(prefix.clone()), Bound::Unbounded, false)
+            .scan(Bound::Included(prefix.to_vec()), Bound::Unbounded, false)
         {
             let (key, _) = entry?;
-            if !key.starts_with(&prefix) {
+            if !key.starts_with(prefix) {
                 break;
             }
-            ids.push(String::from_utf8_lossy(&key[prefix.len()..]).into_owned());
+            let id = key.get(prefix.len() + skip..).unwrap_or_default();
+            ids.push(String::from_utf8_lossy(id).into_owned());
         }
         Ok(ids)
     }
@@ -666,7 +678,7 @@ impl Records {
             .iter()
             .map(|key| ListedTask {
                 task_id: String::from_utf8_lossy(&key[prefix.len() + 8..]).into_owned(),
-                resume_token: hex::encode(&key[prefix.len()..]),
+                resume_token: resume_after(&key[prefix.len()..]),
             })
             .collect();
         Ok(Page {
@@ -717,8 +729,8 @@ impl Records {
     ) -> StoreResult<Page<Vec<u8>>> {
         let start = match page_token.filter(|t| !t.is_empty()) {
             Some(token) => {
-                let suffix = hex::decode(token).map_err(|_| StoreError::BadPageToken)?;
-                Bound::Excluded(prefixed(prefix[0], &[&prefix[1..], &suffix]))
+                let (order, tail) = page_token::listing(token)?;
+                Bound::Excluded(prefixed(prefix[0], &[&prefix[1..], &order, &tail]))
             }
             None => Bound::Included(prefix.to_vec()),
         };
@@ -744,7 +756,7 @@ impl Records {
             } else if next_page_token.is_empty()
                 && let Some(last) = items.last()
             {
-                next_page_token = hex::encode(&last[prefix.len()..]);
+                next_page_token = resume_after(&last[prefix.len()..]);
             }
         }
         Ok(Page {
@@ -798,19 +810,8 @@ impl Records {
 
     /// The ids of a conversation's tasks (in the index's order: newest status first).
     pub fn conversation_task_ids(&self, place: &Place) -> StoreResult<Vec<String>> {
-        let prefix = place.task_index_prefix();
-        let mut ids = Vec::new();
-        for entry in self
-            .backend
-            .scan(Bound::Included(prefix.clone()), Bound::Unbounded, false)
-        {
-            let (index_key, _) = entry?;
-            if !index_key.starts_with(&prefix) {
-                break;
-            }
-            ids.push(String::from_utf8_lossy(&index_key[prefix.len() + 8..]).into_owned());
-        }
-        Ok(ids)
+        // Past the inverted status time each entry is ordered by.
+        self.index_ids(&place.task_index_prefix(), 8)
     }
 
     /// Removes a conversation: its metadata, messages, tasks and index entries.
@@ -852,7 +853,7 @@ fn seq_of(key: &[u8]) -> StoreResult<u64> {
         .checked_sub(8)
         .and_then(|at| key[at..].try_into().ok())
         .map(u64::from_be_bytes)
-        .ok_or_else(|| StoreError::Corrupt("message key too short".into()))
+        .ok_or_else(|| StoreError::corrupt_msg("message key too short"))
 }
 
 #[cfg(test)]
@@ -943,11 +944,11 @@ mod tests {
         bytes[1] = 2;
         assert!(matches!(
             decode::<Message>(&bytes),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Corrupt { .. })
         ));
         assert!(matches!(
             decode::<Message>(&[]),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Corrupt { .. })
         ));
     }
 
@@ -1032,16 +1033,19 @@ mod tests {
             bytes[1] = version;
             assert!(matches!(
                 decode_message(&bytes, &meta.context_id),
-                Err(StoreError::Corrupt(_))
+                Err(StoreError::Corrupt { .. })
             ));
             let mut bytes = encode_task(&record);
             bytes[1] = version;
-            assert!(matches!(decode_task(&bytes), Err(StoreError::Corrupt(_))));
+            assert!(matches!(
+                decode_task(&bytes),
+                Err(StoreError::Corrupt { .. })
+            ));
             let mut bytes = encode_conversation(&meta, None);
             bytes[1] = version;
             assert!(matches!(
                 decode_conversation(&bytes),
-                Err(StoreError::Corrupt(_))
+                Err(StoreError::Corrupt { .. })
             ));
         }
         // A version 1 body under the version 2 marker is not read as either.
@@ -1049,12 +1053,12 @@ mod tests {
         bytes[1] = 2;
         assert!(matches!(
             decode_message(&bytes, &meta.context_id),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Corrupt { .. })
         ));
         let truncated = &encode_task(&record)[..20];
         assert!(matches!(
             decode_task(truncated),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Corrupt { .. })
         ));
     }
 

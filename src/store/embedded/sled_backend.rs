@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 
 impl From<sled::Error> for StoreError {
     fn from(e: sled::Error) -> Self {
-        StoreError::Backend(e.to_string())
+        StoreError::Backend {
+            message: e.to_string(),
+            source: Some(crate::error::Cause::new(e)),
+        }
     }
 }
 
@@ -105,7 +108,7 @@ impl SledBackend {
         };
         // sled creates the folder without syncing its entry in the parent.
         durable::create_dir_all(path)
-            .map_err(|e| StoreError::Backend(format!("creating {}: {e}", path.display())))?;
+            .map_err(|e| StoreError::backend(format_args!("creating {}", path.display()), e))?;
         // No periodic flush of its own: durability comes from our flushes (the log's checkpoints).
         let mut config = sled::Config::new()
             .path(path)
@@ -193,10 +196,10 @@ fn created_compressed(path: &Path) -> StoreResult<Option<bool>> {
                 .any(|line| line.trim() == "use_compression: true"),
         )),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(StoreError::Backend(format!(
-            "reading {}: {e}",
-            conf.display()
-        ))),
+        Err(e) => Err(StoreError::backend(
+            format_args!("reading {}", conf.display()),
+            e,
+        )),
     }
 }
 
@@ -259,7 +262,10 @@ impl KvBackend for SledBackend {
     fn flush(&self) -> StoreResult<()> {
         self.db.flush()?;
         durable::sync_tree(&self.dir, NOT_SLEDS).map_err(|e| {
-            StoreError::Backend(format!("syncing the store in {}: {e}", self.dir.display()))
+            StoreError::backend(
+                format_args!("syncing the store in {}", self.dir.display()),
+                e,
+            )
         })?;
         Ok(())
     }

@@ -31,7 +31,7 @@ impl GroupCommit {
         let worker = std::thread::Builder::new()
             .name("colloquy-store".into())
             .spawn(move || run(records, queue))
-            .map_err(|e| StoreError::Backend(format!("cannot start the store thread: {e}")))?;
+            .map_err(|e| StoreError::backend("cannot start the store thread", e))?;
         Ok(GroupCommit {
             jobs: Some(jobs),
             worker: Some(worker),

@@ -10,6 +10,7 @@
 
 use super::ops::{StoredTask, load_task, put_task};
 use super::{Failure, Ops, retrying};
+use crate::error::chain;
 use crate::store::{ConversationKey, FinishTurn, Lease, StoreError, StoreResult};
 use deadpool_postgres::Pool;
 use std::future::Future;
@@ -65,8 +66,8 @@ where
     let started = Instant::now();
     loop {
         match retrying(&mut attempt).await {
-            Err(StoreError::Unavailable(why)) if started.elapsed() < window => {
-                tracing::warn!(%why, "the database is unreachable; retrying a turn's write");
+            Err(e @ StoreError::Unavailable { .. }) if started.elapsed() < window => {
+                tracing::warn!(error = %chain(&e), "the database is unreachable; retrying a turn's write");
                 tokio::time::sleep(PAUSE).await;
             }
             other => return other,
@@ -89,8 +90,8 @@ impl Ops {
         let mut interrupted = false;
         loop {
             match retrying(|| self.finish(end)).await {
-                Err(StoreError::Unavailable(why)) if started.elapsed() < window => {
-                    tracing::warn!(%why, task_id = %end.lease.task_id, "the database is unreachable; retrying a turn's end");
+                Err(e @ StoreError::Unavailable { .. }) if started.elapsed() < window => {
+                    tracing::warn!(error = %chain(&e), task_id = %end.lease.task_id, "the database is unreachable; retrying a turn's end");
                     interrupted = true;
                     tokio::time::sleep(PAUSE).await;
                 }
@@ -155,7 +156,7 @@ pub(super) fn undo_unanswered_start(pool: Pool, start: UnansweredStart) {
                     tokio::time::sleep(PAUSE).await;
                 }
                 Err(failure) => {
-                    tracing::error!(error = %failure.into_store(), task_id = %start.task_id, "gave up undoing an unanswered start; its lease expires instead");
+                    tracing::error!(error = %chain(&failure.into_store()), task_id = %start.task_id, "gave up undoing an unanswered start; its lease expires instead");
                     return;
                 }
             }
@@ -165,7 +166,7 @@ pub(super) fn undo_unanswered_start(pool: Pool, start: UnansweredStart) {
 
 /// One attempt at [`undo_unanswered_start`]; whether there was something to undo.
 async fn undo_start(pool: &Pool, start: &UnansweredStart) -> Result<bool, Failure> {
-    let mut client = pool.get().await.map_err(|e| Failure::Pool(e.to_string()))?;
+    let mut client = pool.get().await.map_err(Failure::Pool)?;
     let tx = client.transaction().await?;
     let key = start.key.as_bytes();
     let key = key.as_slice();

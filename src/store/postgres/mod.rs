@@ -24,6 +24,7 @@ use super::{
     ConversationStore, FinishTurn, Imported, Lease, MessagesFrom, Page, StoreError, StoreResult,
     TaskQuery, TurnBegun,
 };
+use crate::error::{Cause, chain};
 use crate::model::{Task, TaskStatus};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::future::BoxFuture;
@@ -63,21 +64,23 @@ fn tls_connector(
     if !required && ca_file.is_none() {
         return Ok(None);
     }
-    let tls_error = |e: &dyn std::fmt::Display| StoreError::Backend(format!("store TLS: {e}"));
+    fn tls_error(e: impl Into<crate::error::BoxError>) -> StoreError {
+        StoreError::backend("store TLS", e)
+    }
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(file) = ca_file {
-        let certificates = CertificateDer::pem_file_iter(file).map_err(|e| tls_error(&e))?;
+        let certificates = CertificateDer::pem_file_iter(file).map_err(tls_error)?;
         for certificate in certificates {
             roots
-                .add(certificate.map_err(|e| tls_error(&e))?)
-                .map_err(|e| tls_error(&e))?;
+                .add(certificate.map_err(tls_error)?)
+                .map_err(tls_error)?;
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| tls_error(&e))?
+        .map_err(tls_error)?
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(Some(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
@@ -142,7 +145,7 @@ impl OwnedRuntime {
 /// Why one database operation failed, before it becomes a [`StoreError`].
 pub(crate) enum Failure {
     Db(tokio_postgres::Error),
-    Pool(String),
+    Pool(deadpool_postgres::PoolError),
     Store(StoreError),
 }
 
@@ -175,14 +178,25 @@ impl Failure {
         match self {
             Failure::Store(e) => e,
             // No connection to be had: none was used, nothing was written.
-            Failure::Pool(e) => StoreError::Unavailable(format!("database connection: {e}")),
+            // A pool error's own text rarely says why (a TLS handshake's reason, say): the
+            // message carries its causes.
+            Failure::Pool(e) => StoreError::Unavailable {
+                message: format!("database connection: {}", chain(&e)),
+                source: Some(Cause::new(e)),
+            },
             Failure::Db(e) if failover::connection_lost(&e) => {
-                StoreError::Unavailable(format!("database: {e}"))
+                StoreError::unavailable("database", e)
             }
-            Failure::Db(e) => StoreError::Backend(match e.as_db_error() {
-                Some(db) => format!("database: {} ({})", db.message(), db.code().code()),
-                None => format!("database: {e}"),
-            }),
+            Failure::Db(e) => match e
+                .as_db_error()
+                .map(|db| format!("database: {} ({})", db.message(), db.code().code()))
+            {
+                Some(message) => StoreError::Backend {
+                    message,
+                    source: Some(Cause::new(e)),
+                },
+                None => StoreError::backend("database", e),
+            },
         }
     }
 }
@@ -227,7 +241,7 @@ impl PgStore {
         let mut config: tokio_postgres::Config = options
             .url
             .parse()
-            .map_err(|e| StoreError::Backend(format!("store.url: {e}")))?;
+            .map_err(|e| StoreError::backend("store.url", e))?;
         failover::bound_dead_hosts(&mut config);
         let manager_config = || ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
@@ -241,14 +255,14 @@ impl PgStore {
             .thread_name("colloquy-pg")
             .enable_all()
             .build()
-            .map_err(|e| StoreError::Backend(format!("the store's runtime: {e}")))?;
+            .map_err(|e| StoreError::backend("the store's runtime", e))?;
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .wait_timeout(Some(Duration::from_secs(30)))
             .create_timeout(Some(Duration::from_secs(10)))
             .build()
-            .map_err(|e| StoreError::Backend(format!("connection pool: {e}")))?;
+            .map_err(|e| StoreError::backend("connection pool", e))?;
         runtime.spawn(report_pool_use(pool.clone()));
         Ok(PgStore {
             ops: Arc::new(Ops {
@@ -296,11 +310,11 @@ impl PgStore {
         let ops = self.ops.clone();
         let handle = self.runtime.handle();
         Box::pin(async move {
-            let handle = handle.ok_or_else(|| StoreError::Backend("the store is closed".into()))?;
+            let handle = handle.ok_or_else(|| StoreError::backend_msg("the store is closed"))?;
             handle
                 .spawn(op(ops))
                 .await
-                .map_err(|e| StoreError::Backend(format!("store operation: {e}")))?
+                .map_err(|e| StoreError::backend("store operation", e))?
         })
     }
 }

@@ -7,8 +7,9 @@
 use super::{ABANDONED_TASK_TEXT, Failure, Ops};
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
-    BeginTurn, ConversationKey, ConversationMeta, ConversationPage, FinishTurn, Lease,
-    MessagesFrom, Page, PrincipalKey, ResponseBudget, StoreError, TaskQuery, TurnBegun, page_token,
+    BeginTurn, BudgetedPage, ConversationKey, ConversationMeta, ConversationPage, FinishTurn,
+    Lease, MessagesFrom, Page, PrincipalKey, ResponseBudget, StoreError, TaskQuery, TurnBegun,
+    as_listed, page_token, shown_history,
 };
 use deadpool_postgres::{GenericClient, Object};
 use serde::{Deserialize, Serialize};
@@ -76,12 +77,8 @@ async fn prepared(client: &impl GenericClient, statements: &[&str]) -> Result<()
     Ok(())
 }
 
-/// A task as stored: its history lives in the conversation, referenced by sequence number.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct StoredTask {
-    pub(super) task: Task,
-    pub(super) history_seqs: Vec<u64>,
-}
+/// A task as stored (its `record` column, in JSON): the one type both stores and transfers use.
+pub(super) type StoredTask = crate::store::TaskRecords;
 
 /// A task row: the record and who owns it.
 pub(super) struct TaskRow {
@@ -103,19 +100,19 @@ pub(super) fn encode<T: Serialize>(value: &T) -> String {
 }
 
 pub(super) fn decode<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, Failure> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()).into())
+    serde_json::from_str(text).map_err(|e| StoreError::corrupt(e).into())
 }
 
 /// An id column: its UTF-8 bytes.
 fn text(row: &Row, column: &str) -> Result<String, Failure> {
     let bytes: Vec<u8> = row.try_get(column)?;
-    String::from_utf8(bytes).map_err(|e| StoreError::Corrupt(e.to_string()).into())
+    String::from_utf8(bytes).map_err(|e| StoreError::corrupt(e).into())
 }
 
 fn opt_text(row: &Row, column: &str) -> Result<Option<String>, Failure> {
     let bytes: Option<Vec<u8>> = row.try_get(column)?;
     bytes
-        .map(|b| String::from_utf8(b).map_err(|e| StoreError::Corrupt(e.to_string()).into()))
+        .map(|b| String::from_utf8(b).map_err(|e| StoreError::corrupt(e).into()))
         .transpose()
 }
 
@@ -137,7 +134,7 @@ pub(super) fn meta_of(row: &Row) -> Result<ConversationMeta, Failure> {
 fn task_row(row: &Row) -> Result<TaskRow, Failure> {
     let key_bytes: Vec<u8> = row.try_get("conv_key")?;
     let key = ConversationKey::from_bytes(&key_bytes).ok_or_else(|| {
-        StoreError::Corrupt("a task names a conversation key of another version".into())
+        StoreError::corrupt_msg("a task names a conversation key of another version")
     })?;
     let record: String = row.try_get("record")?;
     Ok(TaskRow {
@@ -148,36 +145,17 @@ fn task_row(row: &Row) -> Result<TaskRow, Failure> {
     })
 }
 
-/// A page token: `hex(i64 BE ++ tail)`, resuming after the row with that order key.
+/// A listing's page token, resuming after the row ordered by `ordinal`, then `tail`.
 fn resume_token(ordinal: i64, tail: &[u8]) -> String {
-    let mut bytes = ordinal.to_be_bytes().to_vec();
-    bytes.extend_from_slice(tail);
-    hex::encode(bytes)
+    page_token::for_listing(ordinal.to_be_bytes(), tail)
 }
 
 fn parse_page_token(token: Option<&str>) -> Result<Option<(i64, Vec<u8>)>, Failure> {
     let Some(token) = token.filter(|t| !t.is_empty()) else {
         return Ok(None);
     };
-    let bytes = hex::decode(token).map_err(|_| StoreError::BadPageToken)?;
-    if bytes.len() < 8 {
-        return Err(StoreError::BadPageToken.into());
-    }
-    let (ordinal, tail) = bytes.split_at(8);
-    let ordinal = i64::from_be_bytes(ordinal.try_into().map_err(|_| StoreError::BadPageToken)?);
-    Ok(Some((ordinal, tail.to_vec())))
-}
-
-/// An error with the chain of its causes (a TLS handshake's reason, say).
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
+    let (order, tail) = page_token::listing(token)?;
+    Ok(Some((i64::from_be_bytes(order), tail)))
 }
 
 fn failed_status(task: &Task, text: &str) -> TaskStatus {
@@ -189,10 +167,7 @@ fn failed_status(task: &Task, text: &str) -> TaskStatus {
 
 impl Ops {
     pub(super) async fn client(&self) -> Result<Object, Failure> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| Failure::Pool(with_causes(&e)))
+        self.pool.get().await.map_err(Failure::Pool)
     }
 
     /// Stores the caller's message and the task as working, and takes the conversation's
@@ -686,23 +661,14 @@ impl Ops {
             }
             listed.push((task_row(row)?, resume));
         }
-        let mut budget = ResponseBudget::new(query.max_bytes);
-        let mut tasks = Vec::with_capacity(listed.len());
-        let mut resume_after: Option<&str> = None;
+        let mut page = BudgetedPage::new(query.max_bytes, next_page_token);
         for (row, resume) in &listed {
             let (task, bytes) = listed_task(&client, row, query).await?;
-            if !budget.take(bytes) {
-                next_page_token = resume_after.unwrap_or_default().to_owned();
+            if !page.offer(task, bytes, resume) {
                 break;
             }
-            tasks.push(task);
-            resume_after = Some(resume);
         }
-        Ok(Page {
-            items: tasks,
-            next_page_token,
-            total_size: total as usize,
-        })
+        Ok(page.finish(total as usize))
     }
 
     pub(super) async fn list_conversations(
@@ -1029,14 +995,7 @@ fn task_to_run(
 ) -> Result<StoredTask, Failure> {
     if !turn.continuing {
         return Ok(StoredTask {
-            task: Task {
-                id: turn.task_id.clone(),
-                context_id: turn.context_id.clone(),
-                status: TaskStatus::new(TaskState::Submitted, None),
-                artifacts: Vec::new(),
-                history: Vec::new(),
-                metadata: None,
-            },
+            task: turn.new_task(),
             history_seqs: Vec::new(),
         });
     }
@@ -1218,26 +1177,12 @@ async fn listed_task(
     row: &TaskRow,
     query: &TaskQuery,
 ) -> Result<(Task, usize), Failure> {
-    let seqs = &row.stored.history_seqs;
-    let shown = query
-        .view
-        .history_length
-        .map_or(seqs.len(), |n| n.min(seqs.len()));
-    let (history, history_bytes) =
-        messages_at(client, &row.key, &seqs[seqs.len() - shown..]).await?;
-    let mut task = row.stored.task.clone();
-    task.history = history;
-    let mut bytes = row.bytes + history_bytes;
-    if !query.view.artifacts {
-        let left_out: usize = task
-            .artifacts
-            .iter()
-            .flat_map(|a| &a.parts)
-            .filter_map(|p| p.as_text())
-            .map(str::len)
-            .sum();
-        bytes = bytes.saturating_sub(left_out);
-        task.artifacts.clear();
-    }
-    Ok((task, bytes))
+    let shown = shown_history(&query.view, &row.stored.history_seqs);
+    let (history, history_bytes) = messages_at(client, &row.key, shown).await?;
+    Ok(as_listed(
+        &query.view,
+        row.stored.task.clone(),
+        history,
+        row.bytes + history_bytes,
+    ))
 }

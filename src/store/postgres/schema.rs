@@ -144,7 +144,7 @@ impl Ops {
     pub(super) async fn migrate(&self) -> Result<Migrated, StoreError> {
         let from = self.schema_version().await.map_err(Failure::into_store)?;
         if from > SCHEMA_VERSION {
-            return Err(StoreError::Backend(format!(
+            return Err(StoreError::backend_msg(format!(
                 "the database's schema is version {from}, newer than this colloquy knows \
                  ({SCHEMA_VERSION}): run a newer colloquy"
             )));

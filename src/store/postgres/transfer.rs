@@ -1,7 +1,7 @@
 //! Moving conversations in and out (`colloquy export` / `import`): whole conversations in key
 //! order, each with its messages and tasks, written back exactly as they were stored.
 
-use super::ops::{META_COLUMNS, StoredTask, decode, encode, meta_of, put_task};
+use super::ops::{META_COLUMNS, decode, encode, meta_of, put_task};
 use super::{Failure, Ops};
 use crate::store::{
     ConversationKey, ConversationRecords, Imported, PrincipalKey, StoreError, TaskRecords,
@@ -94,7 +94,7 @@ async fn export_one(
     for row in &rows {
         let seq = row.try_get::<_, i64>("seq")? as u64;
         if seq != first_seq + messages.len() as u64 {
-            return Err(StoreError::Corrupt(format!(
+            return Err(StoreError::corrupt_msg(format!(
                 "conversation {:?} has a gap before message {seq}",
                 meta.context_id
             ))
@@ -110,11 +110,7 @@ async fn export_one(
         .await?;
     let mut tasks = Vec::with_capacity(rows.len());
     for row in &rows {
-        let stored: StoredTask = decode(&row.try_get::<_, String>("record")?)?;
-        tasks.push(TaskRecords {
-            task: stored.task,
-            history_seqs: stored.history_seqs,
-        });
+        tasks.push(decode::<TaskRecords>(&row.try_get::<_, String>("record")?)?);
     }
     Ok(ConversationRecords {
         meta,
@@ -184,11 +180,7 @@ async fn import_one(
             ))
             .into());
         }
-        let stored = StoredTask {
-            task: record.task.clone(),
-            history_seqs: record.history_seqs.clone(),
-        };
-        put_task(client, &key, &meta.principal, &stored).await?;
+        put_task(client, &key, &meta.principal, record).await?;
     }
     Ok(true)
 }

@@ -6,6 +6,7 @@
 //! so never acknowledged. A damaged record with records after it is refused (see [`read_all`]).
 
 use crate::durable;
+use crate::error::chain;
 use crate::store::embedded::kv::KvOp;
 use crate::store::{StoreError, StoreResult};
 use std::fs::{self, File, OpenOptions};
@@ -52,7 +53,7 @@ impl SegmentFiles {
     /// Writes encoded records ending at `last_seq` and syncs them.
     pub(super) fn append(&mut self, records: &[u8], last_seq: u64) -> StoreResult<()> {
         if let Some(reason) = &self.failed {
-            return Err(StoreError::Backend(format!(
+            return Err(StoreError::backend_msg(format!(
                 "the write-ahead log failed earlier: {reason}"
             )));
         }
@@ -63,7 +64,10 @@ impl SegmentFiles {
         if let Err(e) = written {
             let reason = format!("segment {}: {e}", self.segment);
             self.failed = Some(reason.clone());
-            return Err(StoreError::Backend(format!("write-ahead log: {reason}")));
+            return Err(StoreError::backend(
+                format_args!("write-ahead log: segment {}", self.segment),
+                e,
+            ));
         }
         self.bytes += records.len() as u64;
         self.last_seq = last_seq;
@@ -109,7 +113,7 @@ impl SegmentFiles {
         if self.closed.len() < before
             && let Err(e) = sync_dir(dir)
         {
-            tracing::warn!(error = %e, "could not sync the log folder after deleting segments");
+            tracing::warn!(error = %chain(&e), "could not sync the log folder after deleting segments");
         }
     }
 
@@ -137,7 +141,7 @@ pub(super) fn read_all(
         let bytes = fs::read(&path).map_err(|e| io_error("reading", &path, e))?;
         if let Some((torn, _)) = &ended_at {
             if !bytes.is_empty() {
-                return Err(StoreError::Corrupt(format!(
+                return Err(StoreError::corrupt_msg(format!(
                     "write-ahead log: {} has a damaged record but the later {} holds records; \
                      move the log aside to open without them",
                     torn.display(),
@@ -185,8 +189,8 @@ pub(super) fn ensure_loggable(ops: &[KvOp]) -> StoreResult<()> {
     if ok {
         Ok(())
     } else {
-        Err(StoreError::Backend(
-            "a write of 4 GiB or more cannot be logged".into(),
+        Err(StoreError::backend_msg(
+            "a write of 4 GiB or more cannot be logged",
         ))
     }
 }
@@ -302,10 +306,13 @@ fn create_segment(dir: &Path, segment: u64) -> StoreResult<File> {
 
 fn remove(path: &Path) {
     if let Err(e) = fs::remove_file(path) {
-        tracing::warn!(segment = %path.display(), error = %e, "could not delete a checkpointed log segment");
+        tracing::warn!(segment = %path.display(), error = %chain(&e), "could not delete a checkpointed log segment");
     }
 }
 
 pub(super) fn io_error(what: &str, path: &Path, e: std::io::Error) -> StoreError {
-    StoreError::Backend(format!("write-ahead log: {what} {}: {e}", path.display()))
+    StoreError::backend(
+        format_args!("write-ahead log: {what} {}", path.display()),
+        e,
+    )
 }

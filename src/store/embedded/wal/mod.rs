@@ -23,6 +23,7 @@ mod log;
 mod memtable;
 
 use super::kv::{KvBackend, KvOp, KvPair};
+use crate::error::chain;
 use crate::store::{StoreError, StoreResult};
 use log::SegmentFiles;
 use memtable::Memtable;
@@ -153,9 +154,7 @@ impl<B: KvBackend> WalBackend<B> {
             std::thread::Builder::new()
                 .name("colloquy-checkpoint".into())
                 .spawn(move || shared.run_checkpoints())
-                .map_err(|e| {
-                    StoreError::Backend(format!("cannot start the checkpoint thread: {e}"))
-                })?
+                .map_err(|e| StoreError::backend("cannot start the checkpoint thread", e))?
         };
         Ok(WalBackend {
             shared,
@@ -176,8 +175,8 @@ impl<B: KvBackend> Shared<B> {
 
     fn ensure_log_ok(&self) -> StoreResult<()> {
         if self.log_failed.load(Ordering::Acquire) {
-            return Err(StoreError::Backend(
-                "the write-ahead log failed earlier; writes are refused until a restart".into(),
+            return Err(StoreError::backend_msg(
+                "the write-ahead log failed earlier; writes are refused until a restart",
             ));
         }
         Ok(())
@@ -273,7 +272,7 @@ impl<B: KvBackend> Shared<B> {
         self.append(&mut segments, &records, covered)?;
         // Without a new segment the log just goes on in this one (deleted a checkpoint later).
         if let Err(e) = segments.rotate() {
-            tracing::warn!(error = %e, "could not start a new log segment");
+            tracing::warn!(error = %chain(&e), "could not start a new log segment");
         }
         Ok(())
     }
@@ -288,7 +287,7 @@ impl<B: KvBackend> Shared<B> {
             metrics::histogram!("colloquy_store_checkpoint_seconds").record(started.elapsed());
             metrics::counter!("colloquy_store_checkpoint_writes_total").increment(moved as u64);
             if let Err(e) = self.inner.checkpointed() {
-                tracing::warn!(error = %e, "the store's backend could not shorten its recovery");
+                tracing::warn!(error = %chain(&e), "the store's backend could not shorten its recovery");
             }
         }
         // Readers still holding the table keep it; new ones find its writes in the inner backend.
@@ -310,11 +309,11 @@ impl<B: KvBackend> Shared<B> {
             };
             match self.checkpoint() {
                 Err(e) => {
-                    tracing::error!(error = %e, "store checkpoint failed; the log keeps everything since the last one");
+                    tracing::error!(error = %chain(&e), "store checkpoint failed; the log keeps everything since the last one");
                 }
                 Ok(()) if stopping => {
                     if let Err(e) = self.inner.closing() {
-                        tracing::warn!(error = %e, "the store's backend could not shorten its next open");
+                        tracing::warn!(error = %chain(&e), "the store's backend could not shorten its next open");
                     }
                 }
                 Ok(()) => {}
@@ -333,7 +332,7 @@ impl<B: KvBackend> Drop for WalBackend<B> {
     fn drop(&mut self) {
         // A last flush and checkpoint: a clean stop leaves no log to replay.
         if let Err(e) = self.shared.flush() {
-            tracing::error!(error = %e, "final write-ahead log flush failed");
+            tracing::error!(error = %chain(&e), "final write-ahead log flush failed");
         }
         self.shared.checkpoints.lock().stop = true;
         self.shared.checkpoint_wake.notify_all();
@@ -419,7 +418,7 @@ fn recover<B: KvBackend>(
             bytes
                 .as_slice()
                 .try_into()
-                .map_err(|_| StoreError::Corrupt("write-ahead log position".into()))?,
+                .map_err(|_| StoreError::corrupt_msg("write-ahead log position"))?,
         ),
         None => 0,
     };

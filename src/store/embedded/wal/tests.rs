@@ -308,7 +308,7 @@ fn a_damaged_record_before_later_segments_refuses_to_open() {
     write_segment(&wal, 0, &[(1, vec![put("a", "1")])], true);
     write_segment(&wal, 1, &[(2, vec![put("b", "2")])], false);
     let opened = WalBackend::open(sled_at(dir.path()), &wal, WalLimits::default());
-    assert!(matches!(opened, Err(StoreError::Corrupt(_))));
+    assert!(matches!(opened, Err(StoreError::Corrupt { .. })));
 }
 
 /// Writers wait for a checkpoint once the memtable holds its limit, so the log's memory is
