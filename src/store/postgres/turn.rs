@@ -91,15 +91,10 @@ fn record_around_seq(stored: &StoredTask) -> (String, String) {
 }
 
 fn new_task(turn: &BeginTurn) -> StoredTask {
+    let mut task = turn.new_task();
+    task.status = TaskStatus::new(TaskState::Working, None);
     StoredTask {
-        task: Task {
-            id: turn.task_id.clone(),
-            context_id: turn.context_id.clone(),
-            status: TaskStatus::new(TaskState::Working, None),
-            artifacts: Vec::new(),
-            history: Vec::new(),
-            metadata: None,
-        },
+        task,
         history_seqs: Vec::new(),
     }
 }
