@@ -7,6 +7,7 @@
 #   CONVERSATIONS=128 TOTAL=1024 benches/cluster_compare.sh
 #   PG_SETTINGS="-c synchronous_commit=off" benches/cluster_compare.sh   # server settings to try
 #   DB_DELAY_MS=1 benches/cluster_compare.sh       # the nodes reach the database 1 ms away (each way)
+#   PARTITIONS=8 benches/cluster_compare.sh        # tables hash-partitioned by conversation key
 #
 # Builds release (unless COLLOQUY names a binary); starts its own throwaway PostgreSQL (Debian's
 # initdb/pg_ctl, as nobody when run as root; durable defaults: fsync and synchronous_commit on)
@@ -68,7 +69,7 @@ fi
 POSTMASTER=$(head -1 "$WORK/db/data/postmaster.pid")
 
 serve() { # name port [store url]
-  COLLOQUY_STORE__URL=${3:-} "$COLLOQUY" serve --listen "127.0.0.1:$2" --data "$WORK/$1" \
+  COLLOQUY_STORE__URL=${3:-} COLLOQUY_STORE__PARTITIONS=${PARTITIONS:-0} "$COLLOQUY" serve --listen "127.0.0.1:$2" --data "$WORK/$1" \
     --log-format json 2>"$WORK/$1.log" &
   PIDS+=($!)
 }

@@ -284,6 +284,7 @@ pub fn postgres_options(config: &Config) -> Option<PgOptions> {
         pool_size: config.store.pool_size,
         lease: lease_duration(config),
         tls_ca_file: config.store.tls_ca_file.clone(),
+        partitions: config.store.partitions,
         holder: format!(
             "{}/{}/{:08x}",
             config.listen,

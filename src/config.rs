@@ -350,6 +350,9 @@ pub struct StoreConfig {
     pub url: String,
     /// PostgreSQL: connections this node keeps open at most.
     pub pool_size: usize,
+    /// PostgreSQL: hash partitions of the tables keyed by conversation, when colloquy creates
+    /// the schema (0: plain tables; set before the first start, later it changes nothing).
+    pub partitions: u32,
     /// PostgreSQL: PEM file of the authorities the database's certificate may come from
     /// (besides the public ones); set, or with `sslmode=require` in the URL, TLS is used.
     pub tls_ca_file: Option<PathBuf>,
@@ -376,6 +379,7 @@ impl Default for StoreConfig {
         StoreConfig {
             url: String::new(),
             pool_size: 16,
+            partitions: 0,
             tls_ca_file: None,
             cache_bytes: 64 * 1024 * 1024,
             checkpoint_interval_ms: DEFAULT_CHECKPOINT_EVERY.as_millis() as u64,

@@ -22,7 +22,22 @@ fn options(url: &str, lease: Duration, holder: &str) -> PgOptions {
         lease,
         holder: holder.to_owned(),
         tls_ca_file: None,
+        partitions: 0,
     }
+}
+
+/// A fresh database whose schema is hash-partitioned by conversation key (8 partitions: a
+/// distributed PostgreSQL's shards, on one server), or None (said) where it cannot run.
+async fn partitioned_database(test: &str) -> Option<String> {
+    let url = pg::database(test)?;
+    let options = PgOptions {
+        partitions: 8,
+        ..options(&url, Duration::from_secs(30), "schema")
+    };
+    PgStore::connect(&options)
+        .await
+        .expect("the partitioned schema is created");
+    Some(url)
 }
 
 /// A store node on `url` whose leases last `lease`.
@@ -42,9 +57,20 @@ fn status_text(task: &colloquy::model::Task) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_lease_is_taken_over_and_the_old_holder_is_fenced() {
-    let Some(url) = pg::database("cluster::an_expired_lease_is_taken_over") else {
-        return;
-    };
+    if let Some(url) = pg::database("cluster::an_expired_lease_is_taken_over") {
+        expired_lease_taken_over_and_old_holder_fenced(&url).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_is_taken_over_on_a_partitioned_schema() {
+    if let Some(url) = partitioned_database("cluster::expired_lease_partitioned").await {
+        expired_lease_taken_over_and_old_holder_fenced(&url).await;
+    }
+}
+
+async fn expired_lease_taken_over_and_old_holder_fenced(url: &str) {
+    let url = url.to_owned();
     let lease = Duration::from_secs(1);
     let a = store_node(&url, lease, "a").await;
     let b = store_node(&url, lease, "b").await;
@@ -196,9 +222,20 @@ fn reply_of(response: &Value) -> String {
 
 #[actix_rt::test]
 async fn a_conversation_continues_across_nodes_with_its_whole_history() {
-    let Some(url) = pg::database("cluster::a_conversation_continues_across_nodes") else {
-        return;
-    };
+    if let Some(url) = pg::database("cluster::a_conversation_continues_across_nodes") {
+        continues_across_nodes(&url).await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_conversation_continues_across_nodes_on_a_partitioned_schema() {
+    if let Some(url) = partitioned_database("cluster::continues_partitioned").await {
+        continues_across_nodes(&url).await;
+    }
+}
+
+async fn continues_across_nodes(url: &str) {
+    let url = url.to_owned();
     let a = node(&url, 30).await;
     let b = node(&url, 30).await;
     let one = a.send_text(V1, "one", Some("shared"), None).await;
@@ -286,9 +323,20 @@ async fn task_ids(server: &TestServer, context_id: &str) -> Vec<String> {
 
 #[actix_rt::test]
 async fn concurrent_sends_through_two_nodes_run_one_turn() {
-    let Some(url) = pg::database("cluster::concurrent_sends_through_two_nodes") else {
-        return;
-    };
+    if let Some(url) = pg::database("cluster::concurrent_sends_through_two_nodes") {
+        one_turn_of_concurrent_sends(&url).await;
+    }
+}
+
+#[actix_rt::test]
+async fn concurrent_sends_through_two_nodes_on_a_partitioned_schema() {
+    if let Some(url) = partitioned_database("cluster::concurrent_sends_partitioned").await {
+        one_turn_of_concurrent_sends(&url).await;
+    }
+}
+
+async fn one_turn_of_concurrent_sends(url: &str) {
+    let url = url.to_owned();
     let a = node(&url, 30).await;
     let b = node(&url, 30).await;
     for round in 0..50 {
@@ -763,4 +811,62 @@ async fn tls_to_the_database_verifies_its_certificate() {
         refused.to_string().to_lowercase().contains("certificate"),
         "{refused}"
     );
+}
+
+/// A partitioned schema splits each conversation-keyed table in as many partitions, and a
+/// conversation's rows (its row, messages and tasks) sit in partitions of one remainder: a
+/// turn touches one shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_schema_keeps_each_conversation_in_one_partition() {
+    let Some(url) = partitioned_database("cluster::partition_layout").await else {
+        return;
+    };
+    let store = store_node(&url, Duration::from_secs(30), "a").await;
+    for context in ["one", "two", "three"] {
+        let begun = store
+            .begin_turn(begin_request("p", context, "hello"))
+            .await
+            .expect("begins");
+        store
+            .finish_turn(finish_request(&begun, Some("hi"), TaskState::Completed))
+            .await
+            .expect("ends");
+    }
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connects");
+    tokio::spawn(connection);
+    for table in [
+        "colloquy_conversations",
+        "colloquy_messages",
+        "colloquy_tasks",
+    ] {
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM pg_inherits WHERE inhparent = $1::TEXT::regclass",
+                &[&table],
+            )
+            .await
+            .expect("counts");
+        assert_eq!(row.get::<_, i64>(0), 8, "{table}");
+    }
+    let rows = client
+        .query(
+            "SELECT conv_key, string_agg(DISTINCT right(tableoid::regclass::TEXT, 3), ',') FROM ( \
+                 SELECT conv_key, tableoid FROM colloquy_conversations \
+                 UNION ALL SELECT conv_key, tableoid FROM colloquy_messages \
+                 UNION ALL SELECT conv_key, tableoid FROM colloquy_tasks) AS all_rows \
+             GROUP BY conv_key",
+            &[],
+        )
+        .await
+        .expect("reads");
+    assert_eq!(rows.len(), 3);
+    for row in &rows {
+        let suffixes: String = row.get(1);
+        assert!(
+            !suffixes.contains(','),
+            "one remainder per conversation: {suffixes}"
+        );
+    }
 }

@@ -46,6 +46,7 @@ pub(crate) fn pg_store(url: &str, holder: &str) -> PgStore {
         lease: Duration::from_secs(30),
         holder: holder.into(),
         tls_ca_file: None,
+        partitions: 0,
     };
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()

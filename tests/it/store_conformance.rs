@@ -28,6 +28,16 @@ pub fn embedded() -> Fixture {
 
 /// A fresh database on the test PostgreSQL, or None (said) where it cannot run.
 pub fn postgres() -> Option<Fixture> {
+    postgres_with_partitions(0)
+}
+
+/// [`postgres`] with its conversation-keyed tables hash-partitioned: a distributed
+/// PostgreSQL's shards, on one server.
+pub fn postgres_partitioned() -> Option<Fixture> {
+    postgres_with_partitions(8)
+}
+
+fn postgres_with_partitions(partitions: u32) -> Option<Fixture> {
     let url = crate::common::pg::database("store_conformance::postgres")?;
     let options = PgOptions {
         url,
@@ -35,6 +45,7 @@ pub fn postgres() -> Option<Fixture> {
         lease: std::time::Duration::from_secs(30),
         holder: "conformance".into(),
         tls_ca_file: None,
+        partitions,
     };
     // The fixture is built inside the test's runtime: connect on a thread of its own.
     let store = std::thread::spawn(move || {
@@ -613,3 +624,4 @@ macro_rules! conformance {
 
 conformance!(embedded_store, embedded());
 conformance!(postgres_store, postgres());
+conformance!(postgres_partitioned_store, postgres_partitioned());

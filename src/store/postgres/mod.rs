@@ -49,6 +49,9 @@ pub struct PgOptions {
     /// PEM certificates of the authorities the database's certificate may come from, besides
     /// the public ones. Set, or with `sslmode=require` in the URL, connections use TLS.
     pub tls_ca_file: Option<std::path::PathBuf>,
+    /// Hash partitions of the conversation-keyed tables when this node creates the schema (0:
+    /// plain tables). Read only then.
+    pub partitions: u32,
 }
 
 /// A TLS connector (rustls) if the URL's `sslmode` requires TLS or a CA file is given; else
@@ -114,6 +117,8 @@ pub struct PgStore {
 pub(crate) struct Ops {
     pool: Pool,
     lease_secs: f64,
+    /// [`PgOptions::partitions`].
+    partitions: u32,
     /// This node's address in the leases it takes (see [`PgStore::set_holder`]).
     holder: parking_lot::RwLock<String>,
     /// When the sweep last repaired the outbox (see [`OUTBOX_REPAIR_PERIOD`]).
@@ -268,6 +273,7 @@ impl PgStore {
             ops: Arc::new(Ops {
                 pool,
                 lease_secs: options.lease.as_secs_f64(),
+                partitions: options.partitions,
                 holder: parking_lot::RwLock::new(options.holder.clone()),
                 outbox_repaired: parking_lot::Mutex::new(std::time::Instant::now()),
                 started: parking_lot::Mutex::default(),

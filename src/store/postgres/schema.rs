@@ -11,7 +11,8 @@
 use super::{Failure, Ops};
 use crate::store::StoreError;
 
-/// The migrations this build knows, in order: version `i + 1` is `MIGRATIONS[i]`.
+/// The migrations this build knows, in order: version `i + 1` is `MIGRATIONS[i]`, its
+/// placeholders filled by [`migration_sql`].
 const MIGRATIONS: &[&str] = &[
     // 1: conversations with their lease, messages, tasks, the readiness probe.
     r#"
@@ -30,7 +31,7 @@ const MIGRATIONS: &[&str] = &[
         lease_expires TIMESTAMPTZ,
         lease_holder TEXT,
         agent_state TEXT
-    );
+    ){partitioned};
     CREATE INDEX colloquy_conversations_by_principal
         ON colloquy_conversations (principal_key, updated_ms DESC, conv_key);
     CREATE INDEX colloquy_conversations_by_lease
@@ -40,7 +41,7 @@ const MIGRATIONS: &[&str] = &[
         seq BIGINT NOT NULL,
         body TEXT NOT NULL,
         PRIMARY KEY (conv_key, seq)
-    );
+    ){partitioned};
     CREATE TABLE colloquy_tasks (
         conv_key BYTEA NOT NULL,
         task_id BYTEA NOT NULL,
@@ -50,8 +51,8 @@ const MIGRATIONS: &[&str] = &[
         status_ms BIGINT NOT NULL,
         record TEXT NOT NULL,
         PRIMARY KEY (conv_key, task_id)
-    );
-    CREATE UNIQUE INDEX colloquy_tasks_by_id ON colloquy_tasks (task_id);
+    ){partitioned};
+    CREATE {unique} INDEX colloquy_tasks_by_id ON colloquy_tasks (task_id);
     CREATE INDEX colloquy_tasks_by_principal
         ON colloquy_tasks (principal_key, status_ms DESC, task_id);
     CREATE INDEX colloquy_tasks_by_conversation
@@ -99,6 +100,40 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE colloquy_tasks ADD COLUMN has_push BOOLEAN NOT NULL DEFAULT FALSE;
     "#,
 ];
+
+/// The tables keyed by conversation, which a partitioned schema splits by their key's hash.
+const BY_CONVERSATION: [&str; 3] = [
+    "colloquy_conversations",
+    "colloquy_messages",
+    "colloquy_tasks",
+];
+
+/// Migration `version`'s SQL. With `partitions` > 0 the tables keyed by conversation are
+/// hash-partitioned on the conversation key into that many partitions (a distributed
+/// PostgreSQL's shards, on one server), and the task-id index is not unique: a unique index of a
+/// partitioned table must hold the partition key (task ids are minted unique; an import checks).
+fn migration_sql(version: i64, partitions: u32) -> String {
+    let sql = MIGRATIONS[(version - 1) as usize];
+    if partitions == 0 {
+        return sql
+            .replace("{partitioned}", "")
+            .replace("{unique}", "UNIQUE");
+    }
+    let mut sql = sql
+        .replace("{partitioned}", " PARTITION BY HASH (conv_key)")
+        .replace("{unique}", "");
+    if version == 1 {
+        for table in BY_CONVERSATION {
+            for remainder in 0..partitions {
+                sql.push_str(&format!(
+                    "CREATE TABLE {table}_p{remainder} PARTITION OF {table} \
+                     FOR VALUES WITH (MODULUS {partitions}, REMAINDER {remainder});\n"
+                ));
+            }
+        }
+    }
+    sql
+}
 
 /// The newest schema version this build knows.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -173,7 +208,8 @@ impl Ops {
             &[&version],
         )
         .await?;
-        tx.batch_execute(MIGRATIONS[(version - 1) as usize]).await?;
+        tx.batch_execute(&migration_sql(version, self.partitions))
+            .await?;
         tx.commit().await?;
         Ok(())
     }
