@@ -78,16 +78,14 @@ pub(super) struct StartedTurn {
 }
 
 /// The task record with its history's sequence numbers left open: the record is
-/// `prefix ++ seq ++ suffix` once the statement knows the caller's message's `seq`.
-fn record_around_seq(stored: &StoredTask) -> (String, String) {
+/// `prefix ++ seq ++ "]}"` once the statement knows the caller's message's `seq`. `history_seqs`
+/// is the record's last field (`…,"history_seqs":[]}`); None if it is not.
+fn record_around_seq(stored: &StoredTask) -> Option<(String, &'static str)> {
     let mut open = stored.clone();
     open.history_seqs.clear();
     let record = encode(&open);
-    // `history_seqs` is the record's last field: `…,"history_seqs":[]}`.
-    match record.strip_suffix("]}") {
-        Some(prefix) => (prefix.to_owned(), "]}".to_owned()),
-        None => (record, String::new()),
-    }
+    let prefix = record.strip_suffix("\"history_seqs\":[]}")?;
+    Some((format!("{prefix}\"history_seqs\":["), "]}"))
 }
 
 fn new_task(turn: &BeginTurn) -> StoredTask {
@@ -108,7 +106,9 @@ impl Ops {
     ) -> Result<Option<TurnBegun>, Failure> {
         let key = ConversationKey::new(&turn.principal, &turn.context_id);
         let mut stored = new_task(turn);
-        let (record_prefix, record_suffix) = record_around_seq(&stored);
+        let Some((record_prefix, record_suffix)) = record_around_seq(&stored) else {
+            return Ok(None);
+        };
         let limit = turn.history_limit.min(i64::MAX as usize) as i64;
         let status = &stored.task.status;
         let (message, state, status_ms) = (
@@ -304,4 +304,31 @@ async fn window_before(
     rows.iter()
         .map(|row| decode(&row.try_get::<_, String>("body")?))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_around_its_seq_is_the_record_with_that_seq() {
+        let mut stored = StoredTask {
+            task: Task {
+                id: "t\"1".into(),
+                context_id: "c]}".into(),
+                status: TaskStatus::new(TaskState::Working, None),
+                artifacts: Vec::new(),
+                history: Vec::new(),
+                metadata: serde_json::json!({"history_seqs": [1]})
+                    .as_object()
+                    .cloned(),
+            },
+            history_seqs: Vec::new(),
+        };
+        let (prefix, suffix) = record_around_seq(&stored).expect("history_seqs is last");
+        let read: StoredTask =
+            serde_json::from_str(&format!("{prefix}7{suffix}")).expect("a record");
+        stored.history_seqs.push(7);
+        assert_eq!(read, stored);
+    }
 }
