@@ -248,7 +248,7 @@ impl Ops {
             }
             return Err(e.into());
         }
-        Ok(self.begun(turn, key, taken, &stored, task, recent))
+        Ok(self.begun(turn, key, taken, stored, task, recent))
     }
 
     /// The lease itself ([`TAKE_SQL`]).

@@ -127,20 +127,10 @@ impl Ops {
             &limit,
         ]);
         let client = self.client().await?;
-        // Prepared (once per connection) before anything is sent: a batch leaves in order.
-        let start = client.prepare_cached(START_SQL).await?;
-        // Each request goes out on its first poll, so all three leave together and in order.
-        let (began, started, committed) = futures_util::join!(
-            client.batch_execute("BEGIN"),
-            client.query_one(&start, &params),
-            client.batch_execute("COMMIT"),
-        );
-        let outcome = began.and(started).and_then(|row| committed.map(|()| row));
-        // The first error tells: a statement the database refused aborted the transaction, so
-        // nothing was stored; a lost connection leaves it unknown whether the commit was.
-        let row = match outcome {
+        let row = match in_one_trip(&client, START_SQL, &params).await {
             Ok(row) => row,
             Err(e) => {
+                // A lost connection leaves it unknown whether the commit was stored.
                 if failover::connection_lost(&e) {
                     // The caller is told to retry: take back what may have been stored.
                     failover::undo_unanswered_start(self.pool.clone(), self.unanswered(turn, &key));
@@ -166,7 +156,7 @@ impl Ops {
         stored.history_seqs.push(seq);
         let mut task = stored.task.clone();
         task.history = vec![turn.message.clone()];
-        Ok(Some(self.begun(turn, key, taken, &stored, task, recent)))
+        Ok(Some(self.begun(turn, key, taken, stored, task, recent)))
     }
 
     /// A committed start: remembered for its end and counted.
@@ -175,11 +165,15 @@ impl Ops {
         turn: &BeginTurn,
         key: ConversationKey,
         taken: Taken,
-        stored: &StoredTask,
+        stored: StoredTask,
         task: Task,
         recent: Vec<Message>,
     ) -> TurnBegun {
-        self.remember(&key, taken.token, stored, taken.next_seq);
+        let started = StartedTurn {
+            stored,
+            reply_seq: taken.next_seq,
+        };
+        self.started.lock().insert((key, taken.token), started);
         metrics::counter!("colloquy_leases_taken_total").increment(1);
         TurnBegun {
             lease: Lease {
@@ -217,7 +211,6 @@ impl Ops {
         let key_bytes = lease.key.as_bytes();
         let now = crate::model::now();
         let client = self.client().await?;
-        let write = client.prepare_cached(END_SQL).await?;
         let status = &stored.task.status;
         let write_params: [&(dyn ToSql + Sync); 12] = [
             &key_bytes.as_slice(),
@@ -233,32 +226,14 @@ impl Ops {
             &status.timestamp.timestamp_millis().max(0),
             &encode(&stored),
         ];
-        let (began, ended, committed) = futures_util::join!(
-            client.batch_execute("BEGIN"),
-            client.query_one(&write, &write_params),
-            client.batch_execute("COMMIT"),
-        );
-        began?;
-        let ended = match ended {
+        let ended = match in_one_trip(&client, END_SQL, &write_params).await {
             Ok(row) => row.try_get::<_, i64>("ended")?,
             Err(e) if e.code().is_some_and(|c| c.code() == PUSH_CONFIG_ADDED) => 0,
             Err(e) => return Err(e.into()),
         };
-        committed?;
         // Not ended: the task has push configs (their notifications are built in Rust) or the
         // lease moved on; the general path tells which.
         Ok(ended == 1)
-    }
-
-    /// Remembers a started turn for its end.
-    fn remember(&self, key: &ConversationKey, token: u64, stored: &StoredTask, reply_seq: u64) {
-        self.started.lock().insert(
-            (*key, token),
-            StartedTurn {
-                stored: stored.clone(),
-                reply_seq,
-            },
-        );
     }
 
     fn unanswered(&self, turn: &BeginTurn, key: &ConversationKey) -> failover::UnansweredStart {
@@ -270,6 +245,28 @@ impl Ops {
             before: None,
         }
     }
+}
+
+/// Runs `sql` in a transaction of its own in one round trip: `BEGIN`, the statement and
+/// `COMMIT` leave together (each request goes out on its first poll, in order; the statement is
+/// prepared first, once per connection, so it does not wait for its parse). The first error is
+/// the outcome: a statement the database refused aborted the transaction, which `COMMIT` then
+/// rolls back.
+async fn in_one_trip(
+    client: &deadpool_postgres::Object,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Row, tokio_postgres::Error> {
+    let statement = client.prepare_cached(sql).await?;
+    let (began, row, committed) = futures_util::join!(
+        client.batch_execute("BEGIN"),
+        client.query_one(&statement, params),
+        client.batch_execute("COMMIT"),
+    );
+    began?;
+    let row = row?;
+    committed?;
+    Ok(row)
 }
 
 /// A start refused: busy if a live lease holds the conversation (as the snapshot saw it), else
