@@ -11,6 +11,7 @@
 //! stall with) an actor's thread. Every commit is durable when PostgreSQL acknowledges it.
 
 mod failover;
+mod group;
 mod ops;
 mod push;
 mod schema;
@@ -127,6 +128,9 @@ pub(crate) struct Ops {
     /// their end writes without reading it first (`turn.rs`).
     started:
         parking_lot::Mutex<std::collections::HashMap<(ConversationKey, u64), turn::StartedTurn>>,
+    /// Where the usual starts and ends wait to be committed together (`group.rs`).
+    starts: group::Group<turn::StartStep>,
+    ends: group::Group<turn::EndStep>,
 }
 
 /// The store's runtime, shut down without blocking when the last handle goes (which may be
@@ -152,6 +156,9 @@ pub(crate) enum Failure {
     Db(tokio_postgres::Error),
     Pool(deadpool_postgres::PoolError),
     Store(StoreError),
+    /// A connection lost mid-commit, told to every step of a group (`group.rs`): whether
+    /// the commit was stored is unknown.
+    Lost(StoreError),
 }
 
 impl From<tokio_postgres::Error> for Failure {
@@ -179,9 +186,43 @@ impl Failure {
         }
     }
 
+    /// Whether the connection went while the request was out (its commit may be stored).
+    pub(super) fn connection_lost(&self) -> bool {
+        match self {
+            Failure::Db(e) => failover::connection_lost(e),
+            Failure::Lost(_) => true,
+            _ => false,
+        }
+    }
+
+    /// The database refused the statement (its transaction wrote nothing), with this SQLSTATE.
+    pub(super) fn refused_with(&self) -> Option<&str> {
+        match self {
+            Failure::Db(e) if !failover::connection_lost(e) => {
+                e.as_db_error().map(|db| db.code().code())
+            }
+            _ => None,
+        }
+    }
+
+    /// This failure, told to `n` callers.
+    fn shared(self, n: usize) -> Vec<Failure> {
+        if n == 1 {
+            return vec![self];
+        }
+        let lost = self.connection_lost();
+        let error = self.into_store();
+        (0..n)
+            .map(|_| match lost {
+                true => Failure::Lost(error.clone()),
+                false => Failure::Store(error.clone()),
+            })
+            .collect()
+    }
+
     pub(crate) fn into_store(self) -> StoreError {
         match self {
-            Failure::Store(e) => e,
+            Failure::Store(e) | Failure::Lost(e) => e,
             // No connection to be had: none was used, nothing was written.
             // A pool error's own text rarely says why (a TLS handshake's reason, say): the
             // message carries its causes.
@@ -271,12 +312,14 @@ impl PgStore {
         runtime.spawn(report_pool_use(pool.clone()));
         Ok(PgStore {
             ops: Arc::new(Ops {
-                pool,
+                pool: pool.clone(),
                 lease_secs: options.lease.as_secs_f64(),
                 partitions: options.partitions,
                 holder: parking_lot::RwLock::new(options.holder.clone()),
                 outbox_repaired: parking_lot::Mutex::new(std::time::Instant::now()),
                 started: parking_lot::Mutex::default(),
+                starts: group::Group::start(pool.clone(), runtime.handle()),
+                ends: group::Group::start(pool, runtime.handle()),
             }),
             runtime: Arc::new(OwnedRuntime(Some(runtime))),
             outbox: Arc::new(tokio::sync::Notify::new()),

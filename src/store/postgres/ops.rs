@@ -17,17 +17,17 @@ use std::collections::HashMap;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-/// The lease: a conditional insert-or-update that succeeds only while `$free` holds of the
-/// conversation's row (by the database's clock). Moves the token. Parameters `$1`-`$9`.
+/// The lease: a conditional insert-or-update of the conversations in `$rows` (the columns of the
+/// insert below) that succeeds only while `$free` holds of a conversation's row (by the
+/// database's clock). Moves the token.
 macro_rules! take_sql {
-    ($free:literal) => {
+    ($rows:literal, $free:literal) => {
         concat!(
             "INSERT INTO colloquy_conversations (conv_key, principal_key, principal, \
                  context_id, created_at, updated_at, updated_ms, turns, next_seq, token, \
-                 running_task, lease_expires, lease_holder, agent_state) \
-             VALUES ($1, $2, $3, $4, $5, $5, $6, 1, 1, 1, $7, \
-                 now() + $8::FLOAT8 * INTERVAL '1 second', $9, NULL) \
-             ON CONFLICT (conv_key) DO UPDATE SET \
+                 running_task, lease_expires, lease_holder, agent_state) ",
+            $rows,
+            " ON CONFLICT (conv_key) DO UPDATE SET \
                  updated_at = excluded.updated_at, updated_ms = excluded.updated_ms, \
                  turns = colloquy_conversations.turns + 1, \
                  next_seq = colloquy_conversations.next_seq + 1, \
@@ -37,7 +37,7 @@ macro_rules! take_sql {
                  lease_holder = excluded.lease_holder \
              WHERE ",
             $free,
-            " RETURNING turns, next_seq, token, agent_state"
+            " RETURNING conv_key, turns, next_seq, token, agent_state"
         )
     };
 }
@@ -45,6 +45,8 @@ pub(super) use take_sql;
 
 /// The general path's take: a free conversation, or one whose holder's lease expired.
 const TAKE_SQL: &str = take_sql!(
+    "VALUES ($1, $2, $3, $4, $5, $5, $6, 1, 1, 1, $7, \
+         now() + $8::FLOAT8 * INTERVAL '1 second', $9, NULL)",
     "colloquy_conversations.running_task IS NULL \
      OR colloquy_conversations.lease_expires <= now()"
 );
@@ -855,15 +857,15 @@ impl Taken {
 
 /// The values of `take_sql!`'s `$1`-`$9` for a turn.
 pub(super) struct TakeValues {
-    key: Vec<u8>,
-    principal_key: Vec<u8>,
-    principal: Vec<u8>,
-    context_id: Vec<u8>,
-    now: chrono::DateTime<chrono::Utc>,
-    now_ms: i64,
-    task_id: Vec<u8>,
-    lease_secs: f64,
-    holder: String,
+    pub(super) key: Vec<u8>,
+    pub(super) principal_key: Vec<u8>,
+    pub(super) principal: Vec<u8>,
+    pub(super) context_id: Vec<u8>,
+    pub(super) now: chrono::DateTime<chrono::Utc>,
+    pub(super) now_ms: i64,
+    pub(super) task_id: Vec<u8>,
+    pub(super) lease_secs: f64,
+    pub(super) holder: String,
 }
 
 impl TakeValues {

@@ -10,64 +10,173 @@
 //! says how it stays right when the row changed meanwhile. Locks are taken conversation row
 //! first, as everywhere else.
 
+use super::group::{Column, Step, column};
 use super::ops::{StoredTask, TakeValues, Taken, decode, encode, take_sql};
 use super::{Failure, Ops, failover};
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{BeginTurn, ConversationKey, FinishTurn, Lease, StoreError, TurnBegun};
 use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
 
-/// Takes a free conversation (no holder at all: an expired lease goes the general way, which
-/// fails its task), stores the caller's message at the next sequence number and the new task
-/// with it, and returns the history window as it was before. The window comes from the
-/// statement's snapshot: `seen_seq` (the conversation's `next_seq` in it) tells whether a turn
-/// ended between that snapshot and the take, and the window is then read again.
+/// Takes each free conversation of the group (no holder at all: an expired lease goes the
+/// general way, which fails its task), stores the caller's message at the next sequence number
+/// and the new task with it, and returns the history window as it was before: one row per
+/// step, keyed by the conversation. The window comes from the statement's snapshot (the main
+/// query does not see what its CTEs write): `seen_seq` (the conversation's `next_seq` in it)
+/// tells whether a turn ended between that snapshot and the take, and the window is then read
+/// again. Rows are taken in key order, as every group does, so two groups wait rather than
+/// deadlock where they can.
 const START_SQL: &str = concat!(
-    "WITH seen AS (\
-         SELECT next_seq, running_task, lease_expires <= now() AS expired \
-         FROM colloquy_conversations WHERE conv_key = $1), \
+    "WITH input AS (SELECT * FROM unnest($1::BYTEA[], $2::BYTEA[], $3::BYTEA[], \
+         $4::BYTEA[], $5::TIMESTAMPTZ[], $6::BIGINT[], $7::BYTEA[], $8::FLOAT8[], $9::TEXT[], \
+         $10::TEXT[], $11::SMALLINT[], $12::BIGINT[], $13::TEXT[], $14::TEXT[], $15::BIGINT[]) \
+         AS i(conv_key, principal_key, principal, context_id, at, at_ms, task_id, lease_secs, \
+             holder, message, state, status_ms, record_prefix, record_suffix, window_len)), \
      taken AS (",
-    take_sql!("colloquy_conversations.running_task IS NULL"),
+    take_sql!(
+        "SELECT conv_key, principal_key, principal, context_id, at, at, at_ms, 1, 1, 1, \
+             task_id, now() + lease_secs * INTERVAL '1 second', holder, NULL::TEXT \
+         FROM input ORDER BY conv_key",
+        "colloquy_conversations.running_task IS NULL"
+    ),
     "), \
      message AS (INSERT INTO colloquy_messages (conv_key, seq, body) \
-         SELECT $1, next_seq - 1, $10 FROM taken), \
+         SELECT taken.conv_key, taken.next_seq - 1, input.message \
+         FROM taken JOIN input ON input.conv_key = taken.conv_key), \
      task AS (INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, state, \
              status_ms, record, has_push) \
-         SELECT $1, $7, $2, $3, $11, $12, $13 || (next_seq - 1)::TEXT || $14, FALSE FROM taken) \
-     SELECT taken.turns, taken.next_seq, taken.token, taken.agent_state, \
-         seen.next_seq AS seen_seq, seen.running_task, seen.expired, \
+         SELECT taken.conv_key, input.task_id, input.principal_key, input.principal, \
+             input.state, input.status_ms, \
+             input.record_prefix || (taken.next_seq - 1)::TEXT || input.record_suffix, FALSE \
+         FROM taken JOIN input ON input.conv_key = taken.conv_key) \
+     SELECT input.conv_key, taken.turns, taken.next_seq, taken.token, taken.agent_state, \
+         seen.next_seq AS seen_seq, seen.running_task, seen.lease_expires <= now() AS expired, \
          ARRAY(SELECT body FROM colloquy_messages \
-             WHERE conv_key = $1 AND seq >= taken.next_seq - 1 - $15 ORDER BY seq) AS recent \
-     FROM (SELECT 1) AS one LEFT JOIN taken ON TRUE LEFT JOIN seen ON TRUE"
+             WHERE conv_key = input.conv_key \
+                 AND seq >= taken.next_seq - 1 - input.window_len ORDER BY seq) AS recent \
+     FROM input LEFT JOIN taken ON taken.conv_key = input.conv_key \
+         LEFT JOIN colloquy_conversations AS seen ON seen.conv_key = input.conv_key"
 );
 
 /// The `$3` messages before sequence number `$2`, oldest first.
 const WINDOW_BEFORE_SQL: &str = "SELECT body FROM colloquy_messages \
      WHERE conv_key = $1 AND seq >= $2::BIGINT - $3::BIGINT AND seq < $2 ORDER BY seq";
 
-/// Stores the reply, the task's final record and releases the conversation, if the lease still
-/// holds it at the expected sequence number and the task has no push configs; else nothing.
-/// `has_push` is read twice: by `held` from the snapshot (the usual refusal), and by the task's
-/// update from the row it locked, in case a config was added in between; then the statement
-/// fails (a cast error), so that what `held` wrote goes too.
-const END_SQL: &str = "WITH held AS (\
-     UPDATE colloquy_conversations SET running_task = NULL, lease_expires = NULL, \
-         lease_holder = NULL, next_seq = $4, updated_at = $5, updated_ms = $6, \
-         agent_state = COALESCE($7, agent_state) \
-     WHERE conv_key = $1 AND token = $2 AND running_task = $3 AND next_seq = $8 \
+/// For each step of the group: stores the reply, the task's final record and releases the
+/// conversation, if the lease still holds it at the expected sequence number and the task has
+/// no push configs; else nothing (`ended` 0). `has_push` is read twice: by `held` from the
+/// snapshot (the usual refusal), and by the task's update from the row it locked, in case a
+/// config was added in between; then the statement fails (a cast error), so that what `held`
+/// wrote goes too.
+const END_SQL: &str = "WITH input AS (SELECT * FROM unnest($1::BYTEA[], $2::BIGINT[], \
+         $3::BYTEA[], $4::BIGINT[], $5::TIMESTAMPTZ[], $6::BIGINT[], $7::TEXT[], $8::BIGINT[], \
+         $9::TEXT[], $10::SMALLINT[], $11::BIGINT[], $12::TEXT[]) \
+         AS i(conv_key, token, task_id, next_seq, at, at_ms, agent_state, reply_seq, reply, \
+             state, status_ms, record)), \
+ held AS (UPDATE colloquy_conversations AS c SET running_task = NULL, lease_expires = NULL, \
+         lease_holder = NULL, next_seq = input.next_seq, updated_at = input.at, \
+         updated_ms = input.at_ms, agent_state = COALESCE(input.agent_state, c.agent_state) \
+     FROM input \
+     WHERE c.conv_key = input.conv_key AND c.token = input.token \
+         AND c.running_task = input.task_id AND c.next_seq = input.reply_seq \
          AND NOT EXISTS (SELECT 1 FROM colloquy_tasks \
-             WHERE conv_key = $1 AND task_id = $3 AND has_push) \
-     RETURNING conv_key), \
- task AS (UPDATE colloquy_tasks SET state = $10, status_ms = $11, record = $12 \
-     WHERE conv_key = $1 AND task_id = $3 AND NOT has_push AND EXISTS (SELECT 1 FROM held) \
-     RETURNING task_id), \
+             WHERE conv_key = input.conv_key AND task_id = input.task_id AND has_push) \
+     RETURNING c.conv_key), \
+ task AS (UPDATE colloquy_tasks AS t SET state = input.state, status_ms = input.status_ms, \
+         record = input.record \
+     FROM input \
+     WHERE t.conv_key = input.conv_key AND t.task_id = input.task_id AND NOT t.has_push \
+         AND input.conv_key IN (SELECT conv_key FROM held) \
+     RETURNING t.conv_key), \
  reply AS (INSERT INTO colloquy_messages (conv_key, seq, body) \
-     SELECT conv_key, $8, $9::TEXT FROM held WHERE $9::TEXT IS NOT NULL) \
- SELECT CAST(CASE WHEN (SELECT count(*) FROM held) = (SELECT count(*) FROM task) \
-     THEN (SELECT count(*) FROM task)::TEXT ELSE 'push config added' END AS BIGINT) AS ended";
+     SELECT conv_key, reply_seq, reply FROM input \
+     WHERE reply IS NOT NULL AND conv_key IN (SELECT conv_key FROM held)) \
+ SELECT input.conv_key, CAST(CASE WHEN (SELECT count(*) FROM held) = (SELECT count(*) FROM task) \
+     THEN (input.conv_key IN (SELECT conv_key FROM task))::INT::TEXT \
+     ELSE 'push config added' END AS BIGINT) AS ended \
+ FROM input";
 
 /// The SQLSTATE of [`END_SQL`]'s refusal when a push config came between its reads.
 const PUSH_CONFIG_ADDED: &str = "22P02";
+
+/// A start the usual way ([`START_SQL`]'s columns).
+pub(super) struct StartStep {
+    take: TakeValues,
+    message: String,
+    state: i16,
+    status_ms: i64,
+    record_prefix: String,
+    record_suffix: &'static str,
+    window_len: i64,
+}
+
+impl Step for StartStep {
+    const SQL: &'static str = START_SQL;
+
+    fn conversation(&self) -> &[u8] {
+        &self.take.key
+    }
+
+    fn columns<'a>(steps: &[&'a Self]) -> Vec<Column<'a>> {
+        vec![
+            column(steps, |s| s.take.key.as_slice()),
+            column(steps, |s| s.take.principal_key.as_slice()),
+            column(steps, |s| s.take.principal.as_slice()),
+            column(steps, |s| s.take.context_id.as_slice()),
+            column(steps, |s| s.take.now),
+            column(steps, |s| s.take.now_ms),
+            column(steps, |s| s.take.task_id.as_slice()),
+            column(steps, |s| s.take.lease_secs),
+            column(steps, |s| s.take.holder.as_str()),
+            column(steps, |s| s.message.as_str()),
+            column(steps, |s| s.state),
+            column(steps, |s| s.status_ms),
+            column(steps, |s| s.record_prefix.as_str()),
+            column(steps, |s| s.record_suffix),
+            column(steps, |s| s.window_len),
+        ]
+    }
+}
+
+/// An end the usual way ([`END_SQL`]'s columns).
+pub(super) struct EndStep {
+    key: Vec<u8>,
+    token: i64,
+    task_id: Vec<u8>,
+    next_seq: i64,
+    at: chrono::DateTime<chrono::Utc>,
+    at_ms: i64,
+    agent_state: Option<String>,
+    reply_seq: i64,
+    reply: Option<String>,
+    state: i16,
+    status_ms: i64,
+    record: String,
+}
+
+impl Step for EndStep {
+    const SQL: &'static str = END_SQL;
+
+    fn conversation(&self) -> &[u8] {
+        &self.key
+    }
+
+    fn columns<'a>(steps: &[&'a Self]) -> Vec<Column<'a>> {
+        vec![
+            column(steps, |s| s.key.as_slice()),
+            column(steps, |s| s.token),
+            column(steps, |s| s.task_id.as_slice()),
+            column(steps, |s| s.next_seq),
+            column(steps, |s| s.at),
+            column(steps, |s| s.at_ms),
+            column(steps, |s| s.agent_state.as_deref()),
+            column(steps, |s| s.reply_seq),
+            column(steps, |s| s.reply.as_deref()),
+            column(steps, |s| s.state),
+            column(steps, |s| s.status_ms),
+            column(steps, |s| s.record.as_str()),
+        ]
+    }
+}
 
 /// What a node remembers of a turn it started, for its end: the task as stored and the
 /// sequence number its reply takes.
@@ -109,33 +218,26 @@ impl Ops {
         let Some((record_prefix, record_suffix)) = record_around_seq(&stored) else {
             return Ok(None);
         };
-        let limit = turn.history_limit.min(i64::MAX as usize) as i64;
+        let window_len = turn.history_limit.min(i64::MAX as usize) as i64;
         let status = &stored.task.status;
-        let (message, state, status_ms) = (
-            encode(&turn.message),
-            status.state.code() as i16,
-            status.timestamp.timestamp_millis().max(0),
-        );
-        let take = TakeValues::of(self, turn, &key);
-        let mut params = take.params();
-        params.extend::<[&(dyn ToSql + Sync); 6]>([
-            &message,
-            &state,
-            &status_ms,
-            &record_prefix,
-            &record_suffix,
-            &limit,
-        ]);
-        let client = self.client().await?;
-        let row = match in_one_trip(&client, START_SQL, &params).await {
+        let step = StartStep {
+            take: TakeValues::of(self, turn, &key),
+            message: encode(&turn.message),
+            state: status.state.code() as i16,
+            status_ms: status.timestamp.timestamp_millis().max(0),
+            record_prefix,
+            record_suffix,
+            window_len,
+        };
+        let row = match self.starts.commit(step).await {
             Ok(row) => row,
-            Err(e) => {
+            Err(failure) => {
                 // A lost connection leaves it unknown whether the commit was stored.
-                if failover::connection_lost(&e) {
+                if failure.connection_lost() {
                     // The caller is told to retry: take back what may have been stored.
                     failover::undo_unanswered_start(self.pool.clone(), self.unanswered(turn, &key));
                 }
-                return Err(e.into());
+                return Err(failure);
             }
         };
         let Some(taken) = Taken::of(&row)? else {
@@ -151,7 +253,7 @@ impl Ops {
                 .collect::<Result<_, _>>()?
         } else {
             // A turn ended after the snapshot: its messages are committed, read them now.
-            window_before(&client, &key, seq, limit).await?
+            window_before(&self.client().await?, &key, seq, window_len).await?
         };
         stored.history_seqs.push(seq);
         let mut task = stored.task.clone();
@@ -208,28 +310,26 @@ impl Ops {
         };
         stored.task.status = end.status.clone();
         stored.task.artifacts = end.artifacts.clone();
-        let key_bytes = lease.key.as_bytes();
         let now = crate::model::now();
-        let client = self.client().await?;
         let status = &stored.task.status;
-        let write_params: [&(dyn ToSql + Sync); 12] = [
-            &key_bytes.as_slice(),
-            &(lease.token as i64),
-            &lease.task_id.as_bytes(),
-            &(next_seq as i64),
-            &now,
-            &now.timestamp_millis(),
-            &end.agent_state.as_ref().map(encode),
-            &(reply_seq as i64),
-            &end.reply.as_ref().map(encode),
-            &(status.state.code() as i16),
-            &status.timestamp.timestamp_millis().max(0),
-            &encode(&stored),
-        ];
-        let ended = match in_one_trip(&client, END_SQL, &write_params).await {
+        let step = EndStep {
+            key: lease.key.as_bytes().to_vec(),
+            token: lease.token as i64,
+            task_id: lease.task_id.as_bytes().to_vec(),
+            next_seq: next_seq as i64,
+            at: now,
+            at_ms: now.timestamp_millis(),
+            agent_state: end.agent_state.as_ref().map(encode),
+            reply_seq: reply_seq as i64,
+            reply: end.reply.as_ref().map(encode),
+            state: status.state.code() as i16,
+            status_ms: status.timestamp.timestamp_millis().max(0),
+            record: encode(&stored),
+        };
+        let ended = match self.ends.commit(step).await {
             Ok(row) => row.try_get::<_, i64>("ended")?,
-            Err(e) if e.code().is_some_and(|c| c.code() == PUSH_CONFIG_ADDED) => 0,
-            Err(e) => return Err(e.into()),
+            Err(failure) if failure.refused_with() == Some(PUSH_CONFIG_ADDED) => 0,
+            Err(failure) => return Err(failure),
         };
         // Not ended: the task has push configs (their notifications are built in Rust) or the
         // lease moved on; the general path tells which.
@@ -245,28 +345,6 @@ impl Ops {
             before: None,
         }
     }
-}
-
-/// Runs `sql` in a transaction of its own in one round trip: `BEGIN`, the statement and
-/// `COMMIT` leave together (each request goes out on its first poll, in order; the statement is
-/// prepared first, once per connection, so it does not wait for its parse). The first error is
-/// the outcome: a statement the database refused aborted the transaction, which `COMMIT` then
-/// rolls back.
-async fn in_one_trip(
-    client: &deadpool_postgres::Object,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Row, tokio_postgres::Error> {
-    let statement = client.prepare_cached(sql).await?;
-    let (began, row, committed) = futures_util::join!(
-        client.batch_execute("BEGIN"),
-        client.query_one(&statement, params),
-        client.batch_execute("COMMIT"),
-    );
-    began?;
-    let row = row?;
-    committed?;
-    Ok(row)
 }
 
 /// A start refused: busy if a live lease holds the conversation (as the snapshot saw it), else

@@ -1,0 +1,184 @@
+//! Group commit for the one-trip turn steps (`turn.rs`): the starts (or ends) that wait at the
+//! same time go to the database as one statement over arrays, in one transaction. A durable
+//! commit costs the database about as much as the rows a turn writes (the WAL flush, the
+//! wake-ups, the executor's set-up), so sharing it among the turns that wait together is what
+//! brings the database's CPU per turn down as load grows; alone, a step is a group of one.
+//!
+//! A few groups run at once (`IN_FLIGHT`); the steps that arrive while they do wait and leave
+//! together as the next group, so groups grow with load and never wait for a timer. A group
+//! holds each conversation once (a node runs one turn per conversation, but two nodes' groups
+//! could meet on a key: such a step goes in a later group). A group the database refuses (a
+//! deadlock between two nodes' groups, one step's conflict) is run again step by step, so each
+//! step gets its own answer; a connection lost mid-commit answers every step of the group with
+//! it, as it would have answered each alone.
+
+use super::Failure;
+use deadpool_postgres::Pool;
+use std::collections::HashSet;
+use std::sync::Arc;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+/// Groups in flight at once, each on its own connection.
+const IN_FLIGHT: usize = 2;
+/// The most steps in one group.
+const MAX_GROUP: usize = 64;
+
+/// A parameter of a group's statement: one array per column.
+pub(super) type Column<'a> = Box<dyn ToSql + Sync + Send + 'a>;
+
+/// The column of `steps`' `value`s.
+pub(super) fn column<'a, S, T>(steps: &[&'a S], value: impl Fn(&'a S) -> T) -> Column<'a>
+where
+    T: ToSql + Sync + Send + 'a,
+{
+    Box::new(steps.iter().map(|&step| value(step)).collect::<Vec<T>>())
+}
+
+/// A turn step that can go to the database with others of its kind.
+pub(super) trait Step: Send + Sync + 'static {
+    /// The statement: its parameters are [`Step::columns`], its rows are keyed by their first
+    /// column, the conversation key.
+    const SQL: &'static str;
+    fn conversation(&self) -> &[u8];
+    fn columns<'a>(steps: &[&'a Self]) -> Vec<Column<'a>>;
+}
+
+struct Waiting<S> {
+    step: S,
+    answer: oneshot::Sender<Result<Row, Failure>>,
+}
+
+/// Where steps of one kind wait for their group.
+pub(super) struct Group<S: Step> {
+    queue: mpsc::UnboundedSender<Waiting<S>>,
+}
+
+impl<S: Step> Group<S> {
+    /// Starts the group's collector on `runtime`; it stops when the group is dropped.
+    pub(super) fn start(pool: Pool, runtime: &tokio::runtime::Handle) -> Group<S> {
+        let (queue, waiting) = mpsc::unbounded_channel();
+        runtime.spawn(collect(pool, waiting));
+        Group { queue }
+    }
+
+    /// Commits `step` with the steps waiting beside it: its row of the statement.
+    pub(super) async fn commit(&self, step: S) -> Result<Row, Failure> {
+        let (answer, answered) = oneshot::channel();
+        self.queue
+            .send(Waiting { step, answer })
+            .map_err(|_| closed())?;
+        answered.await.map_err(|_| closed())?
+    }
+}
+
+fn closed() -> Failure {
+    Failure::Store(crate::store::StoreError::backend_msg("the store is closed"))
+}
+
+/// Takes the waiting steps as groups, as connections for them free up.
+async fn collect<S: Step>(pool: Pool, mut waiting: mpsc::UnboundedReceiver<Waiting<S>>) {
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(first) = waiting.recv().await {
+        // Waiting for a slot is what lets the next group gather.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match waiting.try_recv() {
+                Ok(next) => group.push(next),
+                Err(_) => break,
+            }
+        }
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            for round in distinct_rounds(group) {
+                commit_round(&pool, round).await;
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// The group split so that each round holds a conversation once, in arrival order.
+fn distinct_rounds<S: Step>(mut group: Vec<Waiting<S>>) -> Vec<Vec<Waiting<S>>> {
+    let mut rounds = Vec::new();
+    while !group.is_empty() {
+        let mut seen = HashSet::new();
+        let (round, later) = group
+            .into_iter()
+            .partition(|w| seen.insert(w.step.conversation().to_vec()));
+        rounds.push(round);
+        group = later;
+    }
+    rounds
+}
+
+async fn commit_round<S: Step>(pool: &Pool, round: Vec<Waiting<S>>) {
+    let steps: Vec<&S> = round.iter().map(|w| &w.step).collect();
+    match execute::<S>(pool, &steps).await {
+        Ok(mut rows) => {
+            for waiting in round {
+                let row = rows
+                    .iter()
+                    .position(|row| {
+                        row.try_get::<_, &[u8]>(0).ok() == Some(waiting.step.conversation())
+                    })
+                    .map(|at| rows.swap_remove(at))
+                    .ok_or_else(|| {
+                        Failure::Store(crate::store::StoreError::backend_msg(
+                            "a grouped turn step got no row back",
+                        ))
+                    });
+                let _ = waiting.answer.send(row);
+            }
+        }
+        Err(failure) if round.len() > 1 && failure.refused_with().is_some() => {
+            // One step's conflict or a deadlock: each step alone gets its own answer.
+            let alone = round.into_iter().map(|waiting| async move {
+                let outcome = execute::<S>(pool, &[&waiting.step]).await;
+                let _ = waiting.answer.send(outcome.and_then(|mut rows| {
+                    rows.pop().ok_or_else(|| {
+                        Failure::Store(crate::store::StoreError::backend_msg(
+                            "a turn step got no row back",
+                        ))
+                    })
+                }));
+            });
+            futures_util::future::join_all(alone).await;
+        }
+        Err(failure) => {
+            let mut failures = failure.shared(round.len()).into_iter();
+            for waiting in round {
+                if let Some(failure) = failures.next() {
+                    let _ = waiting.answer.send(Err(failure));
+                }
+            }
+        }
+    }
+}
+
+/// One transaction in one round trip: `BEGIN`, the statement and `COMMIT` leave together (each
+/// request goes out on its first poll, in order; the statement is prepared first, once per
+/// connection, so it does not wait for its parse). The first error is the outcome: a statement
+/// the database refused aborted the transaction, which `COMMIT` then rolls back.
+async fn execute<S: Step>(pool: &Pool, steps: &[&S]) -> Result<Vec<Row>, Failure> {
+    let columns = S::columns(steps);
+    let params: Vec<&(dyn ToSql + Sync)> = columns
+        .iter()
+        .map(|column| column.as_ref() as &(dyn ToSql + Sync))
+        .collect();
+    let client = pool.get().await.map_err(Failure::Pool)?;
+    let statement = client.prepare_cached(S::SQL).await?;
+    let (began, rows, committed) = futures_util::join!(
+        client.batch_execute("BEGIN"),
+        client.query(&statement, &params),
+        client.batch_execute("COMMIT"),
+    );
+    began?;
+    let rows = rows?;
+    committed?;
+    Ok(rows)
+}
