@@ -38,6 +38,8 @@ where
 
 /// A turn step that can go to the database with others of its kind.
 pub(super) trait Step: Send + Sync + 'static {
+    /// The `step` label of the group metrics.
+    const NAME: &'static str;
     /// The statement: its parameters are [`Step::columns`], its rows are keyed by their first
     /// column, the conversation key.
     const SQL: &'static str;
@@ -165,6 +167,9 @@ async fn commit_round<S: Step>(pool: &Pool, round: Vec<Waiting<S>>) {
 /// connection, so it does not wait for its parse). The first error is the outcome: a statement
 /// the database refused aborted the transaction, which `COMMIT` then rolls back.
 async fn execute<S: Step>(pool: &Pool, steps: &[&S]) -> Result<Vec<Row>, Failure> {
+    metrics::counter!("colloquy_store_groups_total", "step" => S::NAME).increment(1);
+    metrics::counter!("colloquy_store_grouped_steps_total", "step" => S::NAME)
+        .increment(steps.len() as u64);
     let columns = S::columns(steps);
     let params: Vec<&(dyn ToSql + Sync)> = columns
         .iter()

@@ -110,6 +110,7 @@ pub(super) struct StartStep {
 }
 
 impl Step for StartStep {
+    const NAME: &'static str = "start";
     const SQL: &'static str = START_SQL;
 
     fn conversation(&self) -> &[u8] {
@@ -154,6 +155,7 @@ pub(super) struct EndStep {
 }
 
 impl Step for EndStep {
+    const NAME: &'static str = "end";
     const SQL: &'static str = END_SQL;
 
     fn conversation(&self) -> &[u8] {
