@@ -66,12 +66,15 @@ pub fn card(state: &AppState, url: &str) -> Value {
     card.insert("defaultInputModes".into(), json!(["text/plain"]));
     card.insert("defaultOutputModes".into(), json!(["text/plain"]));
     card.insert("skills".into(), Value::Array(skills));
+    // HTTP+JSON clients append the route (`/message:send`) to the interface's URL: a trailing
+    // slash would make it `//message:send`.
+    let http_json_url = url.trim_end_matches('/');
     if config.versions != "0.3" {
         card.insert(
             "supportedInterfaces".into(),
             json!([
                 {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
-                {"url": url, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
+                {"url": http_json_url, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
             ]),
         );
     }
@@ -84,7 +87,7 @@ pub fn card(state: &AppState, url: &str) -> Value {
             "additionalInterfaces".into(),
             json!([
                 {"url": url, "transport": "JSONRPC"},
-                {"url": url, "transport": "HTTP+JSON"},
+                {"url": http_json_url, "transport": "HTTP+JSON"},
             ]),
         );
         card.insert(

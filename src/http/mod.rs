@@ -27,7 +27,7 @@ pub use state::AppState;
 use crate::engine::Engine;
 use crate::store::ConversationStore;
 use actix_web::dev::ServerHandle;
-use actix_web::middleware::from_fn;
+use actix_web::middleware::{NormalizePath, TrailingSlash, from_fn};
 use actix_web::{App, HttpResponse, HttpServer, web};
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
@@ -167,6 +167,10 @@ pub fn serve(state: AppState) -> Result<RunningServer, ServeError> {
     };
     let server = HttpServer::new(move || {
         App::new()
+            // A client that appends a route to a base URL ending in `/` asks for
+            // `//message:send`: repeated slashes are merged before routing. A trailing slash is
+            // kept (JSON-RPC is served at `/`).
+            .wrap(NormalizePath::new(TrailingSlash::MergeOnly))
             .wrap(from_fn(unread_body::close_if_unread))
             .app_data(state.clone())
             .configure(public)

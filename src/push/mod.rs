@@ -74,8 +74,8 @@ impl PushConfigs {
     }
 
     /// The config of `principal`, refused while the principal has as many notifications
-    /// pending as the cap, with its URL checked against the policy (resolving its host now)
-    /// and an id (fresh when it has none).
+    /// pending as the cap, with its URL checked against the policy ([`TargetPolicy::check`]:
+    /// resolving its host now, if it resolves) and an id (fresh when it has none).
     pub async fn checked(
         &self,
         principal: &str,

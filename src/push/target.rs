@@ -1,10 +1,11 @@
 //! Where notifications may go: refuses the special-purpose addresses of both families (IANA
 //! registries: loopback, private, link-local with the cloud metadata service, unique-local,
 //! shared, documentation, benchmarking, multicast, reserved, ..., and IPv6 forms that embed
-//! such an IPv4 address) unless allowed, checked when a config is registered and again, after
-//! resolving the name, at every delivery. Delivery connects to the address that was checked
-//! (see [`CheckedResolver`]), so a name that resolves elsewhere the second time (DNS
-//! rebinding) gains nothing.
+//! such an IPv4 address) unless allowed. A config is refused at registration only for what is
+//! certain then (its form, a literal address, a name that resolves to a refused address); a name
+//! that does not resolve yet is accepted. Every delivery resolves the name and checks again, and
+//! connects to the address that was checked (see [`CheckedResolver`]), so a name that resolves
+//! elsewhere the second time (DNS rebinding) gains nothing.
 
 use reqwest::Url;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
@@ -89,10 +90,20 @@ impl TargetPolicy {
         }
     }
 
-    /// Checks the URL and every address its host resolves to now.
+    /// The check at registration: the URL, and every address its host resolves to now. A name
+    /// that does not resolve now passes: a resolver that is down or a name not yet in DNS says
+    /// nothing about where it will lead, and each delivery resolves and checks it again.
     pub async fn check(&self, url: &str) -> Result<(), TargetError> {
         let (host, port) = self.check_url(url)?;
-        for addr in self.resolve(&host, port).await? {
+        let addrs = match self.resolve(&host, port).await {
+            Ok(addrs) => addrs,
+            Err(e @ (TargetError::Unresolvable { .. } | TargetError::NoAddress { .. })) => {
+                tracing::debug!(error = %e, "push target accepted unresolved; checked at delivery");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        for addr in addrs {
             self.check_addr(&host, addr.ip())?;
         }
         Ok(())
@@ -627,6 +638,29 @@ mod tests {
         };
         assert!(allowed.check_url("http://example.com/hook").is_ok());
         assert!(strict.check_url("ftp://example.com/").is_err());
+    }
+
+    /// `.invalid` never resolves (RFC 6761): registration accepts it, delivery's resolver does
+    /// not.
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_passes_registration_only() {
+        let strict = TargetPolicy::default();
+        let host = "hooks.colloquy-test.invalid";
+        let registered = strict.check(&format!("https://{host}/hook")).await;
+        assert_eq!(registered, Ok(()));
+        let delivered = strict.resolve(host, 443).await;
+        assert!(
+            matches!(
+                delivered,
+                Err(TargetError::Unresolvable { .. } | TargetError::NoAddress { .. })
+            ),
+            "{delivered:?}"
+        );
+        let literal = strict.check("https://169.254.169.254/hook").await;
+        assert!(
+            matches!(literal, Err(TargetError::Internal { .. })),
+            "{literal:?}"
+        );
     }
 
     #[tokio::test]

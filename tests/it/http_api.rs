@@ -531,6 +531,11 @@ async fn card_versions_choose_the_fields() {
         card["supportedInterfaces"][0]["url"],
         "https://public.example/a2a/"
     );
+    // HTTP+JSON clients append `/message:send`: no trailing slash.
+    assert_eq!(
+        card["supportedInterfaces"][1]["url"],
+        "https://public.example/a2a"
+    );
     server.stop().await;
 }
 

@@ -1469,6 +1469,159 @@ async fn special_purpose_addresses_are_refused() {
     server.stop().await;
 }
 
+/// A host that does not resolve now (one under `.invalid`, which RFC 6761 keeps from ever
+/// resolving) is no reason to refuse a config: the resolver may be down or the name not yet in
+/// DNS, and every delivery resolves and checks again. What is certain at registration is still
+/// refused: a literal address in a forbidden range. Both versions, both bindings, and a send.
+#[actix_rt::test]
+async fn a_host_that_does_not_resolve_is_accepted_and_a_forbidden_literal_is_not() {
+    const UNRESOLVED: &str = "https://hooks.colloquy-test.invalid/webhook";
+    let server = start_echo().await;
+    let rest_create = |prefix: &str, task_id: &str, body: Value| {
+        server
+            .client
+            .post(format!(
+                "{}{prefix}tasks/{task_id}/pushNotificationConfigs",
+                server.url
+            ))
+            .json(&body)
+            .send()
+    };
+    let v03_rest_body = |task_id: &str, url: &str| {
+        json!({"parent": format!("tasks/{task_id}"), "configId": "rest-03",
+            "config": {"pushNotificationConfig": {"url": url}}})
+    };
+
+    let v1_task = new_task(&server, V1).await;
+    let created = server
+        .rpc(
+            V1,
+            "CreateTaskPushNotificationConfig",
+            v1_config(&v1_task, UNRESOLVED),
+        )
+        .await;
+    assert_eq!(created["result"]["url"], json!(UNRESOLVED), "{created}");
+    let rest = rest_create("", &v1_task, json!({"url": UNRESOLVED}))
+        .await
+        .expect("sent");
+    assert_eq!(rest.status().as_u16(), 200, "HTTP+JSON v1.0");
+    let listed = server
+        .rpc(
+            V1,
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": v1_task}),
+        )
+        .await;
+    let urls: Vec<&Value> = listed["result"]["configs"]
+        .as_array()
+        .map(|configs| configs.iter().map(|c| &c["url"]).collect())
+        .unwrap_or_default();
+    assert_eq!(urls, [UNRESOLVED, UNRESOLVED], "{listed}");
+
+    let v03_task = new_task(&server, V03).await;
+    let set = server
+        .rpc(
+            V03,
+            "tasks/pushNotificationConfig/set",
+            v03_config(&v03_task, UNRESOLVED),
+        )
+        .await;
+    assert_eq!(
+        set["result"]["pushNotificationConfig"]["url"],
+        json!(UNRESOLVED),
+        "{set}"
+    );
+    let rest = rest_create("v1/", &v03_task, v03_rest_body(&v03_task, UNRESOLVED))
+        .await
+        .expect("sent");
+    assert_eq!(rest.status().as_u16(), 200, "HTTP+JSON v0.3");
+    let listed = server
+        .rpc(
+            V03,
+            "tasks/pushNotificationConfig/list",
+            json!({"id": v03_task}),
+        )
+        .await;
+    assert_eq!(
+        listed["result"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+
+    for version in [V1, V03] {
+        let sent = server
+            .rpc(
+                version,
+                send_method(version),
+                send_with_hook(version, "hi", None, UNRESOLVED),
+            )
+            .await;
+        let task_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
+        let listed = server
+            .rpc(
+                V1,
+                "ListTaskPushNotificationConfigs",
+                json!({"taskId": task_id}),
+            )
+            .await;
+        assert_eq!(
+            listed["result"]["configs"][0]["url"],
+            json!(UNRESOLVED),
+            "{version}: {listed}"
+        );
+    }
+
+    for forbidden in [
+        "https://127.0.0.1/webhook",
+        "https://169.254.169.254/webhook",
+    ] {
+        let message = refused_config(&server, &v1_task, forbidden).await;
+        assert!(
+            message.contains("special-purpose"),
+            "{forbidden}: {message}"
+        );
+        let set = server
+            .rpc(
+                V03,
+                "tasks/pushNotificationConfig/set",
+                v03_config(&v03_task, forbidden),
+            )
+            .await;
+        assert_eq!(set["error"]["code"], json!(-32602), "{forbidden}: {set}");
+        for version in [V1, V03] {
+            let sent = server
+                .rpc(
+                    version,
+                    send_method(version),
+                    send_with_hook(version, "hi", None, forbidden),
+                )
+                .await;
+            assert_eq!(sent["error"]["code"], json!(-32602), "{version}: {sent}");
+        }
+        let rest = rest_create("", &v1_task, json!({"url": forbidden}))
+            .await
+            .expect("sent");
+        assert_eq!(rest.status().as_u16(), 400, "HTTP+JSON v1.0 {forbidden}");
+        let rest = rest_create("v1/", &v03_task, v03_rest_body(&v03_task, forbidden))
+            .await
+            .expect("sent");
+        assert_eq!(rest.status().as_u16(), 400, "HTTP+JSON v0.3 {forbidden}");
+    }
+    let listed = server
+        .rpc(
+            V1,
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": v1_task}),
+        )
+        .await;
+    assert_eq!(
+        listed["result"]["configs"].as_array().map(Vec::len),
+        Some(2),
+        "nothing more stored: {listed}"
+    );
+    server.stop().await;
+}
+
 /// A principal with `push.max_pending_per_principal` notifications pending gets no
 /// new config (a -32602 naming the limit, counted by a metric); what is pending is not
 /// dropped, and once it is delivered new configs are accepted again.

@@ -314,7 +314,68 @@ async fn the_same_auth_guards_both_bindings_and_the_card_lists_both() {
         .find(|i| i["protocolBinding"] == "HTTP+JSON")
         .expect("the card lists HTTP+JSON");
     assert_eq!(rest_interface["protocolVersion"], json!("1.0"));
-    assert_eq!(rest_interface["url"], interfaces[0]["url"]);
+    let jsonrpc_url = interfaces[0]["url"].as_str().expect("a URL");
+    assert_eq!(
+        rest_interface["url"],
+        json!(jsonrpc_url.trim_end_matches('/'))
+    );
+    server.stop().await;
+}
+
+/// The URL of the card's HTTP+JSON interface in `interfaces`, whose binding is under `key`.
+fn http_json_url(interfaces: &Value, key: &str) -> String {
+    interfaces
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|i| i[key] == "HTTP+JSON")
+        .and_then(|i| i["url"].as_str())
+        .unwrap_or_else(|| panic!("no HTTP+JSON interface in {interfaces}"))
+        .to_owned()
+}
+
+/// The card's HTTP+JSON URLs end without `/`, so a client that appends a route by plain
+/// concatenation (v1.0 `{url}/message:send`, v0.3 `{url}/v1/message:send`) reaches it; and a
+/// path with repeated slashes reaches the route it names, on both versions.
+#[actix_rt::test]
+async fn a_route_appended_to_the_card_url_or_with_repeated_slashes_is_served() {
+    let server = start_echo().await;
+    let card = server.card(&[]).await;
+    let v1_url = http_json_url(&card["supportedInterfaces"], "protocolBinding");
+    let v03_url = http_json_url(&card["additionalInterfaces"], "transport");
+    for url in [&v1_url, &v03_url] {
+        assert!(!url.ends_with('/'), "{url}");
+    }
+    let v1_body = json!({"message": user_message(V1, "appended", None, None)});
+    let v03_body = json!({"message": {
+        "messageId": "m-03", "role": "ROLE_USER", "content": [{"text": "appended"}],
+    }});
+    let post = |url: String, body: &Value| {
+        let request = server.client.post(&url).json(body);
+        async move { (url, Rest::answer(request.send().await.expect("sent")).await) }
+    };
+    // `server.url` ends in `/`: each of these paths begins with `//`.
+    let doubled = server.url.clone();
+    for (url, (status, body)) in [
+        post(format!("{v1_url}/message:send"), &v1_body).await,
+        post(format!("{v03_url}/v1/message:send"), &v03_body).await,
+        post(format!("{doubled}/message:send"), &v1_body).await,
+        post(format!("{doubled}/v1/message:send"), &v03_body).await,
+    ] {
+        assert_eq!(status, 200, "{url}: {body}");
+        assert!(body["task"]["id"].is_string(), "{url}: {body}");
+    }
+    let (_, (_, sent)) = post(format!("{v1_url}/message:send"), &v1_body).await;
+    let id = sent["task"]["id"].as_str().expect("a task id");
+    for url in [
+        format!("{doubled}/tasks/{id}"),
+        format!("{doubled}/v1//tasks/{id}"),
+    ] {
+        let got = server.client.get(&url).send().await.expect("sent");
+        let (status, task) = Rest::answer(got).await;
+        assert_eq!(status, 200, "{url}: {task}");
+        assert_eq!(task["id"], json!(id), "{url}");
+    }
     server.stop().await;
 }
 
