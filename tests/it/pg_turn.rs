@@ -1,6 +1,7 @@
 //! A PostgreSQL turn's start and end each read from one snapshot, taken before they wait for a
-//! row lock: what another transaction committed meanwhile still counts. Each test holds a lock
-//! from a connection of its own, lets the store's statement wait on it, then commits.
+//! row lock: what another transaction committed meanwhile still counts; and the steps that wait
+//! together commit together, each with its own outcome. Each test holds a lock from a
+//! connection of its own, lets the store's statement wait on it, then commits.
 
 use crate::push_store::pg_store;
 use crate::store_conformance::{begin_request, finish_request};
@@ -20,6 +21,138 @@ async fn blocker(url: &str) -> tokio_postgres::Client {
 
 /// Long enough for the store's statement to be waiting on the blocker's lock.
 const WAIT: Duration = Duration::from_millis(400);
+
+/// Conversations whose starts the blocker holds: more than the store runs groups at once, so
+/// that the starts made next wait, together, for a group of their own.
+const HELD: usize = 4;
+
+/// Takes every group slot of `store`'s starts: a first turn in each of [`HELD`]
+/// conversations, then their rows locked by the returned connection and a second start of
+/// each waiting on it. Commit the connection to let them go.
+async fn hold_the_starts(
+    store: &colloquy::store::postgres::PgStore,
+    url: &str,
+) -> (
+    tokio_postgres::Client,
+    Vec<tokio::task::JoinHandle<colloquy::store::StoreResult<colloquy::store::TurnBegun>>>,
+) {
+    let mut keys = Vec::new();
+    for n in 0..HELD {
+        let context = format!("held-{n}");
+        let begun = store
+            .begin_turn(begin_request("alice", &context, "first"))
+            .await
+            .expect("begins");
+        store
+            .finish_turn(finish_request(&begun, None, TaskState::Completed))
+            .await
+            .expect("ends");
+        keys.push(ConversationKey::new("alice", &context).as_bytes().to_vec());
+    }
+    let other = blocker(url).await;
+    other
+        .execute(
+            "SELECT 1 FROM colloquy_conversations WHERE conv_key = ANY($1) FOR UPDATE",
+            &[&keys],
+        )
+        .await
+        .expect("locks the conversations");
+    let mut held = Vec::new();
+    for n in 0..HELD {
+        held.push(tokio::spawn(store.begin_turn(begin_request(
+            "alice",
+            &format!("held-{n}"),
+            "second",
+        ))));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(WAIT).await;
+    (other, held)
+}
+
+/// The transactions that wrote the caller's messages of these conversations.
+async fn writers(url: &str, contexts: &[String]) -> usize {
+    let keys: Vec<Vec<u8>> = contexts
+        .iter()
+        .map(|context| ConversationKey::new("alice", context).as_bytes().to_vec())
+        .collect();
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connects");
+    tokio::spawn(connection);
+    let row = client
+        .query_one(
+            "SELECT count(DISTINCT xmin::TEXT) FROM colloquy_messages WHERE conv_key = ANY($1)",
+            &[&keys],
+        )
+        .await
+        .expect("reads");
+    row.get::<_, i64>(0) as usize
+}
+
+#[actix_rt::test]
+async fn starts_that_wait_together_commit_in_one_transaction() {
+    let Some(url) = crate::common::pg::database("pg_turn::starts_wait_together") else {
+        return;
+    };
+    let store = pg_store(&url, "a");
+    let (other, held) = hold_the_starts(&store, &url).await;
+    let contexts: Vec<String> = (0..8).map(|n| format!("together-{n}")).collect();
+    let waiting: Vec<_> = contexts
+        .iter()
+        .map(|context| tokio::spawn(store.begin_turn(begin_request("alice", context, "hi"))))
+        .collect();
+    tokio::time::sleep(WAIT).await;
+    other.batch_execute("COMMIT").await.expect("commits");
+    for start in held.into_iter().chain(waiting) {
+        start.await.expect("no panic").expect("begins");
+    }
+    assert_eq!(writers(&url, &contexts).await, 1);
+}
+
+#[actix_rt::test]
+async fn a_group_with_a_refused_step_commits_the_others() {
+    let Some(url) = crate::common::pg::database("pg_turn::a_refused_step") else {
+        return;
+    };
+    let store = pg_store(&url, "a");
+    let broken = store
+        .begin_turn(begin_request("alice", "broken", "first"))
+        .await
+        .expect("begins");
+    store
+        .finish_turn(finish_request(&broken, None, TaskState::Completed))
+        .await
+        .expect("ends");
+    // A message already where the next caller's message goes: that start's insert fails.
+    let key = ConversationKey::new("alice", "broken");
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connects");
+    tokio::spawn(connection);
+    client
+        .execute(
+            "INSERT INTO colloquy_messages (conv_key, seq, body)              SELECT conv_key, next_seq, '{}' FROM colloquy_conversations WHERE conv_key = $1",
+            &[&key.as_bytes().as_slice()],
+        )
+        .await
+        .expect("inserts");
+    let (other, held) = hold_the_starts(&store, &url).await;
+    let contexts: Vec<String> = (0..4).map(|n| format!("fine-{n}")).collect();
+    let broken = tokio::spawn(store.begin_turn(begin_request("alice", "broken", "second")));
+    let fine: Vec<_> = contexts
+        .iter()
+        .map(|context| tokio::spawn(store.begin_turn(begin_request("alice", context, "hi"))))
+        .collect();
+    tokio::time::sleep(WAIT).await;
+    other.batch_execute("COMMIT").await.expect("commits");
+    for start in held.into_iter().chain(fine) {
+        start.await.expect("no panic").expect("begins");
+    }
+    let refused = broken.await.expect("no panic");
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(writers(&url, &contexts).await, contexts.len());
+}
 
 #[actix_rt::test]
 async fn a_start_sees_the_reply_committed_while_it_waited() {
