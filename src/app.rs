@@ -285,6 +285,7 @@ pub fn postgres_options(config: &Config) -> Option<PgOptions> {
         lease: lease_duration(config),
         tls_ca_file: config.store.tls_ca_file.clone(),
         partitions: config.store.partitions,
+        group_steps: config.store.group_steps,
         holder: format!(
             "{}/{}/{:08x}",
             config.listen,

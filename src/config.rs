@@ -353,6 +353,9 @@ pub struct StoreConfig {
     /// PostgreSQL: hash partitions of the tables keyed by conversation, when colloquy creates
     /// the schema (0: plain tables; set before the first start, later it changes nothing).
     pub partitions: u32,
+    /// PostgreSQL: the most turn starts (or ends) committed together in one transaction when
+    /// they wait at the same time (1: each in its own).
+    pub group_steps: usize,
     /// PostgreSQL: PEM file of the authorities the database's certificate may come from
     /// (besides the public ones); set, or with `sslmode=require` in the URL, TLS is used.
     pub tls_ca_file: Option<PathBuf>,
@@ -380,6 +383,7 @@ impl Default for StoreConfig {
             url: String::new(),
             pool_size: 16,
             partitions: 0,
+            group_steps: 64,
             tls_ca_file: None,
             cache_bytes: 64 * 1024 * 1024,
             checkpoint_interval_ms: DEFAULT_CHECKPOINT_EVERY.as_millis() as u64,

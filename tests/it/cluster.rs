@@ -23,6 +23,7 @@ fn options(url: &str, lease: Duration, holder: &str) -> PgOptions {
         holder: holder.to_owned(),
         tls_ca_file: None,
         partitions: 0,
+        group_steps: 64,
     }
 }
 

@@ -3,7 +3,7 @@
 //! together commit together, each with its own outcome. Each test holds a lock from a
 //! connection of its own, lets the store's statement wait on it, then commits.
 
-use crate::push_store::pg_store;
+use crate::push_store::{pg_store, pg_store_grouping};
 use crate::store_conformance::{begin_request, finish_request};
 use colloquy::model::{Message, PushConfig, TaskState};
 use colloquy::store::{ConversationKey, ConversationStore, PushStore};
@@ -95,7 +95,21 @@ async fn starts_that_wait_together_commit_in_one_transaction() {
     let Some(url) = crate::common::pg::database("pg_turn::starts_wait_together") else {
         return;
     };
-    let store = pg_store(&url, "a");
+    assert_eq!(starts_waiting_together(&url, 64).await, 1);
+}
+
+#[actix_rt::test]
+async fn with_groups_of_one_each_start_commits_alone() {
+    let Some(url) = crate::common::pg::database("pg_turn::groups_of_one") else {
+        return;
+    };
+    assert_eq!(starts_waiting_together(&url, 1).await, 8);
+}
+
+/// Eight starts made while the store's groups are held: the transactions that stored them.
+async fn starts_waiting_together(url: &str, group_steps: usize) -> usize {
+    let url = url.to_owned();
+    let store = pg_store_grouping(&url, "a", group_steps);
     let (other, held) = hold_the_starts(&store, &url).await;
     let contexts: Vec<String> = (0..8).map(|n| format!("together-{n}")).collect();
     let waiting: Vec<_> = contexts
@@ -107,7 +121,7 @@ async fn starts_that_wait_together_commit_in_one_transaction() {
     for start in held.into_iter().chain(waiting) {
         start.await.expect("no panic").expect("begins");
     }
-    assert_eq!(writers(&url, &contexts).await, 1);
+    writers(&url, &contexts).await
 }
 
 #[actix_rt::test]

@@ -40,6 +40,11 @@ pub fn postgres() -> Option<PushFixture> {
 /// A node's store on the database `url`, connected on a thread of its own (the caller may be
 /// inside a runtime).
 pub(crate) fn pg_store(url: &str, holder: &str) -> PgStore {
+    pg_store_grouping(url, holder, 64)
+}
+
+/// [`pg_store`] committing at most `group_steps` turn starts (or ends) together.
+pub(crate) fn pg_store_grouping(url: &str, holder: &str, group_steps: usize) -> PgStore {
     let options = PgOptions {
         url: url.to_owned(),
         pool_size: 4,
@@ -47,6 +52,7 @@ pub(crate) fn pg_store(url: &str, holder: &str) -> PgStore {
         holder: holder.into(),
         tls_ca_file: None,
         partitions: 0,
+        group_steps,
     };
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()

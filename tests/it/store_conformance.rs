@@ -46,6 +46,7 @@ fn postgres_with_partitions(partitions: u32) -> Option<Fixture> {
         holder: "conformance".into(),
         tls_ca_file: None,
         partitions,
+        group_steps: 64,
     };
     // The fixture is built inside the test's runtime: connect on a thread of its own.
     let store = std::thread::spawn(move || {

@@ -22,8 +22,6 @@ use tokio_postgres::types::ToSql;
 
 /// Groups in flight at once, each on its own connection.
 const IN_FLIGHT: usize = 2;
-/// The most steps in one group.
-const MAX_GROUP: usize = 64;
 
 /// A parameter of a group's statement: one array per column.
 pub(super) type Column<'a> = Box<dyn ToSql + Sync + Send + 'a>;
@@ -58,10 +56,11 @@ pub(super) struct Group<S: Step> {
 }
 
 impl<S: Step> Group<S> {
-    /// Starts the group's collector on `runtime`; it stops when the group is dropped.
-    pub(super) fn start(pool: Pool, runtime: &tokio::runtime::Handle) -> Group<S> {
+    /// Starts the group's collector on `runtime`, for groups of at most `most` steps; it stops
+    /// when the group is dropped.
+    pub(super) fn start(pool: Pool, most: usize, runtime: &tokio::runtime::Handle) -> Group<S> {
         let (queue, waiting) = mpsc::unbounded_channel();
-        runtime.spawn(collect(pool, waiting));
+        runtime.spawn(collect(pool, most.max(1), waiting));
         Group { queue }
     }
 
@@ -80,7 +79,11 @@ fn closed() -> Failure {
 }
 
 /// Takes the waiting steps as groups, as connections for them free up.
-async fn collect<S: Step>(pool: Pool, mut waiting: mpsc::UnboundedReceiver<Waiting<S>>) {
+async fn collect<S: Step>(
+    pool: Pool,
+    most: usize,
+    mut waiting: mpsc::UnboundedReceiver<Waiting<S>>,
+) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = waiting.recv().await {
         // Waiting for a slot is what lets the next group gather.
@@ -88,7 +91,7 @@ async fn collect<S: Step>(pool: Pool, mut waiting: mpsc::UnboundedReceiver<Waiti
             return;
         };
         let mut group = vec![first];
-        while group.len() < MAX_GROUP {
+        while group.len() < most {
             match waiting.try_recv() {
                 Ok(next) => group.push(next),
                 Err(_) => break,

@@ -53,6 +53,9 @@ pub struct PgOptions {
     /// Hash partitions of the conversation-keyed tables when this node creates the schema (0:
     /// plain tables). Read only then.
     pub partitions: u32,
+    /// The most turn starts (or ends) one transaction commits together (`group.rs`; 1: each
+    /// alone).
+    pub group_steps: usize,
 }
 
 /// A TLS connector (rustls) if the URL's `sslmode` requires TLS or a CA file is given; else
@@ -318,8 +321,8 @@ impl PgStore {
                 holder: parking_lot::RwLock::new(options.holder.clone()),
                 outbox_repaired: parking_lot::Mutex::new(std::time::Instant::now()),
                 started: parking_lot::Mutex::default(),
-                starts: group::Group::start(pool.clone(), runtime.handle()),
-                ends: group::Group::start(pool, runtime.handle()),
+                starts: group::Group::start(pool.clone(), options.group_steps, runtime.handle()),
+                ends: group::Group::start(pool, options.group_steps, runtime.handle()),
             }),
             runtime: Arc::new(OwnedRuntime(Some(runtime))),
             outbox: Arc::new(tokio::sync::Notify::new()),

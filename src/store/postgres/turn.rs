@@ -23,7 +23,8 @@ use tokio_postgres::Row;
 /// step, keyed by the conversation. The window comes from the statement's snapshot (the main
 /// query does not see what its CTEs write): `seen_seq` (the conversation's `next_seq` in it)
 /// tells whether a turn ended between that snapshot and the take, and the window is then read
-/// again. Rows are taken in key order, as every group does, so two groups wait rather than
+/// again (read row by row, `LATERAL`, so that each is one index lookup whatever the plan
+/// thought of the table's size). Rows are taken in key order, as every group does, so two groups wait rather than
 /// deadlock where they can.
 const START_SQL: &str = concat!(
     "WITH input AS (SELECT * FROM unnest($1::BYTEA[], $2::BYTEA[], $3::BYTEA[], \
@@ -54,7 +55,8 @@ const START_SQL: &str = concat!(
              WHERE conv_key = input.conv_key \
                  AND seq >= taken.next_seq - 1 - input.window_len ORDER BY seq) AS recent \
      FROM input LEFT JOIN taken ON taken.conv_key = input.conv_key \
-         LEFT JOIN colloquy_conversations AS seen ON seen.conv_key = input.conv_key"
+         LEFT JOIN LATERAL (SELECT next_seq, running_task, lease_expires \
+             FROM colloquy_conversations WHERE conv_key = input.conv_key) AS seen ON TRUE"
 );
 
 /// The `$3` messages before sequence number `$2`, oldest first.
