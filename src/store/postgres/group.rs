@@ -16,6 +16,7 @@ use super::Failure;
 use deadpool_postgres::Pool;
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -55,12 +56,28 @@ pub(super) struct Group<S: Step> {
     queue: mpsc::UnboundedSender<Waiting<S>>,
 }
 
+/// Whether the database takes `plan_cache_mode` (PostgreSQL 12 and later; learnt at connect).
+/// A group's statement is then planned once per connection, not at each execution: left to
+/// choose, PostgreSQL plans it anew every time, because a plan for the group's own number of
+/// rows always looks cheaper than one for any number, and planning these statements costs
+/// about as much as running them.
+pub(super) type GenericPlans = Arc<AtomicBool>;
+
 impl<S: Step> Group<S> {
     /// Starts the group's collector on `runtime`, for groups of at most `most` steps; it stops
     /// when the group is dropped.
-    pub(super) fn start(pool: Pool, most: usize, runtime: &tokio::runtime::Handle) -> Group<S> {
+    pub(super) fn start(
+        pool: Pool,
+        most: usize,
+        generic_plans: GenericPlans,
+        runtime: &tokio::runtime::Handle,
+    ) -> Group<S> {
         let (queue, waiting) = mpsc::unbounded_channel();
-        runtime.spawn(collect(pool, most.max(1), waiting));
+        let database = Database {
+            pool,
+            generic_plans,
+        };
+        runtime.spawn(collect(database, most.max(1), waiting));
         Group { queue }
     }
 
@@ -79,8 +96,15 @@ fn closed() -> Failure {
 }
 
 /// Takes the waiting steps as groups, as connections for them free up.
-async fn collect<S: Step>(
+/// Where groups are committed.
+#[derive(Clone)]
+struct Database {
     pool: Pool,
+    generic_plans: GenericPlans,
+}
+
+async fn collect<S: Step>(
+    database: Database,
     most: usize,
     mut waiting: mpsc::UnboundedReceiver<Waiting<S>>,
 ) {
@@ -97,10 +121,10 @@ async fn collect<S: Step>(
                 Err(_) => break,
             }
         }
-        let pool = pool.clone();
+        let database = database.clone();
         tokio::spawn(async move {
             for round in distinct_rounds(group) {
-                commit_round(&pool, round).await;
+                commit_round(&database, round).await;
             }
             drop(slot);
         });
@@ -121,9 +145,9 @@ fn distinct_rounds<S: Step>(mut group: Vec<Waiting<S>>) -> Vec<Vec<Waiting<S>>> 
     rounds
 }
 
-async fn commit_round<S: Step>(pool: &Pool, round: Vec<Waiting<S>>) {
+async fn commit_round<S: Step>(database: &Database, round: Vec<Waiting<S>>) {
     let steps: Vec<&S> = round.iter().map(|w| &w.step).collect();
-    match execute::<S>(pool, &steps).await {
+    match execute::<S>(database, &steps).await {
         Ok(mut rows) => {
             for waiting in round {
                 let row = rows
@@ -143,7 +167,7 @@ async fn commit_round<S: Step>(pool: &Pool, round: Vec<Waiting<S>>) {
         Err(failure) if round.len() > 1 && failure.refused_with().is_some() => {
             // One step's conflict or a deadlock: each step alone gets its own answer.
             let alone = round.into_iter().map(|waiting| async move {
-                let outcome = execute::<S>(pool, &[&waiting.step]).await;
+                let outcome = execute::<S>(database, &[&waiting.step]).await;
                 let _ = waiting.answer.send(outcome.and_then(|mut rows| {
                     rows.pop().ok_or_else(|| {
                         Failure::Store(crate::store::StoreError::backend_msg(
@@ -169,7 +193,7 @@ async fn commit_round<S: Step>(pool: &Pool, round: Vec<Waiting<S>>) {
 /// request goes out on its first poll, in order; the statement is prepared first, once per
 /// connection, so it does not wait for its parse). The first error is the outcome: a statement
 /// the database refused aborted the transaction, which `COMMIT` then rolls back.
-async fn execute<S: Step>(pool: &Pool, steps: &[&S]) -> Result<Vec<Row>, Failure> {
+async fn execute<S: Step>(database: &Database, steps: &[&S]) -> Result<Vec<Row>, Failure> {
     metrics::counter!("colloquy_store_groups_total", "step" => S::NAME).increment(1);
     metrics::counter!("colloquy_store_grouped_steps_total", "step" => S::NAME)
         .increment(steps.len() as u64);
@@ -178,10 +202,14 @@ async fn execute<S: Step>(pool: &Pool, steps: &[&S]) -> Result<Vec<Row>, Failure
         .iter()
         .map(|column| column.as_ref() as &(dyn ToSql + Sync))
         .collect();
-    let client = pool.get().await.map_err(Failure::Pool)?;
+    let client = database.pool.get().await.map_err(Failure::Pool)?;
     let statement = client.prepare_cached(S::SQL).await?;
+    let begin = match database.generic_plans.load(Ordering::Relaxed) {
+        true => "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan",
+        false => "BEGIN",
+    };
     let (began, rows, committed) = futures_util::join!(
-        client.batch_execute("BEGIN"),
+        client.batch_execute(begin),
         client.query(&statement, &params),
         client.batch_execute("COMMIT"),
     );

@@ -132,6 +132,7 @@ pub(crate) struct Ops {
     started:
         parking_lot::Mutex<std::collections::HashMap<(ConversationKey, u64), turn::StartedTurn>>,
     /// Where the usual starts and ends wait to be committed together (`group.rs`).
+    generic_plans: group::GenericPlans,
     starts: group::Group<turn::StartStep>,
     ends: group::Group<turn::EndStep>,
 }
@@ -277,6 +278,9 @@ impl PgStore {
     pub async fn connect(options: &PgOptions) -> StoreResult<PgStore> {
         let store = PgStore::pool(options)?;
         store.run(|ops| async move { ops.migrate().await }).await?;
+        store
+            .run(|ops| async move { ops.learn_planning().await.map_err(Failure::into_store) })
+            .await?;
         Ok(store)
     }
 
@@ -313,6 +317,7 @@ impl PgStore {
             .build()
             .map_err(|e| StoreError::backend("connection pool", e))?;
         runtime.spawn(report_pool_use(pool.clone()));
+        let generic_plans = group::GenericPlans::default();
         Ok(PgStore {
             ops: Arc::new(Ops {
                 pool: pool.clone(),
@@ -321,8 +326,19 @@ impl PgStore {
                 holder: parking_lot::RwLock::new(options.holder.clone()),
                 outbox_repaired: parking_lot::Mutex::new(std::time::Instant::now()),
                 started: parking_lot::Mutex::default(),
-                starts: group::Group::start(pool.clone(), options.group_steps, runtime.handle()),
-                ends: group::Group::start(pool, options.group_steps, runtime.handle()),
+                starts: group::Group::start(
+                    pool.clone(),
+                    options.group_steps,
+                    generic_plans.clone(),
+                    runtime.handle(),
+                ),
+                ends: group::Group::start(
+                    pool,
+                    options.group_steps,
+                    generic_plans.clone(),
+                    runtime.handle(),
+                ),
+                generic_plans,
             }),
             runtime: Arc::new(OwnedRuntime(Some(runtime))),
             outbox: Arc::new(tokio::sync::Notify::new()),
