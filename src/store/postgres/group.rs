@@ -4,8 +4,9 @@
 //! wake-ups, the executor's set-up), so sharing it among the turns that wait together is what
 //! brings the database's CPU per turn down as load grows; alone, a step is a group of one.
 //!
-//! A few groups run at once (`IN_FLIGHT`); the steps that arrive while they do wait and leave
-//! together as the next group, so groups grow with load and never wait for a timer. A group
+//! One group of a kind is in flight at a time (`IN_FLIGHT`); the steps that arrive while it is
+//! wait and leave together as the next group, so groups grow with load and never wait for a
+//! timer. A group
 //! holds each conversation once (a node runs one turn per conversation, but two nodes' groups
 //! could meet on a key: such a step goes in a later group). A group the database refuses (a
 //! deadlock between two nodes' groups, one step's conflict) is run again step by step, so each
@@ -21,8 +22,12 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-/// Groups in flight at once, each on its own connection.
-const IN_FLIGHT: usize = 2;
+/// Groups of a kind in flight at once. One, as in a classic group commit: the steps that come
+/// while it commits wait for it and leave together. Two halved the groups and cost the database
+/// a third more per turn (`benches/cluster_compare.sh`, docs/performance.md); the price of one
+/// is that a group waiting on a row lock (another node's turn of one of its conversations, held
+/// for a few round trips) holds back the node's next group until it is granted.
+const IN_FLIGHT: usize = 1;
 
 /// A parameter of a group's statement: one array per column.
 pub(super) type Column<'a> = Box<dyn ToSql + Sync + Send + 'a>;
