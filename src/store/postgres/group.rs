@@ -6,12 +6,11 @@
 //!
 //! One group of a kind is in flight at a time (`IN_FLIGHT`); the steps that arrive while it is
 //! wait and leave together as the next group, so groups grow with load and never wait for a
-//! timer. A group
-//! holds each conversation once (a node runs one turn per conversation, but two nodes' groups
-//! could meet on a key: such a step goes in a later group). A group the database refuses (a
-//! deadlock between two nodes' groups, one step's conflict) is run again step by step, so each
-//! step gets its own answer; a connection lost mid-commit answers every step of the group with
-//! it, as it would have answered each alone.
+//! timer. A group holds each conversation once (a node runs one turn per conversation at a
+//! time, but a step for a key already in the group goes in a later one, whatever sent it). A
+//! group the database refuses (a deadlock with another node's group, one step's conflict) is
+//! run again step by step, so each step gets its own answer; a connection lost mid-commit
+//! answers every step of the group with it, as it would have answered each alone.
 
 use super::Failure;
 use deadpool_postgres::Pool;
@@ -100,7 +99,12 @@ fn closed() -> Failure {
     Failure::Store(crate::store::StoreError::backend_msg("the store is closed"))
 }
 
-/// Takes the waiting steps as groups, as connections for them free up.
+fn no_row() -> Failure {
+    Failure::Store(crate::store::StoreError::backend_msg(
+        "a turn step got no row back from its statement",
+    ))
+}
+
 /// Where groups are committed.
 #[derive(Clone)]
 struct Database {
@@ -108,6 +112,7 @@ struct Database {
     generic_plans: GenericPlans,
 }
 
+/// Takes the waiting steps as groups, one group in flight at a time.
 async fn collect<S: Step>(
     database: Database,
     most: usize,
@@ -161,11 +166,7 @@ async fn commit_round<S: Step>(database: &Database, round: Vec<Waiting<S>>) {
                         row.try_get::<_, &[u8]>(0).ok() == Some(waiting.step.conversation())
                     })
                     .map(|at| rows.swap_remove(at))
-                    .ok_or_else(|| {
-                        Failure::Store(crate::store::StoreError::backend_msg(
-                            "a grouped turn step got no row back",
-                        ))
-                    });
+                    .ok_or_else(no_row);
                 let _ = waiting.answer.send(row);
             }
         }
@@ -173,13 +174,9 @@ async fn commit_round<S: Step>(database: &Database, round: Vec<Waiting<S>>) {
             // One step's conflict or a deadlock: each step alone gets its own answer.
             let alone = round.into_iter().map(|waiting| async move {
                 let outcome = execute::<S>(database, &[&waiting.step]).await;
-                let _ = waiting.answer.send(outcome.and_then(|mut rows| {
-                    rows.pop().ok_or_else(|| {
-                        Failure::Store(crate::store::StoreError::backend_msg(
-                            "a turn step got no row back",
-                        ))
-                    })
-                }));
+                let _ = waiting
+                    .answer
+                    .send(outcome.and_then(|mut rows| rows.pop().ok_or_else(no_row)));
             });
             futures_util::future::join_all(alone).await;
         }
