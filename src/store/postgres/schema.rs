@@ -99,6 +99,13 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE colloquy_tasks ADD COLUMN has_push BOOLEAN NOT NULL DEFAULT FALSE;
     "#,
+    // 5: the lease index holds running conversations only: the sweep reads nothing else, and a
+    // turn's end (which clears `running_task`) adds no entry to it.
+    r#"
+    DROP INDEX colloquy_conversations_by_lease;
+    CREATE INDEX colloquy_conversations_by_lease
+        ON colloquy_conversations (lease_expires) WHERE running_task IS NOT NULL;
+    "#,
 ];
 
 /// The tables keyed by conversation, which a partitioned schema splits by their key's hash.
