@@ -9,14 +9,32 @@ use colloquy::model::{Message, PushConfig, TaskState};
 use colloquy::store::{ConversationKey, ConversationStore, PushStore};
 use std::time::Duration;
 
-/// A connection of the test's own, in a transaction.
-async fn blocker(url: &str) -> tokio_postgres::Client {
+/// A connection of the test's own.
+async fn connect(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .expect("connects");
     tokio::spawn(connection);
+    client
+}
+
+/// A connection of the test's own, in a transaction.
+async fn blocker(url: &str) -> tokio_postgres::Client {
+    let client = connect(url).await;
     client.batch_execute("BEGIN").await.expect("begins");
     client
+}
+
+/// A first turn of `context` ("first", no reply), ended.
+async fn first_turn(store: &colloquy::store::postgres::PgStore, context: &str) {
+    let begun = store
+        .begin_turn(begin_request("alice", context, "first"))
+        .await
+        .expect("begins");
+    store
+        .finish_turn(finish_request(&begun, None, TaskState::Completed))
+        .await
+        .expect("ends");
 }
 
 /// Long enough for the store's statement to be waiting on the blocker's lock.
@@ -39,14 +57,7 @@ async fn hold_the_starts(
     let mut keys = Vec::new();
     for n in 0..HELD {
         let context = format!("held-{n}");
-        let begun = store
-            .begin_turn(begin_request("alice", &context, "first"))
-            .await
-            .expect("begins");
-        store
-            .finish_turn(finish_request(&begun, None, TaskState::Completed))
-            .await
-            .expect("ends");
+        first_turn(store, &context).await;
         keys.push(ConversationKey::new("alice", &context).as_bytes().to_vec());
     }
     let other = blocker(url).await;
@@ -76,11 +87,8 @@ async fn writers(url: &str, contexts: &[String]) -> usize {
         .iter()
         .map(|context| ConversationKey::new("alice", context).as_bytes().to_vec())
         .collect();
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    let row = connect(url)
         .await
-        .expect("connects");
-    tokio::spawn(connection);
-    let row = client
         .query_one(
             "SELECT count(DISTINCT xmin::TEXT) FROM colloquy_messages WHERE conv_key = ANY($1)",
             &[&keys],
@@ -108,9 +116,8 @@ async fn with_groups_of_one_each_start_commits_alone() {
 
 /// Eight starts made while the store's groups are held: the transactions that stored them.
 async fn starts_waiting_together(url: &str, group_steps: usize) -> usize {
-    let url = url.to_owned();
-    let store = pg_store_grouping(&url, "a", group_steps);
-    let (other, held) = hold_the_starts(&store, &url).await;
+    let store = pg_store_grouping(url, "a", group_steps);
+    let (other, held) = hold_the_starts(&store, url).await;
     let contexts: Vec<String> = (0..8).map(|n| format!("together-{n}")).collect();
     let waiting: Vec<_> = contexts
         .iter()
@@ -121,7 +128,7 @@ async fn starts_waiting_together(url: &str, group_steps: usize) -> usize {
     for start in held.into_iter().chain(waiting) {
         start.await.expect("no panic").expect("begins");
     }
-    writers(&url, &contexts).await
+    writers(url, &contexts).await
 }
 
 #[actix_rt::test]
@@ -130,23 +137,14 @@ async fn a_group_with_a_refused_step_commits_the_others() {
         return;
     };
     let store = pg_store(&url, "a");
-    let broken = store
-        .begin_turn(begin_request("alice", "broken", "first"))
-        .await
-        .expect("begins");
-    store
-        .finish_turn(finish_request(&broken, None, TaskState::Completed))
-        .await
-        .expect("ends");
+    first_turn(&store, "broken").await;
     // A message already where the next caller's message goes: that start's insert fails.
     let key = ConversationKey::new("alice", "broken");
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+    connect(&url)
         .await
-        .expect("connects");
-    tokio::spawn(connection);
-    client
         .execute(
-            "INSERT INTO colloquy_messages (conv_key, seq, body)              SELECT conv_key, next_seq, '{}' FROM colloquy_conversations WHERE conv_key = $1",
+            "INSERT INTO colloquy_messages (conv_key, seq, body) \
+             SELECT conv_key, next_seq, '{}' FROM colloquy_conversations WHERE conv_key = $1",
             &[&key.as_bytes().as_slice()],
         )
         .await
@@ -174,14 +172,7 @@ async fn a_start_sees_the_reply_committed_while_it_waited() {
         return;
     };
     let store = pg_store(&url, "a");
-    let first = store
-        .begin_turn(begin_request("alice", "c", "first"))
-        .await
-        .expect("begins");
-    store
-        .finish_turn(finish_request(&first, None, TaskState::Completed))
-        .await
-        .expect("ends");
+    first_turn(&store, "c").await;
     // What another node's turn end writes: a message at the next place, committed only after
     // the next start took its snapshot.
     let late = Message::agent_text("committed late", "c", None);
