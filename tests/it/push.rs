@@ -834,6 +834,85 @@ async fn delivery_checks_the_address_again_after_resolving_the_name() {
     server.stop().await;
 }
 
+/// Waits (up to 10 s) until `name` reaches `at_least`, and returns its value then.
+async fn metric_reaching(server: &TestServer, name: &str, at_least: f64) -> f64 {
+    let mut value = 0.0;
+    for _ in 0..200 {
+        value = metric(server, name).await;
+        if value >= at_least {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    value
+}
+
+/// A name that does not resolve at delivery (one under `.invalid`, which RFC 6761 keeps from
+/// ever resolving: like a resolver that is down or a name not yet in DNS) is a failed attempt,
+/// retried with backoff until the retry budget is spent; a name that resolves to a forbidden
+/// address is still refused and given up at once, on the same server.
+#[actix_rt::test]
+async fn a_name_that_does_not_resolve_at_delivery_is_retried_and_a_forbidden_one_is_not() {
+    if rerun_alone(
+        "push::a_name_that_does_not_resolve_at_delivery_is_retried_and_a_forbidden_one_is_not",
+    ) {
+        return;
+    }
+    const UNRESOLVED: &str = "https://hooks.colloquy-test.invalid/webhook";
+    // Registered while loopback was allowed (a name resolving to loopback is refused at
+    // registration otherwise); nothing listens there.
+    let forbidden = format!("https://localhost:{}/hook", free_port());
+    let server = start_echo_with(allow_loopback_with_fast_retries).await;
+    for hook in [forbidden.as_str(), UNRESOLVED] {
+        let sent = server
+            .rpc(V1, "SendMessage", send_with_hook(V1, "hello", None, hook))
+            .await;
+        assert!(sent.get("result").is_some(), "{sent}");
+    }
+    let dir = server.stop().await;
+
+    // Without the allowance: loopback is refused once resolved (two notifications given up at
+    // once, never retried), while the unresolved name keeps being retried.
+    let server = start_in(dir, Arc::new(colloquy::agent::EchoAgent::default()), |c| {
+        c.push.retry_base_ms = 50;
+        c.push.retry_max_ms = 200;
+    })
+    .await;
+    assert_eq!(
+        metric_reaching(&server, "colloquy_push_given_up_total", 2.0).await,
+        2.0
+    );
+    let retried = metric(&server, "colloquy_push_retried_total").await;
+    let failed = metric(&server, "colloquy_push_failed_total").await;
+    assert!(
+        metric_reaching(&server, "colloquy_push_retried_total", retried + 3.0).await
+            >= retried + 3.0,
+        "the unresolved name is retried"
+    );
+    assert!(metric(&server, "colloquy_push_failed_total").await >= failed + 3.0);
+    assert_eq!(
+        metric(&server, "colloquy_push_given_up_total").await,
+        2.0,
+        "only the forbidden address is given up"
+    );
+    assert_eq!(metric(&server, "colloquy_push_sent_total").await, 0.0);
+    let dir = server.stop().await;
+
+    // Given up once the usual budget is spent: both of its notifications.
+    let server = start_in(dir, Arc::new(colloquy::agent::EchoAgent::default()), |c| {
+        c.push.retry_base_ms = 50;
+        c.push.retry_max_ms = 200;
+        c.push.give_up_after_secs = 1;
+    })
+    .await;
+    assert_eq!(
+        metric_reaching(&server, "colloquy_push_given_up_total", 4.0).await,
+        4.0
+    );
+    assert_eq!(metric(&server, "colloquy_push_sent_total").await, 0.0);
+    server.stop().await;
+}
+
 /// Checks a notification's JWT against the keys the server's card points to: the signature,
 /// the body's digest, the notification id and the time.
 async fn assert_signed(server: &TestServer, notification: &Received) {
