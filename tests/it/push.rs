@@ -208,6 +208,93 @@ async fn v03_configs_are_set_read_listed_and_deleted_and_survive_a_restart() {
     server.stop().await;
 }
 
+/// Deleting a config is idempotent (A2A v1.0 §3.1.10: "multiple deletions of the same config
+/// have the same effect"): a second delete, or one of a config never created, succeeds in both
+/// versions and on both bindings; a task that does not exist is still -32001 (404).
+#[actix_rt::test]
+async fn deleting_a_config_twice_succeeds_and_an_unknown_task_is_still_not_found() {
+    let server = start_allowing_loopback().await;
+    let v1_task = new_task(&server, V1).await;
+    let mut config = v1_config(&v1_task, HOOK);
+    config["id"] = json!("twice");
+    let created = server
+        .rpc(V1, "CreateTaskPushNotificationConfig", config)
+        .await;
+    assert!(created.get("error").is_none(), "{created}");
+    for config_id in ["twice", "twice", "never-created"] {
+        let deleted = server
+            .rpc(
+                V1,
+                "DeleteTaskPushNotificationConfig",
+                json!({"taskId": v1_task, "id": config_id}),
+            )
+            .await;
+        assert_eq!(deleted["result"], json!({}), "{config_id}: {deleted}");
+        let rest = server
+            .client
+            .delete(format!(
+                "{}tasks/{v1_task}/pushNotificationConfigs/{config_id}",
+                server.url
+            ))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(rest.status().as_u16(), 200, "HTTP+JSON {config_id}");
+    }
+
+    let v03_task = new_task(&server, V03).await;
+    let set = server
+        .rpc(
+            V03,
+            "tasks/pushNotificationConfig/set",
+            v03_config(&v03_task, HOOK),
+        )
+        .await;
+    let config_id = set["result"]["pushNotificationConfig"]["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    for _ in 0..2 {
+        let deleted = server
+            .rpc(
+                V03,
+                "tasks/pushNotificationConfig/delete",
+                json!({"id": v03_task, "pushNotificationConfigId": config_id}),
+            )
+            .await;
+        assert!(deleted.get("error").is_none(), "{deleted}");
+        assert_eq!(deleted["result"], Value::Null);
+    }
+
+    let unknown = server
+        .rpc(
+            V1,
+            "DeleteTaskPushNotificationConfig",
+            json!({"taskId": "no-such-task", "id": "twice"}),
+        )
+        .await;
+    assert_eq!(unknown["error"]["code"], json!(-32001), "{unknown}");
+    let unknown = server
+        .rpc(
+            V03,
+            "tasks/pushNotificationConfig/delete",
+            json!({"id": "no-such-task", "pushNotificationConfigId": "twice"}),
+        )
+        .await;
+    assert_eq!(unknown["error"]["code"], json!(-32001), "{unknown}");
+    let rest = server
+        .client
+        .delete(format!(
+            "{}tasks/no-such-task/pushNotificationConfigs/twice",
+            server.url
+        ))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(rest.status().as_u16(), 404);
+    server.stop().await;
+}
+
 #[actix_rt::test]
 async fn configs_belong_to_the_tasks_principal_and_are_limited_per_task() {
     let server = start_with(Arc::new(colloquy::agent::EchoAgent::default()), |c| {
