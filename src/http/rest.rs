@@ -285,6 +285,16 @@ async fn serve(
             }
         },
     };
+    // v0.3's bodies are ProtoJSON too: proto field names (`config_id`,
+    // `push_notification_config`) are read as their JSON names before v0.3's shapes are
+    // translated (v1.0's are renamed at dispatch).
+    if dialect == Dialect::V03
+        && let Err(error) = protojson::object_to_json_names(&mut params)
+    {
+        let error = RpcError::from(error);
+        rpc::record("invalid", error.code(), started);
+        return error_response(&error, None);
+    }
     // A task another node runs is served by that node (its lease names it).
     if caller == rpc::Caller::Client
         && let Some(response) = to_holder(req, state, &principal, method, &params, body).await

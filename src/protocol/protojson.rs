@@ -48,6 +48,11 @@ pub fn to_json_names(value: &mut Value, path: &str) -> FieldResult<()> {
     }
 }
 
+/// [`to_json_names`] for a params object.
+pub fn object_to_json_names(map: &mut Map<String, Value>) -> FieldResult<()> {
+    rename_fields(map, "")
+}
+
 fn rename_fields(map: &mut Map<String, Value>, path: &str) -> FieldResult<()> {
     let proto_names: Vec<String> = map.keys().filter(|k| k.contains('_')).cloned().collect();
     for proto_name in proto_names {

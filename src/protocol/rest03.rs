@@ -40,6 +40,9 @@ pub fn push_params_to_v03(method: Method, params: &mut Map<String, Value>) {
                 .unwrap_or_else(|| json!({})),
             other => other.unwrap_or_else(|| json!({})),
         };
+        if let Value::Object(inner) = &mut inner {
+            defaults_absent(inner);
+        }
         if let (Value::Object(inner), Some(id)) = (&mut inner, params.remove("configId"))
             && !inner.contains_key("id")
         {
@@ -54,6 +57,33 @@ pub fn push_params_to_v03(method: Method, params: &mut Map<String, Value>) {
     params.insert("id".into(), task);
     if let Some(config_id) = config_id {
         params.insert("pushNotificationConfigId".into(), config_id);
+    }
+}
+
+/// In ProtoJSON a string at its default (`""`) is the same as an absent one, and an
+/// `authentication` with neither schemes nor credentials carries nothing: a config's empty `id`
+/// or `token` and such an `authentication` are dropped, rather than stored or refused as
+/// incomplete by the v0.3 handlers, which take the config next and follow JSON-RPC's v0.3 schema
+/// (where an `authentication` must have `schemes`).
+fn defaults_absent(config: &mut Map<String, Value>) {
+    let empty = |value: Option<&Value>| match value {
+        None | Some(Value::Null) => true,
+        Some(Value::String(text)) => text.is_empty(),
+        Some(Value::Array(items)) => items.is_empty(),
+        Some(Value::Object(fields)) => fields.is_empty(),
+        Some(_) => false,
+    };
+    for field in ["id", "token"] {
+        if empty(config.get(field)) {
+            config.remove(field);
+        }
+    }
+    let no_authentication = match config.get("authentication") {
+        Some(Value::Object(auth)) => empty(auth.get("schemes")) && empty(auth.get("credentials")),
+        other => empty(other),
+    };
+    if no_authentication {
+        config.remove("authentication");
     }
 }
 

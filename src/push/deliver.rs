@@ -7,13 +7,13 @@
 //! At least once, in order per (task, URL): only the oldest notification of each lane is in
 //! flight, and the next one waits until it is delivered or given up (the store's claim sets a
 //! later one aside, out of the due order, until then). Failures that may pass
-//! (connection errors, timeouts, 408, 429, 5xx) are retried with exponential backoff and jitter
-//! (at least `Retry-After`), until `give_up_after` from the change; other answers, and targets
-//! the policy refuses, are given up at once. Every outcome is written to the store, so a restart
-//! resumes where this process stopped. On a shared database each attempt first claims its
-//! notification (`PushStore::claim_notification`), so nodes draining one outbox never have one
-//! notification in flight twice at once. The worker holds the store weakly: it ends when the
-//! store is dropped.
+//! (a host name that does not resolve, connection errors, timeouts, 408, 429, 5xx) are retried
+//! with exponential backoff and jitter (at least `Retry-After`), until `give_up_after` from the
+//! change; other answers, and addresses the policy refuses, are given up at once. Every outcome
+//! is written to the store, so a restart resumes where this process stopped. On a shared
+//! database each attempt first claims its notification (`PushStore::claim_notification`), so
+//! nodes draining one outbox never have one notification in flight twice at once. The worker
+//! holds the store weakly: it ends when the store is dropped.
 
 use super::target::{CheckedResolver, TargetError, TargetPolicy};
 use crate::error::chain;
@@ -318,11 +318,17 @@ impl Worker {
         }
         match request.body(body).send().await {
             Ok(response) => classify(&response),
-            Err(e) if refused_by_policy(&e) => Outcome::Refused(REFUSED_TARGET.into()),
-            Err(e) if e.is_builder() => Outcome::Refused(without_url(&e)),
-            Err(e) => Outcome::Retry {
-                why: without_url(&e),
-                after: None,
+            Err(e) => match target_error(&e) {
+                // A name that does not resolve now may later: retried like a refused connection.
+                Some(refusal) => match refusal.unresolved() {
+                    Some(why) => Outcome::Retry { why, after: None },
+                    None => Outcome::Refused(REFUSED_TARGET.into()),
+                },
+                None if e.is_builder() => Outcome::Refused(without_url(&e)),
+                None => Outcome::Retry {
+                    why: without_url(&e),
+                    after: None,
+                },
             },
         }
     }
@@ -372,15 +378,17 @@ fn retry_after(response: &reqwest::Response) -> Option<Duration> {
     (when.with_timezone(&Utc) - now()).to_std().ok()
 }
 
-fn refused_by_policy(error: &reqwest::Error) -> bool {
-    let mut source: Option<&dyn std::error::Error> = Some(error);
+/// What the target policy said, when the client's resolver ([`CheckedResolver`]) failed the
+/// request: a refused address, or a name that did not resolve.
+fn target_error(error: &reqwest::Error) -> Option<&TargetError> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = source {
-        if e.downcast_ref::<TargetError>().is_some() {
-            return true;
+        if let Some(target) = e.downcast_ref::<TargetError>() {
+            return Some(target);
         }
         source = e.source();
     }
-    false
+    None
 }
 
 /// The error with its causes (reqwest's own message rarely says what happened), without the

@@ -130,15 +130,22 @@ impl PushConfigs {
         Ok(self.store.push_configs(principal, task_id).await?)
     }
 
+    /// Deletes the config; idempotent (A2A v1.0 §3.1.10: "multiple deletions of the same
+    /// config have the same effect"), so a config that is not there is deleted already. A task
+    /// that does not exist (or is another principal's) is still refused.
     pub async fn delete(
         &self,
         principal: &str,
         task_id: &str,
         config_id: &str,
     ) -> Result<(), ConfigError> {
-        Ok(self
+        match self
             .store
             .delete_push_config(principal, task_id, config_id)
-            .await?)
+            .await
+        {
+            Ok(()) | Err(PushError::ConfigNotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 }

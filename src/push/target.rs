@@ -5,7 +5,8 @@
 //! certain then (its form, a literal address, a name that resolves to a refused address); a name
 //! that does not resolve yet is accepted. Every delivery resolves the name and checks again, and
 //! connects to the address that was checked (see [`CheckedResolver`]), so a name that resolves
-//! elsewhere the second time (DNS rebinding) gains nothing.
+//! elsewhere the second time (DNS rebinding) gains nothing; a name that does not resolve then
+//! fails that attempt, which is retried.
 
 use reqwest::Url;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
@@ -36,6 +37,25 @@ pub enum TargetError {
         addr: IpAddr,
         why: SpecialPurpose,
     },
+}
+
+impl TargetError {
+    /// Why the host could not be resolved, without naming it (logs never carry a webhook's
+    /// URL); `None` for every other refusal. A name that does not resolve now may resolve later
+    /// (the resolver is down, the name is not in DNS yet): at delivery that is a failed attempt,
+    /// retried, not a refusal.
+    pub fn unresolved(&self) -> Option<String> {
+        match self {
+            TargetError::Unresolvable { error, .. } => Some(format!(
+                "the webhook's host cannot be resolved: {}",
+                crate::error::chain(error)
+            )),
+            TargetError::NoAddress { .. } => {
+                Some("the webhook's host cannot be resolved: no address".into())
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The operator's allowances.
@@ -131,7 +151,9 @@ impl TargetPolicy {
 }
 
 /// Resolves names for the delivery client and hands it only addresses the policy allows: the
-/// client connects to exactly what was checked. A name with any refused address is refused.
+/// client connects to exactly what was checked. A name with any refused address is refused; one
+/// that does not resolve fails with [`TargetError::Unresolvable`] or [`TargetError::NoAddress`]
+/// (see [`TargetError::unresolved`]).
 pub struct CheckedResolver(pub Arc<TargetPolicy>);
 
 impl Resolve for CheckedResolver {
@@ -676,5 +698,36 @@ mod tests {
             ..TargetPolicy::default()
         };
         assert!(open.check("http://localhost:9/hook").await.is_ok());
+    }
+
+    /// Delivery retries an unresolved name, logging why without the name; every other refusal
+    /// is not "unresolved".
+    #[test]
+    fn an_unresolved_name_says_why_without_the_name() {
+        let host = "secret-tenant.example".to_owned();
+        let cause = std::io::Error::other("failed to lookup address information");
+        let unresolvable = TargetError::Unresolvable {
+            host: host.clone(),
+            error: crate::error::Cause::new(cause),
+        };
+        let why = unresolvable.unresolved().expect("unresolved");
+        assert!(
+            why.contains("failed to lookup address information"),
+            "{why}"
+        );
+        assert!(!why.contains(&host), "{why}");
+        let no_address = TargetError::NoAddress { host: host.clone() };
+        assert!(
+            no_address
+                .unresolved()
+                .is_some_and(|why| !why.contains(&host))
+        );
+        let internal = TargetError::Internal {
+            host,
+            addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            why: special_purpose(IpAddr::V4(Ipv4Addr::LOCALHOST)).expect("loopback"),
+        };
+        assert_eq!(internal.unresolved(), None);
+        assert_eq!(TargetError::NotHttps.unresolved(), None);
     }
 }

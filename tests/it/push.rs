@@ -208,6 +208,93 @@ async fn v03_configs_are_set_read_listed_and_deleted_and_survive_a_restart() {
     server.stop().await;
 }
 
+/// Deleting a config is idempotent (A2A v1.0 §3.1.10: "multiple deletions of the same config
+/// have the same effect"): a second delete, or one of a config never created, succeeds in both
+/// versions and on both bindings; a task that does not exist is still -32001 (404).
+#[actix_rt::test]
+async fn deleting_a_config_twice_succeeds_and_an_unknown_task_is_still_not_found() {
+    let server = start_allowing_loopback().await;
+    let v1_task = new_task(&server, V1).await;
+    let mut config = v1_config(&v1_task, HOOK);
+    config["id"] = json!("twice");
+    let created = server
+        .rpc(V1, "CreateTaskPushNotificationConfig", config)
+        .await;
+    assert!(created.get("error").is_none(), "{created}");
+    for config_id in ["twice", "twice", "never-created"] {
+        let deleted = server
+            .rpc(
+                V1,
+                "DeleteTaskPushNotificationConfig",
+                json!({"taskId": v1_task, "id": config_id}),
+            )
+            .await;
+        assert_eq!(deleted["result"], json!({}), "{config_id}: {deleted}");
+        let rest = server
+            .client
+            .delete(format!(
+                "{}tasks/{v1_task}/pushNotificationConfigs/{config_id}",
+                server.url
+            ))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(rest.status().as_u16(), 200, "HTTP+JSON {config_id}");
+    }
+
+    let v03_task = new_task(&server, V03).await;
+    let set = server
+        .rpc(
+            V03,
+            "tasks/pushNotificationConfig/set",
+            v03_config(&v03_task, HOOK),
+        )
+        .await;
+    let config_id = set["result"]["pushNotificationConfig"]["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    for _ in 0..2 {
+        let deleted = server
+            .rpc(
+                V03,
+                "tasks/pushNotificationConfig/delete",
+                json!({"id": v03_task, "pushNotificationConfigId": config_id}),
+            )
+            .await;
+        assert!(deleted.get("error").is_none(), "{deleted}");
+        assert_eq!(deleted["result"], Value::Null);
+    }
+
+    let unknown = server
+        .rpc(
+            V1,
+            "DeleteTaskPushNotificationConfig",
+            json!({"taskId": "no-such-task", "id": "twice"}),
+        )
+        .await;
+    assert_eq!(unknown["error"]["code"], json!(-32001), "{unknown}");
+    let unknown = server
+        .rpc(
+            V03,
+            "tasks/pushNotificationConfig/delete",
+            json!({"id": "no-such-task", "pushNotificationConfigId": "twice"}),
+        )
+        .await;
+    assert_eq!(unknown["error"]["code"], json!(-32001), "{unknown}");
+    let rest = server
+        .client
+        .delete(format!(
+            "{}tasks/no-such-task/pushNotificationConfigs/twice",
+            server.url
+        ))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(rest.status().as_u16(), 404);
+    server.stop().await;
+}
+
 #[actix_rt::test]
 async fn configs_belong_to_the_tasks_principal_and_are_limited_per_task() {
     let server = start_with(Arc::new(colloquy::agent::EchoAgent::default()), |c| {
@@ -830,6 +917,85 @@ async fn delivery_checks_the_address_again_after_resolving_the_name() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(given_up, 2.0);
+    assert_eq!(metric(&server, "colloquy_push_sent_total").await, 0.0);
+    server.stop().await;
+}
+
+/// Waits (up to 10 s) until `name` reaches `at_least`, and returns its value then.
+async fn metric_reaching(server: &TestServer, name: &str, at_least: f64) -> f64 {
+    let mut value = 0.0;
+    for _ in 0..200 {
+        value = metric(server, name).await;
+        if value >= at_least {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    value
+}
+
+/// A name that does not resolve at delivery (one under `.invalid`, which RFC 6761 keeps from
+/// ever resolving: like a resolver that is down or a name not yet in DNS) is a failed attempt,
+/// retried with backoff until the retry budget is spent; a name that resolves to a forbidden
+/// address is still refused and given up at once, on the same server.
+#[actix_rt::test]
+async fn a_name_that_does_not_resolve_at_delivery_is_retried_and_a_forbidden_one_is_not() {
+    if rerun_alone(
+        "push::a_name_that_does_not_resolve_at_delivery_is_retried_and_a_forbidden_one_is_not",
+    ) {
+        return;
+    }
+    const UNRESOLVED: &str = "https://hooks.colloquy-test.invalid/webhook";
+    // Registered while loopback was allowed (a name resolving to loopback is refused at
+    // registration otherwise); nothing listens there.
+    let forbidden = format!("https://localhost:{}/hook", free_port());
+    let server = start_echo_with(allow_loopback_with_fast_retries).await;
+    for hook in [forbidden.as_str(), UNRESOLVED] {
+        let sent = server
+            .rpc(V1, "SendMessage", send_with_hook(V1, "hello", None, hook))
+            .await;
+        assert!(sent.get("result").is_some(), "{sent}");
+    }
+    let dir = server.stop().await;
+
+    // Without the allowance: loopback is refused once resolved (two notifications given up at
+    // once, never retried), while the unresolved name keeps being retried.
+    let server = start_in(dir, Arc::new(colloquy::agent::EchoAgent::default()), |c| {
+        c.push.retry_base_ms = 50;
+        c.push.retry_max_ms = 200;
+    })
+    .await;
+    assert_eq!(
+        metric_reaching(&server, "colloquy_push_given_up_total", 2.0).await,
+        2.0
+    );
+    let retried = metric(&server, "colloquy_push_retried_total").await;
+    let failed = metric(&server, "colloquy_push_failed_total").await;
+    assert!(
+        metric_reaching(&server, "colloquy_push_retried_total", retried + 3.0).await
+            >= retried + 3.0,
+        "the unresolved name is retried"
+    );
+    assert!(metric(&server, "colloquy_push_failed_total").await >= failed + 3.0);
+    assert_eq!(
+        metric(&server, "colloquy_push_given_up_total").await,
+        2.0,
+        "only the forbidden address is given up"
+    );
+    assert_eq!(metric(&server, "colloquy_push_sent_total").await, 0.0);
+    let dir = server.stop().await;
+
+    // Given up once the usual budget is spent: both of its notifications.
+    let server = start_in(dir, Arc::new(colloquy::agent::EchoAgent::default()), |c| {
+        c.push.retry_base_ms = 50;
+        c.push.retry_max_ms = 200;
+        c.push.give_up_after_secs = 1;
+    })
+    .await;
+    assert_eq!(
+        metric_reaching(&server, "colloquy_push_given_up_total", 4.0).await,
+        4.0
+    );
     assert_eq!(metric(&server, "colloquy_push_sent_total").await, 0.0);
     server.stop().await;
 }

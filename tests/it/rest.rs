@@ -540,3 +540,78 @@ async fn v03_push_config_routes_speak_v03_protojson() {
         .await;
     assert_eq!((status, listed), (200, json!({"configs": []})));
 }
+
+/// v0.3's HTTP+JSON is ProtoJSON, so fields may come under their proto names (`config_id`,
+/// `push_notification_config`, `message_id`, `history_length`), as the official TCK's v0.3 REST
+/// client sends them, and a proto default (`token: ""`, `authentication: {}`) means the field is
+/// absent.
+#[actix_rt::test]
+async fn v03_routes_take_proto_field_names_and_defaults() {
+    let server = start_echo().await;
+    let rest = Rest { server: &server };
+    let (status, sent) = rest
+        .post(
+            "/v1/message:send",
+            json!({"message": {"message_id": "m-proto", "role": "ROLE_USER",
+                "context_id": "rest03-proto", "content": [{"text": "hello"}]},
+                "configuration": {"history_length": 0}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{sent}");
+    assert_eq!(sent["task"]["contextId"], "rest03-proto", "{sent}");
+    assert!(sent["task"].get("history").is_none(), "{sent}");
+    let task = sent["task"]["id"].as_str().expect("a task id").to_owned();
+
+    let (status, created) = rest
+        .post(
+            &format!("/v1/tasks/{task}/pushNotificationConfigs"),
+            json!({
+                "parent": format!("tasks/{task}"),
+                "config_id": "default",
+                "config": {
+                    "name": format!("tasks/{task}/pushNotificationConfigs/default"),
+                    "push_notification_config": {
+                        "id": "default", "url": "https://example.com/webhook",
+                        "token": "", "authentication": {},
+                    },
+                },
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{created}");
+    let config = &created["pushNotificationConfig"];
+    assert_eq!(config["id"], "default", "{created}");
+    assert_eq!(config["url"], "https://example.com/webhook", "{created}");
+    assert!(config.get("token").is_none(), "{created}");
+    assert!(config.get("authentication").is_none(), "{created}");
+    let (status, got) = rest
+        .get(&format!("/v1/tasks/{task}/pushNotificationConfigs/default"))
+        .await;
+    assert_eq!((status, &got), (200, &created));
+
+    // One field under both names is refused, naming it.
+    let (status, refused) = rest
+        .post(
+            &format!("/v1/tasks/{task}/pushNotificationConfigs"),
+            json!({"configId": "a", "config_id": "b",
+                "config": {"pushNotificationConfig": {"url": "https://example.com/webhook"}}}),
+        )
+        .await;
+    assert_eq!(reason(status, &refused), "INVALID_PARAMS");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("configId")),
+        "{refused}"
+    );
+    // Unknown task: not found, whichever spelling.
+    let (status, missing) = rest
+        .post(
+            "/v1/tasks/no-such-task/pushNotificationConfigs",
+            json!({"config_id": "default", "config": {"push_notification_config":
+                {"url": "https://example.com/webhook"}}}),
+        )
+        .await;
+    assert_eq!(reason(status, &missing), "TASK_NOT_FOUND");
+    server.stop().await;
+}
