@@ -118,7 +118,8 @@ impl TargetPolicy {
         let addrs = match self.resolve(&host, port).await {
             Ok(addrs) => addrs,
             Err(e @ (TargetError::Unresolvable { .. } | TargetError::NoAddress { .. })) => {
-                tracing::debug!(error = %e, "push target accepted unresolved; checked at delivery");
+                let why = e.unresolved().unwrap_or_default();
+                tracing::debug!(%why, "push target accepted unresolved; checked at delivery");
                 return Ok(());
             }
             Err(e) => return Err(e),
