@@ -44,16 +44,16 @@ const WAIT: Duration = Duration::from_millis(400);
 /// that the starts made next wait, together, for a group of their own.
 const HELD: usize = 4;
 
+/// A start running on its own.
+type Start = tokio::task::JoinHandle<colloquy::store::StoreResult<colloquy::store::TurnBegun>>;
+
 /// Takes every group slot of `store`'s starts: a first turn in each of [`HELD`]
 /// conversations, then their rows locked by the returned connection and a second start of
-/// each waiting on it. Commit the connection to let them go.
+/// each waiting on it. [`release`] lets them go.
 async fn hold_the_starts(
     store: &colloquy::store::postgres::PgStore,
     url: &str,
-) -> (
-    tokio_postgres::Client,
-    Vec<tokio::task::JoinHandle<colloquy::store::StoreResult<colloquy::store::TurnBegun>>>,
-) {
+) -> (tokio_postgres::Client, Vec<Start>) {
     let mut keys = Vec::new();
     for n in 0..HELD {
         let context = format!("held-{n}");
@@ -79,6 +79,23 @@ async fn hold_the_starts(
     }
     tokio::time::sleep(WAIT).await;
     (other, held)
+}
+
+/// A start in each of `contexts`, all at once.
+fn start_each(store: &colloquy::store::postgres::PgStore, contexts: &[String]) -> Vec<Start> {
+    contexts
+        .iter()
+        .map(|context| tokio::spawn(store.begin_turn(begin_request("alice", context, "hi"))))
+        .collect()
+}
+
+/// Lets the held starts go once the `waiting` ones queued behind them; each of both begins.
+async fn release(other: tokio_postgres::Client, held: Vec<Start>, waiting: Vec<Start>) {
+    tokio::time::sleep(WAIT).await;
+    other.batch_execute("COMMIT").await.expect("commits");
+    for start in held.into_iter().chain(waiting) {
+        start.await.expect("no panic").expect("begins");
+    }
 }
 
 /// The transactions that wrote the caller's messages of these conversations.
@@ -119,15 +136,8 @@ async fn starts_waiting_together(url: &str, group_steps: usize) -> usize {
     let store = pg_store_grouping(url, "a", group_steps);
     let (other, held) = hold_the_starts(&store, url).await;
     let contexts: Vec<String> = (0..8).map(|n| format!("together-{n}")).collect();
-    let waiting: Vec<_> = contexts
-        .iter()
-        .map(|context| tokio::spawn(store.begin_turn(begin_request("alice", context, "hi"))))
-        .collect();
-    tokio::time::sleep(WAIT).await;
-    other.batch_execute("COMMIT").await.expect("commits");
-    for start in held.into_iter().chain(waiting) {
-        start.await.expect("no panic").expect("begins");
-    }
+    let waiting = start_each(&store, &contexts);
+    release(other, held, waiting).await;
     writers(url, &contexts).await
 }
 
@@ -152,15 +162,8 @@ async fn a_group_with_a_refused_step_commits_the_others() {
     let (other, held) = hold_the_starts(&store, &url).await;
     let contexts: Vec<String> = (0..4).map(|n| format!("fine-{n}")).collect();
     let broken = tokio::spawn(store.begin_turn(begin_request("alice", "broken", "second")));
-    let fine: Vec<_> = contexts
-        .iter()
-        .map(|context| tokio::spawn(store.begin_turn(begin_request("alice", context, "hi"))))
-        .collect();
-    tokio::time::sleep(WAIT).await;
-    other.batch_execute("COMMIT").await.expect("commits");
-    for start in held.into_iter().chain(fine) {
-        start.await.expect("no panic").expect("begins");
-    }
+    let fine = start_each(&store, &contexts);
+    release(other, held, fine).await;
     let refused = broken.await.expect("no panic");
     assert!(refused.is_err(), "{refused:?}");
     assert_eq!(writers(&url, &contexts).await, contexts.len());

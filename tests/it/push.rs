@@ -16,6 +16,17 @@ async fn start_allowing_loopback() -> TestServer {
     .await
 }
 
+/// `ListTaskPushNotificationConfigs` (v1.0) of `task_id`.
+async fn listed_configs(server: &TestServer, task_id: &str) -> Value {
+    server
+        .rpc(
+            V1,
+            "ListTaskPushNotificationConfigs",
+            json!({"taskId": task_id}),
+        )
+        .await
+}
+
 async fn new_task(server: &TestServer, version: &str) -> String {
     let sent = server.send_text(version, "hello", None, None).await;
     task_of(&sent)["id"].as_str().expect("a task id").to_owned()
@@ -84,13 +95,7 @@ async fn v1_configs_are_created_read_listed_and_deleted_without_their_credential
         .await;
     assert_redacted(&got);
     assert_eq!(got["result"], first);
-    let listed = server
-        .rpc(
-            V1,
-            "ListTaskPushNotificationConfigs",
-            json!({"taskId": task_id}),
-        )
-        .await;
+    let listed = listed_configs(&server, &task_id).await;
     assert_redacted(&listed);
     assert_eq!(
         listed["result"]["configs"].as_array().map(Vec::len),
@@ -106,13 +111,7 @@ async fn v1_configs_are_created_read_listed_and_deleted_without_their_credential
         )
         .await;
     assert!(deleted.get("error").is_none(), "{deleted}");
-    let listed = server
-        .rpc(
-            V1,
-            "ListTaskPushNotificationConfigs",
-            json!({"taskId": task_id}),
-        )
-        .await;
+    let listed = listed_configs(&server, &task_id).await;
     assert_eq!(listed["result"]["configs"], json!([first]));
     let gone = server
         .rpc(
@@ -420,13 +419,7 @@ async fn internal_addresses_are_refused_without_an_allowance() {
             "{url}: {message}"
         );
     }
-    let listed = server
-        .rpc(
-            V1,
-            "ListTaskPushNotificationConfigs",
-            json!({"taskId": task_id}),
-        )
-        .await;
+    let listed = listed_configs(&server, &task_id).await;
     assert_eq!(listed["result"]["configs"], json!([]));
     let refused = server
         .rpc(
@@ -464,13 +457,7 @@ async fn a_send_registers_the_config_it_carries_for_its_task() {
         )
         .await;
     let task_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
-    let listed = server
-        .rpc(
-            V1,
-            "ListTaskPushNotificationConfigs",
-            json!({"taskId": task_id}),
-        )
-        .await;
+    let listed = listed_configs(&server, &task_id).await;
     assert_eq!(listed["result"]["configs"][0]["url"], json!(HOOK));
     assert_eq!(listed["result"]["configs"][0]["token"], json!("t1"));
 
@@ -1362,13 +1349,7 @@ async fn two_nodes_on_postgres_deliver_each_notification_once_and_in_order() {
         "each delivered once: {:?}",
         receiver.all()
     );
-    let listed = b
-        .rpc(
-            V1,
-            "ListTaskPushNotificationConfigs",
-            json!({"taskId": task_id}),
-        )
-        .await;
+    let listed = listed_configs(&b, &task_id).await;
     assert_eq!(
         listed["result"]["configs"].as_array().map(Vec::len),
         Some(1),
@@ -1595,13 +1576,7 @@ async fn oversized_url_token_and_credentials_are_refused_naming_the_field() {
         .await
         .unwrap();
     assert_eq!(rest.status().as_u16(), 400);
-    let listed = server
-        .rpc(
-            V1,
-            "ListTaskPushNotificationConfigs",
-            json!({"taskId": task_id}),
-        )
-        .await;
+    let listed = listed_configs(&server, &task_id).await;
     assert_eq!(listed["result"]["configs"], json!([]), "nothing stored");
     // At the bounds: accepted.
     let at_bounds = json!({"taskId": task_id, "url": url_of(2048), "token": "t".repeat(4096),
@@ -1671,13 +1646,7 @@ async fn a_host_that_does_not_resolve_is_accepted_and_a_forbidden_literal_is_not
         .await
         .expect("sent");
     assert_eq!(rest.status().as_u16(), 200, "HTTP+JSON v1.0");
-    let listed = server
-        .rpc(
-            V1,
-            "ListTaskPushNotificationConfigs",
-            json!({"taskId": v1_task}),
-        )
-        .await;
+    let listed = listed_configs(&server, &v1_task).await;
     let urls: Vec<&Value> = listed["result"]["configs"]
         .as_array()
         .map(|configs| configs.iter().map(|c| &c["url"]).collect())
@@ -1723,13 +1692,7 @@ async fn a_host_that_does_not_resolve_is_accepted_and_a_forbidden_literal_is_not
             )
             .await;
         let task_id = task_of(&sent)["id"].as_str().expect("a task").to_owned();
-        let listed = server
-            .rpc(
-                V1,
-                "ListTaskPushNotificationConfigs",
-                json!({"taskId": task_id}),
-            )
-            .await;
+        let listed = listed_configs(&server, &task_id).await;
         assert_eq!(
             listed["result"]["configs"][0]["url"],
             json!(UNRESOLVED),
@@ -1773,13 +1736,7 @@ async fn a_host_that_does_not_resolve_is_accepted_and_a_forbidden_literal_is_not
             .expect("sent");
         assert_eq!(rest.status().as_u16(), 400, "HTTP+JSON v0.3 {forbidden}");
     }
-    let listed = server
-        .rpc(
-            V1,
-            "ListTaskPushNotificationConfigs",
-            json!({"taskId": v1_task}),
-        )
-        .await;
+    let listed = listed_configs(&server, &v1_task).await;
     assert_eq!(
         listed["result"]["configs"].as_array().map(Vec::len),
         Some(2),
