@@ -10,6 +10,7 @@ mod card;
 mod connections;
 mod errors;
 mod forward;
+mod media_type;
 mod methods;
 mod metrics_endpoint;
 mod origin;
@@ -172,6 +173,7 @@ pub fn serve(state: AppState) -> Result<RunningServer, ServeError> {
             // kept (JSON-RPC is served at `/`).
             .wrap(NormalizePath::new(TrailingSlash::MergeOnly))
             .wrap(from_fn(unread_body::close_if_unread))
+            .wrap(from_fn(media_type::answer_in_kind))
             .app_data(state.clone())
             .configure(public)
     })

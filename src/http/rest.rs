@@ -261,10 +261,8 @@ async fn serve(
         rpc::record("invalid", error.code(), started);
         return error_response(&error, None);
     }
-    if body == Body::Params && has_body(req) && !rpc::is_json(req) {
-        let error = RpcError::ContentTypeNotSupported(
-            "the request's Content-Type must be application/json".into(),
-        );
+    if body == Body::Params && has_body(req) && !super::media_type::is_json(req) {
+        let error = super::media_type::not_json();
         return error_response(&error, None);
     }
     let caller = req

@@ -26,19 +26,6 @@ pub(super) fn requested_version(req: &HttpRequest) -> Option<String> {
         .and_then(|q| q.get(VERSION_HEADER).cloned())
 }
 
-pub(super) fn is_json(req: &HttpRequest) -> bool {
-    req.headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .map(|mime| {
-            let mime = mime.trim().to_ascii_lowercase();
-            mime == "application/json"
-                || (mime.starts_with("application/") && mime.ends_with("+json"))
-        })
-        .unwrap_or(false)
-}
-
 pub fn error_response(
     status: StatusCode,
     id: &RequestId,
@@ -169,10 +156,8 @@ async fn respond(
     let version_requested = requested_version(&req);
     let version_or_error = WireVersion::parse(version_requested.as_deref());
     let version = version_or_error.clone().unwrap_or(WireVersion::V03);
-    if !is_json(&req) {
-        let error = RpcError::ContentTypeNotSupported(
-            "the request's Content-Type must be application/json".into(),
-        );
+    if !super::media_type::is_json(&req) {
+        let error = super::media_type::not_json();
         return error_response(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             &RequestId::Null,

@@ -762,3 +762,97 @@ async fn v1_errors_carry_error_info_with_the_spec_domain_and_reason() {
     }
     server.stop().await;
 }
+
+/// A2A v1.0.1's `application/a2a+json`: a request that uses it, as its Content-Type or named in
+/// its Accept, is answered in kind, on JSON-RPC, HTTP+JSON and the card, errors included; a
+/// request that does not gets `application/json` as before.
+#[actix_rt::test]
+async fn a2a_json_requests_are_answered_in_kind() {
+    const A2A_JSON: &str = "application/a2a+json";
+    const JSON: &str = "application/json";
+    let server = start_echo().await;
+    let base = server.url.trim_end_matches('/').to_owned();
+    let message = json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]});
+    let rpc =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}});
+    let answered = |response: &reqwest::Response| {
+        let value = response
+            .headers()
+            .get("content-type")
+            .expect("a content type");
+        value
+            .to_str()
+            .expect("text")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .to_owned()
+    };
+    let post = |url: String, content_type: &str, body: String| {
+        server
+            .client
+            .post(url)
+            .header("Content-Type", content_type)
+            .header("A2A-Version", V1)
+            .body(body)
+            .send()
+    };
+    for (request_type, expected) in [
+        (JSON, JSON),
+        (A2A_JSON, A2A_JSON),
+        ("application/a2a+json; charset=utf-8", A2A_JSON),
+    ] {
+        let response = post(server.url.clone(), request_type, rpc.to_string())
+            .await
+            .unwrap();
+        assert_eq!(answered(&response), expected, "JSON-RPC, {request_type}");
+        let body: Value = response.json().await.unwrap();
+        assert!(body["result"]["task"]["id"].is_string(), "{body}");
+
+        let rest = json!({"message": message}).to_string();
+        let response = post(format!("{base}/message:send"), request_type, rest)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "HTTP+JSON, {request_type}");
+        assert_eq!(answered(&response), expected, "HTTP+JSON, {request_type}");
+
+        let response = post(server.url.clone(), request_type, "{not json".into())
+            .await
+            .unwrap();
+        assert_eq!(
+            answered(&response),
+            expected,
+            "a parse error, {request_type}"
+        );
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], json!(-32700), "{body}");
+    }
+    for (accept, expected) in [
+        (A2A_JSON, A2A_JSON),
+        ("application/json;q=0.5, application/a2a+json", A2A_JSON),
+        (JSON, JSON),
+        ("*/*", JSON),
+    ] {
+        for path in ["/.well-known/agent-card.json", "/tasks"] {
+            let response = server
+                .client
+                .get(format!("{base}{path}"))
+                .header("Accept", accept)
+                .header("A2A-Version", V1)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200, "{path}");
+            assert_eq!(answered(&response), expected, "{path}, Accept: {accept}");
+        }
+    }
+    // Not JSON at all: 415, naming both types.
+    let response = post(server.url.clone(), "text/plain", rpc.to_string())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 415);
+    let body: Value = response.json().await.unwrap();
+    let said = body["error"]["message"].as_str().unwrap_or("");
+    assert!(said.contains(JSON) && said.contains(A2A_JSON), "{body}");
+    server.stop().await;
+}
