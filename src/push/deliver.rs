@@ -224,7 +224,7 @@ impl Worker {
                     .to_std()
                     .unwrap_or_default();
                 metrics::histogram!("colloquy_push_delivery_seconds").record(latency);
-                store.notification_delivered(notification.seq).await
+                store.notification_delivered(&notification).await
             }
             Outcome::Retry { why, after } => {
                 metrics::counter!("colloquy_push_failed_total").increment(1);
@@ -232,7 +232,7 @@ impl Worker {
                 let next = now() + chrono::Duration::from_std(delay).unwrap_or_default();
                 if self.past_deadline(&notification, next) {
                     give_up(&notification, &why);
-                    store.give_up_notification(notification.seq).await
+                    store.give_up_notification(&notification).await
                 } else {
                     metrics::counter!("colloquy_push_retried_total").increment(1);
                     tracing::debug!(task_id, notification_id = id, %why, "push notification will be retried");
@@ -245,7 +245,7 @@ impl Worker {
             Outcome::Refused(why) => {
                 metrics::counter!("colloquy_push_failed_total").increment(1);
                 give_up(&notification, &why);
-                store.give_up_notification(notification.seq).await
+                store.give_up_notification(&notification).await
             }
         };
         if let Err(e) = recorded {

@@ -600,6 +600,11 @@ impl Notification {
     pub(crate) fn lane(&self) -> [u8; 16] {
         lane_key(&self.config.task_id, &self.config.url)
     }
+
+    /// The key of the conversation whose task it reports.
+    pub(crate) fn conversation(&self) -> ConversationKey {
+        ConversationKey::new(&self.principal, &self.task.context_id)
+    }
 }
 
 /// A shared handle to the store's push-notification side.
@@ -716,7 +721,10 @@ pub trait PushStore: Send + Sync + 'static {
     ) -> BoxFuture<'static, StoreResult<Option<Notification>>>;
 
     /// Removes a delivered notification; the next of its lane is due.
-    fn notification_delivered(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>>;
+    fn notification_delivered(
+        &self,
+        notification: &Notification,
+    ) -> BoxFuture<'static, StoreResult<()>>;
 
     /// Stores the notification's new attempt count and next time (and releases its claim);
     /// nothing if it is gone or another process claimed it since.
@@ -726,7 +734,10 @@ pub trait PushStore: Send + Sync + 'static {
     ) -> BoxFuture<'static, StoreResult<()>>;
 
     /// Removes a notification that will not be delivered; the next of its lane is due.
-    fn give_up_notification(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>>;
+    fn give_up_notification(
+        &self,
+        notification: &Notification,
+    ) -> BoxFuture<'static, StoreResult<()>>;
 
     /// Notified once a write that may have added notifications is durable, so a worker need not
     /// poll for them.

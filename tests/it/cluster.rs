@@ -814,9 +814,9 @@ async fn tls_to_the_database_verifies_its_certificate() {
     );
 }
 
-/// A partitioned schema splits each conversation-keyed table in as many partitions, and a
-/// conversation's rows (its row, messages and tasks) sit in partitions of one remainder: a
-/// turn touches one shard.
+/// A partitioned schema splits each table keyed by conversation in as many partitions, and a
+/// conversation's rows (its row, messages, tasks, push configs and notifications) sit in
+/// partitions of one remainder: a turn touches one shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_schema_keeps_each_conversation_in_one_partition() {
     let Some(url) = partitioned_database("cluster::partition_layout").await else {
@@ -824,10 +824,9 @@ async fn a_partitioned_schema_keeps_each_conversation_in_one_partition() {
     };
     let store = store_node(&url, Duration::from_secs(30), "a").await;
     for context in ["one", "two", "three"] {
-        let begun = store
-            .begin_turn(begin_request("p", context, "hello"))
-            .await
-            .expect("begins");
+        let mut begin = begin_request("p", context, "hello");
+        begin.push_configs = vec![crate::push_store::config("", "hook")];
+        let begun = store.begin_turn(begin).await.expect("begins");
         store
             .finish_turn(finish_request(&begun, Some("hi"), TaskState::Completed))
             .await
@@ -841,6 +840,8 @@ async fn a_partitioned_schema_keeps_each_conversation_in_one_partition() {
         "colloquy_conversations",
         "colloquy_messages",
         "colloquy_tasks",
+        "colloquy_push_configs",
+        "colloquy_outbox",
     ] {
         let row = client
             .query_one(
@@ -856,7 +857,9 @@ async fn a_partitioned_schema_keeps_each_conversation_in_one_partition() {
             "SELECT conv_key, string_agg(DISTINCT right(tableoid::regclass::TEXT, 3), ',') FROM ( \
                  SELECT conv_key, tableoid FROM colloquy_conversations \
                  UNION ALL SELECT conv_key, tableoid FROM colloquy_messages \
-                 UNION ALL SELECT conv_key, tableoid FROM colloquy_tasks) AS all_rows \
+                 UNION ALL SELECT conv_key, tableoid FROM colloquy_tasks \
+                 UNION ALL SELECT conv_key, tableoid FROM colloquy_push_configs \
+                 UNION ALL SELECT conv_key, tableoid FROM colloquy_outbox) AS all_rows \
              GROUP BY conv_key",
             &[],
         )
@@ -870,4 +873,13 @@ async fn a_partitioned_schema_keeps_each_conversation_in_one_partition() {
             "one remainder per conversation: {suffixes}"
         );
     }
+    let notified = client
+        .query_one("SELECT count(DISTINCT conv_key) FROM colloquy_outbox", &[])
+        .await
+        .expect("counts");
+    assert_eq!(
+        notified.get::<_, i64>(0),
+        3,
+        "each conversation's notifications"
+    );
 }

@@ -4,7 +4,7 @@
 //! connection of its own, lets the store's statement wait on it, then commits.
 
 use crate::push_store::{pg_store, pg_store_grouping};
-use crate::store_conformance::{begin_request, finish_request};
+use crate::store_conformance::{begin_request, finish_request, store_turn};
 use colloquy::model::{Message, PushConfig, TaskState};
 use colloquy::store::{ConversationKey, ConversationStore, PushStore};
 use std::time::Duration;
@@ -27,14 +27,7 @@ async fn blocker(url: &str) -> tokio_postgres::Client {
 
 /// A first turn of `context` ("first", no reply), ended.
 async fn first_turn(store: &colloquy::store::postgres::PgStore, context: &str) {
-    let begun = store
-        .begin_turn(begin_request("alice", context, "first"))
-        .await
-        .expect("begins");
-    store
-        .finish_turn(finish_request(&begun, None, TaskState::Completed))
-        .await
-        .expect("ends");
+    store_turn(store, "alice", context, "first", None).await;
 }
 
 /// Long enough for the store's statement to be waiting on the blocker's lock.
@@ -237,8 +230,9 @@ async fn an_end_notifies_a_config_committed_while_it_waited() {
         .expect("locks the task");
     other
         .execute(
-            "INSERT INTO colloquy_push_configs (task_id, config_id, principal, config) \
-             VALUES ($1, 'hook', 'alice', $2)",
+            "INSERT INTO colloquy_push_configs (conv_key, task_id, config_id, principal, config) \
+             SELECT conv_key, task_id, 'hook', 'alice', $2 FROM colloquy_tasks \
+             WHERE task_id = $1",
             &[
                 &begun.task.id.as_bytes(),
                 &serde_json::to_string(&config).expect("json"),

@@ -28,8 +28,21 @@ pub fn embedded() -> PushFixture {
 
 /// A fresh database on the test PostgreSQL, or None (said) where it cannot run.
 pub fn postgres() -> Option<PushFixture> {
+    postgres_with_partitions(0)
+}
+
+/// [`postgres`] with its tables keyed by conversation hash-partitioned: a distributed
+/// PostgreSQL's shards, on one server.
+pub fn postgres_partitioned() -> Option<PushFixture> {
+    postgres_with_partitions(8)
+}
+
+fn postgres_with_partitions(partitions: u32) -> Option<PushFixture> {
     let url = crate::common::pg::database("push_store::postgres")?;
-    let store = Arc::new(pg_store(&url, "push-a"));
+    let store = Arc::new(connect(PgOptions {
+        partitions,
+        ..pg_options(&url, "push-a", 64)
+    }));
     Some(PushFixture {
         store: store.clone(),
         push: store,
@@ -45,7 +58,15 @@ pub(crate) fn pg_store(url: &str, holder: &str) -> PgStore {
 
 /// [`pg_store`] committing at most `group_steps` turn starts (or ends) together.
 pub(crate) fn pg_store_grouping(url: &str, holder: &str, group_steps: usize) -> PgStore {
-    let options = PgOptions {
+    connect(pg_options(url, holder, group_steps))
+}
+
+fn connect(options: PgOptions) -> PgStore {
+    on_own_thread(async move { PgStore::connect(&options).await }).expect("the store opens")
+}
+
+fn pg_options(url: &str, holder: &str, group_steps: usize) -> PgOptions {
+    PgOptions {
         url: url.to_owned(),
         pool_size: 4,
         lease: Duration::from_secs(30),
@@ -53,17 +74,20 @@ pub(crate) fn pg_store_grouping(url: &str, holder: &str, group_steps: usize) -> 
         tls_ca_file: None,
         partitions: 0,
         group_steps,
-    };
+    }
+}
+
+/// Runs `work` to its end on a runtime of its own thread (the caller may be inside a runtime).
+fn on_own_thread<T: Send + 'static>(work: impl Future<Output = T> + Send + 'static) -> T {
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .expect("a runtime");
-        runtime.block_on(PgStore::connect(&options))
+            .expect("a runtime")
+            .block_on(work)
     })
     .join()
-    .expect("connecting does not panic")
-    .expect("the store opens")
+    .expect("no panic")
 }
 
 /// What a fixture constructor may return: a fixture, or None where the backend cannot run.
@@ -83,7 +107,7 @@ impl MaybePushFixture for Option<PushFixture> {
     }
 }
 
-fn config(task_id: &str, id: &str) -> PushConfig {
+pub(crate) fn config(task_id: &str, id: &str) -> PushConfig {
     PushConfig {
         id: id.to_owned(),
         task_id: task_id.to_owned(),
@@ -131,8 +155,8 @@ pub async fn status_changes_fill_the_outbox_in_order(fixture: PushFixture) {
     later.attempts = 1;
     push.reschedule_notification(later.clone()).await.unwrap();
     assert_eq!(push.pending_notifications(1).await.unwrap(), vec![later]);
-    push.notification_delivered(pending[0].seq).await.unwrap();
-    push.give_up_notification(pending[1].seq).await.unwrap();
+    push.notification_delivered(&pending[0]).await.unwrap();
+    push.give_up_notification(&pending[1]).await.unwrap();
     let left = push.pending_notifications(100).await.unwrap();
     assert_eq!(left, vec![pending[2].clone()]);
 }
@@ -258,7 +282,7 @@ pub async fn the_due_read_returns_only_what_is_due_in_due_order(fixture: PushFix
     assert_eq!(first.due[0].seq, pending[4].seq);
     assert!(first.next_due.expect("more are due") <= colloquy::model::now());
     // Delivered ones leave the index.
-    push.notification_delivered(pending[4].seq).await.unwrap();
+    push.notification_delivered(&pending[4]).await.unwrap();
     let left = push.due_notifications(100).await.unwrap();
     assert_eq!(left.due.len(), 2);
 }
@@ -297,7 +321,7 @@ pub async fn a_lane_waits_behind_its_first_notification(fixture: PushFixture) {
     assert_eq!(found.due, vec![], "neither is due");
     assert!(found.next_due.is_some());
     assert_eq!(push.pending_count().await.unwrap(), 2);
-    push.give_up_notification(first.seq).await.unwrap();
+    push.give_up_notification(&first).await.unwrap();
     let found = push.due_notifications(10).await.unwrap();
     let seqs: Vec<u64> = found.due.iter().map(|n| n.seq).collect();
     assert_eq!(seqs, [second.seq], "the next of the lane is due");
@@ -326,12 +350,16 @@ pub async fn pending_notifications_are_counted_per_principal(fixture: PushFixtur
     assert_eq!(push.pending_of("carol", 100).await.unwrap(), 0);
     let alices = push.pending_notifications(100).await.unwrap();
     let first = alices.iter().find(|n| n.principal == "alice").unwrap();
-    push.notification_delivered(first.seq).await.unwrap();
+    push.notification_delivered(first).await.unwrap();
     assert_eq!(push.pending_of("alice", 100).await.unwrap(), 2);
 }
 
+/// Runs every case against every backend: a module per backend, a test per case.
 macro_rules! push_store_cases {
-    ($module:ident, $make:expr, $($case:ident),+ $(,)?) => {
+    ($cases:tt for $($module:ident => $make:expr),+ $(,)?) => {
+        $(push_store_cases!(@backend $module, $make, $cases);)+
+    };
+    (@backend $module:ident, $make:expr, [$($case:ident),+ $(,)?]) => {
         mod $module {
             use super::*;
             $(
@@ -346,25 +374,17 @@ macro_rules! push_store_cases {
 }
 
 push_store_cases!(
-    embedded_store,
-    embedded(),
-    status_changes_fill_the_outbox_in_order,
-    configs_belong_to_their_tasks_principal,
-    deleting_a_conversation_removes_its_configs,
-    the_due_read_returns_only_what_is_due_in_due_order,
-    a_lane_waits_behind_its_first_notification,
-    pending_notifications_are_counted_per_principal,
-);
-
-push_store_cases!(
-    postgres_store,
-    postgres(),
-    status_changes_fill_the_outbox_in_order,
-    configs_belong_to_their_tasks_principal,
-    deleting_a_conversation_removes_its_configs,
-    the_due_read_returns_only_what_is_due_in_due_order,
-    a_lane_waits_behind_its_first_notification,
-    pending_notifications_are_counted_per_principal,
+    [
+        status_changes_fill_the_outbox_in_order,
+        configs_belong_to_their_tasks_principal,
+        deleting_a_conversation_removes_its_configs,
+        the_due_read_returns_only_what_is_due_in_due_order,
+        a_lane_waits_behind_its_first_notification,
+        pending_notifications_are_counted_per_principal,
+    ] for
+    embedded_store => embedded(),
+    postgres_store => postgres(),
+    postgres_partitioned_store => postgres_partitioned(),
 );
 
 /// Two nodes sharing one outbox: a notification one node claimed is neither claimable nor due
@@ -415,7 +435,7 @@ async fn a_claimed_notification_is_held_from_other_nodes_until_its_claim_expires
     b.reschedule_notification(again).await.unwrap();
     let stored = &b.pending_notifications(10).await.unwrap()[0];
     assert_eq!((stored.attempts, stored.claim.clone()), (1, None));
-    b.notification_delivered(stored.seq).await.unwrap();
+    b.notification_delivered(stored).await.unwrap();
     assert_eq!(a.pending_count().await.unwrap(), 0);
 }
 
@@ -442,22 +462,7 @@ async fn outbox_rows_an_older_node_left_become_due_at_the_next_start() {
         "UPDATE colloquy_outbox SET due = NULL, lane = NULL, principal_key = NULL \
          WHERE seq = {old_row}; UPDATE colloquy_outbox SET due = NULL WHERE seq = {orphan};"
     );
-    let database = url.clone();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        runtime.block_on(async {
-            let (client, connection) = tokio_postgres::connect(&database, tokio_postgres::NoTls)
-                .await
-                .expect("connects");
-            tokio::spawn(connection);
-            client.batch_execute(&sql).await.expect("rows changed");
-        });
-    })
-    .join()
-    .expect("no panic");
+    execute_sql(&url, sql);
     assert!(
         a.due_notifications(10).await.unwrap().due.is_empty(),
         "neither is due now"
@@ -473,4 +478,138 @@ async fn outbox_rows_an_older_node_left_become_due_at_the_next_start() {
         .map(|n| n.seq as i64)
         .collect();
     assert_eq!(due, [old_row, orphan], "both due again after b's start");
+}
+
+/// Runs `work` with a connection of its own to the database `url`, on a thread of its own (the
+/// caller may be inside a runtime): what another process does to the rows.
+fn on_database<T, F>(
+    url: &str,
+    work: impl FnOnce(tokio_postgres::Client) -> F + Send + 'static,
+) -> T
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let database = url.to_owned();
+    on_own_thread(async move {
+        let (client, connection) = tokio_postgres::connect(&database, tokio_postgres::NoTls)
+            .await
+            .expect("connects");
+        tokio::spawn(connection);
+        work(client).await
+    })
+}
+
+fn execute_sql(url: &str, sql: String) {
+    on_database(url, |client| async move {
+        client.batch_execute(&sql).await.expect("the SQL runs")
+    })
+}
+
+/// The one number `sql` answers.
+fn count(url: &str, sql: String) -> i64 {
+    on_database(url, |client| async move {
+        client.query_one(&sql, &[]).await.expect("answers").get(0)
+    })
+}
+
+/// Migration 6 makes the push configs and the outbox anew, keyed by conversation first. What a
+/// database at version 5 holds is all there after it, each row under its conversation's key:
+/// a task's config, its notification, and the notification of a conversation deleted since
+/// (its task is gone, so its key comes from its record). Each notification is then claimed and
+/// delivered by that key. On a plain schema and on a partitioned one, which the new tables follow
+/// whatever the upgrading node's `store.partitions`.
+#[actix_rt::test]
+async fn push_rows_written_before_migration_6_keep_their_conversation() {
+    push_rows_survive_migration_6(0).await;
+}
+
+#[actix_rt::test]
+async fn push_rows_written_before_migration_6_keep_their_conversation_partitioned() {
+    push_rows_survive_migration_6(8).await;
+}
+
+async fn push_rows_survive_migration_6(partitions: u32) {
+    let Some(url) = crate::common::pg::database("push_store::migration_6") else {
+        return;
+    };
+    let options = PgOptions {
+        partitions,
+        ..pg_options(&url, "m", 1)
+    };
+    let migrated =
+        on_own_thread(async move { PgStore::migrate_to(&options, 5).await }).expect("migrates");
+    assert_eq!(migrated.to, 5);
+
+    // As a build at version 5 wrote them: a task with a config and a notification, and the
+    // notification of another task whose conversation has been deleted (no task row).
+    let kept = ConversationKey::new("alice", "kept");
+    let bytes = |key: &ConversationKey| format!("'\\x{}'", hex::encode(key.as_bytes()));
+    let notification = |context: &str, task: &str, seq: u64| {
+        let task_record = colloquy::model::Task {
+            id: task.into(),
+            context_id: context.into(),
+            status: colloquy::model::TaskStatus::new(TaskState::Working, None),
+            artifacts: Vec::new(),
+            history: Vec::new(),
+            metadata: None,
+        };
+        colloquy::store::Notification {
+            id: format!("n-{seq}"),
+            seq,
+            principal: "alice".into(),
+            config: config(task, "hook"),
+            task: task_record,
+            created_at: chrono::Utc::now(),
+            attempts: 0,
+            not_before: chrono::Utc::now(),
+            claim: None,
+        }
+    };
+    let (first, second) = (
+        notification("kept", "task-kept", 100),
+        notification("gone", "task-gone", 200),
+    );
+    let sql = format!(
+        "INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, state, \
+             status_ms, record, has_push) \
+         VALUES ({kept}, 'task-kept', '\\x00', 'alice', 1, 0, '{{}}', TRUE); \
+         INSERT INTO colloquy_push_configs (task_id, config_id, principal, config) \
+         VALUES ('task-kept', 'hook', 'alice', {config}); \
+         INSERT INTO colloquy_outbox (seq, task_id, not_before, record) \
+         VALUES (100, 'task-kept', now(), {first}), (200, 'task-gone', now(), {second});",
+        kept = bytes(&kept),
+        config = literal(&config("task-kept", "hook")),
+        first = literal(&first),
+        second = literal(&second),
+    );
+    execute_sql(&url, sql);
+
+    // A newer node, at the default `store.partitions` (0): a partitioned schema stays so.
+    let store = connect(pg_options(&url, "a", 1));
+    for table in ["colloquy_outbox", "colloquy_push_configs"] {
+        let sql = format!("SELECT count(*) FROM pg_inherits WHERE inhparent = '{table}'::regclass");
+        assert_eq!(count(&url, sql), i64::from(partitions), "{table}");
+    }
+    assert_eq!(
+        store.push_configs("alice", "task-kept").await.unwrap(),
+        [config("task-kept", "hook")]
+    );
+    let pending = store.pending_notifications(10).await.unwrap();
+    assert_eq!(pending, [first.clone(), second.clone()]);
+    for notification in pending {
+        let claimed = store
+            .claim_notification(notification, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .expect("claimed under its conversation's key");
+        store.notification_delivered(&claimed).await.unwrap();
+    }
+    assert_eq!(store.pending_count().await.unwrap(), 0, "both removed");
+}
+
+/// `value` as a SQL string literal of its JSON.
+fn literal(value: &impl serde::Serialize) -> String {
+    let json = serde_json::to_string(value).expect("json");
+    format!("'{}'", json.replace('\'', "''"))
 }

@@ -625,7 +625,11 @@ impl PushStore for EmbeddedStore {
         })
     }
 
-    fn notification_delivered(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>> {
+    fn notification_delivered(
+        &self,
+        notification: &Notification,
+    ) -> BoxFuture<'static, StoreResult<()>> {
+        let seq = notification.seq;
         self.write(move |records, _| remove_notification(records, seq))
     }
 
@@ -636,8 +640,12 @@ impl PushStore for EmbeddedStore {
         self.write(move |records, _| reschedule(records, &notification))
     }
 
-    fn give_up_notification(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>> {
-        self.write(move |records, _| remove_notification(records, seq))
+    /// Removed as a delivered one is: the next of its lane is due.
+    fn give_up_notification(
+        &self,
+        notification: &Notification,
+    ) -> BoxFuture<'static, StoreResult<()>> {
+        self.notification_delivered(notification)
     }
 
     fn outbox_waker(&self) -> std::sync::Arc<tokio::sync::Notify> {

@@ -112,9 +112,6 @@ const OUTBOX_REPAIR_PERIOD: Duration = Duration::from_secs(30);
 pub struct PgStore {
     ops: Arc<Ops>,
     runtime: Arc<OwnedRuntime>,
-    /// Told when this node wrote a status change (and so perhaps a notification): its delivery
-    /// worker need not wait for its next poll. Other nodes' notifications are found by polling.
-    outbox: Arc<tokio::sync::Notify>,
 }
 
 /// The connection pool and the lease settings every operation uses.
@@ -135,6 +132,11 @@ pub(crate) struct Ops {
     generic_plans: group::GenericPlans,
     starts: group::Group<turn::StartStep>,
     ends: group::Group<turn::EndStep>,
+    /// Told when this node committed a status change that may have added notifications: its
+    /// delivery worker need not wait for its next poll. Other nodes' notifications are found by
+    /// polling. A one-trip turn step adds none (it runs only for tasks without push configs),
+    /// so it wakes nobody.
+    outbox: Arc<tokio::sync::Notify>,
 }
 
 /// The store's runtime, shut down without blocking when the last handle goes (which may be
@@ -277,7 +279,9 @@ impl PgStore {
     /// this build knows.
     pub async fn connect(options: &PgOptions) -> StoreResult<PgStore> {
         let store = PgStore::pool(options)?;
-        store.run(|ops| async move { ops.migrate().await }).await?;
+        store
+            .run(|ops| async move { ops.migrate(SCHEMA_VERSION).await })
+            .await?;
         store
             .run(|ops| async move { ops.learn_planning().await.map_err(Failure::into_store) })
             .await?;
@@ -286,8 +290,16 @@ impl PgStore {
 
     /// Connects and applies the migrations the database lacks (`colloquy migrate`).
     pub async fn migrate(options: &PgOptions) -> StoreResult<Migrated> {
+        PgStore::migrate_to(options, SCHEMA_VERSION).await
+    }
+
+    /// Applies the migrations the database lacks up to version `to` only: an older schema, as
+    /// an older build left it, for tests of an upgrade.
+    pub async fn migrate_to(options: &PgOptions, to: i64) -> StoreResult<Migrated> {
         let store = PgStore::pool(options)?;
-        store.run(|ops| async move { ops.migrate().await }).await
+        store
+            .run(move |ops| async move { ops.migrate(to).await })
+            .await
     }
 
     fn pool(options: &PgOptions) -> StoreResult<PgStore> {
@@ -339,9 +351,9 @@ impl PgStore {
                     runtime.handle(),
                 ),
                 generic_plans,
+                outbox: Arc::new(tokio::sync::Notify::new()),
             }),
             runtime: Arc::new(OwnedRuntime(Some(runtime))),
-            outbox: Arc::new(tokio::sync::Notify::new()),
         })
     }
 
@@ -360,7 +372,7 @@ impl PgStore {
         Fut: Future<Output = StoreResult<T>> + Send + 'static,
     {
         let done = self.run(op);
-        let outbox = self.outbox.clone();
+        let outbox = self.ops.outbox.clone();
         Box::pin(async move {
             let result = done.await;
             outbox.notify_one();
@@ -402,7 +414,8 @@ async fn report_pool_use(pool: Pool) {
 
 impl ConversationStore for PgStore {
     fn begin_turn(&self, turn: BeginTurn) -> BoxFuture<'static, StoreResult<TurnBegun>> {
-        self.run_status(|ops| async move { retrying(|| ops.begin(&turn)).await })
+        // `Ops::begin` wakes the delivery worker itself, when it went the general way.
+        self.run(|ops| async move { retrying(|| ops.begin(&turn)).await })
     }
 
     fn record_status(
@@ -422,7 +435,8 @@ impl ConversationStore for PgStore {
     }
 
     fn finish_turn(&self, end: FinishTurn) -> BoxFuture<'static, StoreResult<()>> {
-        self.run_status(|ops| async move { ops.finish_across_failover(&end).await })
+        // `Ops::finish` wakes the delivery worker itself, when it went the general way.
+        self.run(|ops| async move { ops.finish_across_failover(&end).await })
     }
 
     fn cancel_waiting(

@@ -183,7 +183,9 @@ impl Ops {
             return Ok(begun);
         }
         metrics::counter!(GENERAL_STEPS).increment(1);
-        self.begin_in_transaction(turn).await
+        let begun = self.begin_in_transaction(turn).await;
+        self.outbox.notify_one();
+        begun
     }
 
     /// The general start: any task, any lease.
@@ -226,8 +228,14 @@ impl Ops {
         let earlier = &stored.history_seqs[..stored.history_seqs.len() - 1];
         // A send's push configs are stored before the task row, whose write reads them to
         // notify (no round trip when the send has none).
-        super::push::put_with_start(&tx, &turn.principal, &turn.push_configs, &turn.task_id)
-            .await?;
+        super::push::put_with_start(
+            &tx,
+            &key,
+            &turn.principal,
+            &turn.push_configs,
+            &turn.task_id,
+        )
+        .await?;
         let (_, _, (history, _)) = futures_util::try_join!(
             insert_message(&tx, &key, seq, &turn.message),
             put_task(&tx, &key, &turn.principal, &stored),
@@ -317,7 +325,9 @@ impl Ops {
             return Ok(());
         }
         metrics::counter!(GENERAL_STEPS).increment(1);
-        self.finish_in_transaction(end).await
+        let finished = self.finish_in_transaction(end).await;
+        self.outbox.notify_one();
+        finished
     }
 
     /// The general end: any task, with its push notifications.
@@ -754,8 +764,8 @@ impl Ops {
             }
             .into());
         }
-        super::push::delete_configs_of(&tx, key_bytes).await?;
         for table in [
+            "colloquy_push_configs",
             "colloquy_messages",
             "colloquy_tasks",
             "colloquy_conversations",
@@ -1095,7 +1105,8 @@ pub(super) async fn put_task(
         // `has_push` tells a turn's end whether it must build notifications (`turn.rs`).
         let sql = "INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, \
                    state, status_ms, record, has_push) VALUES ($1, $2, $3, $4, $5, $6, $7, \
-                   EXISTS (SELECT 1 FROM colloquy_push_configs WHERE task_id = $2)) \
+                   EXISTS (SELECT 1 FROM colloquy_push_configs \
+                       WHERE conv_key = $1 AND task_id = $2)) \
                    ON CONFLICT (conv_key, task_id) DO UPDATE SET state = excluded.state, \
                    status_ms = excluded.status_ms, record = excluded.record, \
                    has_push = excluded.has_push";
@@ -1117,7 +1128,7 @@ pub(super) async fn put_task(
         Ok::<(), Failure>(())
     };
     // The task's push configs are read as the row is written, in the same round trip.
-    futures_util::try_join!(upsert, super::push::enqueue(client, &record.task))?;
+    futures_util::try_join!(upsert, super::push::enqueue(client, key, &record.task))?;
     Ok(())
 }
 

@@ -5,11 +5,16 @@
 //! config of the task in the same transaction ([`enqueue`]): a change and its notifications
 //! commit together. Outbox positions come from the clock, above the task's last one (a task's
 //! changes are ordered by its conversation's lease, so a node with a slower clock still keeps
-//! them in order), retried on the rare clash. Several nodes share the outbox: a node delivers a
-//! notification only after claiming it (a token and an expiry judged by the database's clock),
-//! and reads other nodes' live claims as not due until they expire, so no notification is in
-//! flight twice at once while its holder lives (a holder that stops past its hold lets another
-//! node try again: at least once).
+//! them in order), retried on the rare clash. Both tables are keyed by the conversation key
+//! first, so a sharded database keeps them with the conversation's other rows (migration 6); a
+//! position is unique within its conversation, and found by both (`OutboxRow`). Two nodes
+//! taking one position for two conversations in the same nanosecond only delays one of them
+//! behind the other in a delivery worker, which tells in-flight notifications apart by position.
+//!
+//! Several nodes share the outbox: a node delivers a notification only after claiming it (a
+//! token and an expiry judged by the database's clock), and reads other nodes' live claims as
+//! not due until they expire, so no notification is in flight twice at once while its holder
+//! lives (a holder that stops past its hold lets another node try again: at least once).
 //!
 //! The worker reads only what is due, from the index on `due` (a claim moves `due` to the
 //! claim's expiry). A notification with an earlier one of its lane (its task and URL) pending
@@ -20,7 +25,8 @@ use super::ops::{decode, encode};
 use super::{Failure, Ops, PgStore, retrying};
 use crate::model::{PushConfig, Task};
 use crate::store::{
-    DueNotifications, Notification, PrincipalKey, PushError, PushStore, StoreResult, outbox_seq,
+    ConversationKey, DueNotifications, Notification, PrincipalKey, PushError, PushStore,
+    StoreResult, outbox_seq,
 };
 use chrono::{DateTime, Utc};
 use deadpool_postgres::GenericClient;
@@ -28,9 +34,29 @@ use futures_util::future::BoxFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Where a notification sits in the outbox: its conversation's key and its position.
+pub(super) struct OutboxRow {
+    key: ConversationKey,
+    seq: i64,
+}
+
+impl OutboxRow {
+    pub(super) fn of(notification: &Notification) -> OutboxRow {
+        OutboxRow {
+            key: notification.conversation(),
+            seq: notification.seq as i64,
+        }
+    }
+
+    fn key(&self) -> &[u8] {
+        self.key.as_bytes().as_slice()
+    }
+}
+
 /// Stores configs a send registers, with the task's id, in the transaction starting the task.
 pub(super) async fn put_with_start(
     client: &impl GenericClient,
+    key: &ConversationKey,
     principal: &str,
     configs: &[PushConfig],
     task_id: &str,
@@ -40,22 +66,24 @@ pub(super) async fn put_with_start(
             task_id: task_id.to_owned(),
             ..config.clone()
         };
-        put_row(client, principal, &config).await?;
+        put_row(client, key.as_bytes(), principal, &config).await?;
     }
     Ok(())
 }
 
 async fn put_row(
     client: &impl GenericClient,
+    key: &[u8],
     principal: &str,
     config: &PushConfig,
 ) -> Result<(), Failure> {
     client
         .execute(
-            "INSERT INTO colloquy_push_configs (task_id, config_id, principal, config) \
-             VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (task_id, config_id) DO UPDATE SET config = excluded.config",
+            "INSERT INTO colloquy_push_configs (conv_key, task_id, config_id, principal, config) \
+             VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (conv_key, task_id, config_id) DO UPDATE SET config = excluded.config",
             &[
+                &key,
                 &config.task_id.as_bytes(),
                 &config.id.as_bytes(),
                 &principal.as_bytes(),
@@ -68,13 +96,17 @@ async fn put_row(
 
 /// Adds one notification per config of the task, reporting `task` (without history) as it is
 /// now. Called with every status write, in its transaction.
-pub(super) async fn enqueue(client: &impl GenericClient, task: &Task) -> Result<(), Failure> {
-    let task_id = task.id.as_bytes();
+pub(super) async fn enqueue(
+    client: &impl GenericClient,
+    key: &ConversationKey,
+    task: &Task,
+) -> Result<(), Failure> {
+    let (key, task_id) = (key.as_bytes().as_slice(), task.id.as_bytes());
     let rows = client
         .query(
-            "SELECT principal, config FROM colloquy_push_configs WHERE task_id = $1 \
-             ORDER BY config_id",
-            &[&task_id],
+            "SELECT principal, config FROM colloquy_push_configs \
+             WHERE conv_key = $1 AND task_id = $2 ORDER BY config_id",
+            &[&key, &task_id],
         )
         .await?;
     if rows.is_empty() {
@@ -82,8 +114,9 @@ pub(super) async fn enqueue(client: &impl GenericClient, task: &Task) -> Result<
     }
     let last = client
         .query_one(
-            "SELECT COALESCE(MAX(seq), 0) FROM colloquy_outbox WHERE task_id = $1",
-            &[&task_id],
+            "SELECT COALESCE(MAX(seq), 0) FROM colloquy_outbox \
+             WHERE conv_key = $1 AND task_id = $2",
+            &[&key, &task_id],
         )
         .await?;
     let mut floor = last.try_get::<_, i64>(0)?.max(0) as u64;
@@ -106,9 +139,9 @@ pub(super) async fn enqueue(client: &impl GenericClient, task: &Task) -> Result<
             notification.seq = outbox_seq(floor);
             let inserted = client
                 .execute(
-                    "INSERT INTO colloquy_outbox (seq, task_id, not_before, record, due, lane, \
-                         principal_key) \
-                     VALUES ($1, $2, $3, $4, $3, $5, $6) ON CONFLICT (seq) DO NOTHING",
+                    "INSERT INTO colloquy_outbox (conv_key, seq, task_id, not_before, record, \
+                         due, lane, principal_key) \
+                     VALUES ($7, $1, $2, $3, $4, $3, $5, $6) ON CONFLICT (conv_key, seq) DO NOTHING",
                     &[
                         &(notification.seq as i64),
                         &task_id,
@@ -118,6 +151,7 @@ pub(super) async fn enqueue(client: &impl GenericClient, task: &Task) -> Result<
                         &PrincipalKey::new(&notification.principal)
                             .as_bytes()
                             .as_slice(),
+                        &key,
                     ],
                 )
                 .await?;
@@ -134,7 +168,7 @@ pub(super) async fn enqueue(client: &impl GenericClient, task: &Task) -> Result<
 /// claim's expiry, so no node reads it as due meanwhile. Returns it as stored, with the claim.
 async fn claim_row(
     client: &impl GenericClient,
-    seq: i64,
+    at: &OutboxRow,
     hold: Duration,
 ) -> Result<Option<Notification>, Failure> {
     let token = uuid::Uuid::new_v4().to_string();
@@ -143,10 +177,10 @@ async fn claim_row(
             "UPDATE colloquy_outbox SET claim_token = $2, \
                  claimed_until = now() + $3::FLOAT8 * INTERVAL '1 second', \
                  due = now() + $3::FLOAT8 * INTERVAL '1 second' \
-             WHERE seq = $1 AND due <= now() \
+             WHERE conv_key = $4 AND seq = $1 AND due <= now() \
                  AND (claimed_until IS NULL OR claimed_until <= now()) \
              RETURNING record",
-            &[&seq, &token, &hold.as_secs_f64()],
+            &[&at.seq, &token, &hold.as_secs_f64(), &at.key()],
         )
         .await?;
     let Some(row) = row else {
@@ -157,62 +191,66 @@ async fn claim_row(
     Ok(Some(notification))
 }
 
-/// Removes the configs of a conversation's tasks (with the conversation).
-pub(super) async fn delete_configs_of(
+/// The conversation key of a task of the principal, from `row` (its task row, or None); else
+/// the task is not found (another principal's task is not there for this one).
+fn owned_task_key(
+    row: Option<&tokio_postgres::Row>,
+    principal: &str,
+    task_id: &str,
+) -> Result<Result<Vec<u8>, PushError>, Failure> {
+    match row {
+        Some(row) if row.try_get::<_, &[u8]>("principal")? == principal.as_bytes() => {
+            Ok(Ok(row.try_get::<_, Vec<u8>>("conv_key")?))
+        }
+        _ => Ok(Err(PushError::TaskNotFound(task_id.to_owned()))),
+    }
+}
+
+/// The task's configs, by config id.
+async fn configs_of(
     client: &impl GenericClient,
     key: &[u8],
-) -> Result<(), Failure> {
-    client
-        .execute(
-            "DELETE FROM colloquy_push_configs WHERE task_id IN \
-             (SELECT task_id FROM colloquy_tasks WHERE conv_key = $1)",
-            &[&key],
+    task_id: &str,
+) -> Result<Vec<PushConfig>, Failure> {
+    let rows = client
+        .query(
+            "SELECT config FROM colloquy_push_configs WHERE conv_key = $1 AND task_id = $2 \
+             ORDER BY config_id",
+            &[&key, &task_id.as_bytes()],
         )
         .await?;
-    Ok(())
+    rows.iter()
+        .map(|row| decode(row.try_get::<_, &str>("config")?))
+        .collect()
+}
+
+/// The principal's task's conversation key (a lookup by task id: on a sharded database, the
+/// one step of a config's operations that asks every shard).
+async fn owned_task(
+    client: &impl GenericClient,
+    principal: &str,
+    task_id: &str,
+) -> Result<Result<Vec<u8>, PushError>, Failure> {
+    let row = client
+        .query_opt(
+            "SELECT conv_key, principal FROM colloquy_tasks WHERE task_id = $1",
+            &[&task_id.as_bytes()],
+        )
+        .await?;
+    owned_task_key(row.as_ref(), principal, task_id)
 }
 
 impl Ops {
-    /// The task's configs if it is the principal's (by config id); else not found.
-    async fn owned_configs(
-        &self,
-        client: &impl GenericClient,
-        principal: &str,
-        task_id: &str,
-    ) -> Result<Result<Vec<PushConfig>, PushError>, Failure> {
-        let owner = client
-            .query_opt(
-                "SELECT principal FROM colloquy_tasks WHERE task_id = $1",
-                &[&task_id.as_bytes()],
-            )
-            .await?;
-        let owned = match &owner {
-            Some(row) => row.try_get::<_, &[u8]>("principal")? == principal.as_bytes(),
-            None => false,
-        };
-        if !owned {
-            return Ok(Err(PushError::TaskNotFound(task_id.to_owned())));
-        }
-        let rows = client
-            .query(
-                "SELECT config FROM colloquy_push_configs WHERE task_id = $1 ORDER BY config_id",
-                &[&task_id.as_bytes()],
-            )
-            .await?;
-        let configs = rows
-            .iter()
-            .map(|row| decode(row.try_get::<_, &str>("config")?))
-            .collect::<Result<_, _>>()?;
-        Ok(Ok(configs))
-    }
-
     async fn configs(
         &self,
         principal: &str,
         task_id: &str,
     ) -> Result<Result<Vec<PushConfig>, PushError>, Failure> {
         let client = self.client().await?;
-        self.owned_configs(&client, principal, task_id).await
+        Ok(match owned_task(&client, principal, task_id).await? {
+            Ok(key) => Ok(configs_of(&client, &key, task_id).await?),
+            Err(refused) => Err(refused),
+        })
     }
 
     async fn put_config(
@@ -224,16 +262,20 @@ impl Ops {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         // The task row, locked: two nodes adding configs at once count each other's, and a
-        // turn's end sees `has_push` (and builds notifications) once this commits.
-        tx.execute(
-            "UPDATE colloquy_tasks SET has_push = TRUE WHERE task_id = $1",
-            &[&config.task_id.as_bytes()],
-        )
-        .await?;
-        let existing = match self.owned_configs(&tx, principal, &config.task_id).await? {
-            Ok(existing) => existing,
+        // turn's end sees `has_push` (and builds notifications) once this commits. Another
+        // principal's task is marked too, and then rolled back.
+        let task = tx
+            .query_opt(
+                "UPDATE colloquy_tasks SET has_push = TRUE WHERE task_id = $1 \
+                 RETURNING conv_key, principal",
+                &[&config.task_id.as_bytes()],
+            )
+            .await?;
+        let key = match owned_task_key(task.as_ref(), principal, &config.task_id)? {
+            Ok(key) => key,
             Err(refused) => return Ok(Err(refused)),
         };
+        let existing = configs_of(&tx, &key, &config.task_id).await?;
         let replaces = existing.iter().any(|c| c.id == config.id);
         if !replaces && existing.len() >= max_per_task {
             return Ok(Err(PushError::TooManyConfigs {
@@ -241,7 +283,7 @@ impl Ops {
                 limit: max_per_task,
             }));
         }
-        put_row(&tx, principal, config).await?;
+        put_row(&tx, &key, principal, config).await?;
         tx.commit().await?;
         Ok(Ok(config.clone()))
     }
@@ -253,13 +295,15 @@ impl Ops {
         config_id: &str,
     ) -> Result<Result<(), PushError>, Failure> {
         let client = self.client().await?;
-        if let Err(refused) = self.owned_configs(&client, principal, task_id).await? {
-            return Ok(Err(refused));
-        }
+        let key = match owned_task(&client, principal, task_id).await? {
+            Ok(key) => key,
+            Err(refused) => return Ok(Err(refused)),
+        };
         let deleted = client
             .execute(
-                "DELETE FROM colloquy_push_configs WHERE task_id = $1 AND config_id = $2",
-                &[&task_id.as_bytes(), &config_id.as_bytes()],
+                "DELETE FROM colloquy_push_configs \
+                 WHERE conv_key = $1 AND task_id = $2 AND config_id = $3",
+                &[&key, &task_id.as_bytes(), &config_id.as_bytes()],
             )
             .await?;
         if deleted == 0 {
@@ -346,24 +390,21 @@ impl Ops {
         notification: &Notification,
         hold: Duration,
     ) -> Result<Option<Notification>, Failure> {
-        let (seq, task_id, lane) = (
-            notification.seq as i64,
-            notification.config.task_id.as_bytes(),
-            notification.lane(),
-        );
-        let earlier = "SELECT seq FROM colloquy_outbox WHERE task_id = $1 AND lane = $2 \
-                       AND seq < $3";
+        let at = OutboxRow::of(notification);
+        let (task_id, lane) = (notification.config.task_id.as_bytes(), notification.lane());
+        let earlier = "SELECT seq FROM colloquy_outbox WHERE conv_key = $4 AND task_id = $1 \
+                       AND lane = $2 AND seq < $3";
         let mut client = self.client().await?;
         // An earlier one of the lane is never added later (positions only grow): without one
         // now, no lock is needed.
         let any = client
             .query_opt(
                 &format!("{earlier} LIMIT 1"),
-                &[&task_id, &lane.as_slice(), &seq],
+                &[&task_id, &lane.as_slice(), &at.seq, &at.key()],
             )
             .await?;
         if any.is_none() {
-            return claim_row(&client, seq, hold).await;
+            return claim_row(&client, &at, hold).await;
         }
         let tx = client.transaction().await?;
         // Locked, so the removal of one of them waits for this (or this for it, and then
@@ -371,16 +412,16 @@ impl Ops {
         let rows = tx
             .query(
                 &format!("{earlier} FOR UPDATE"),
-                &[&task_id, &lane.as_slice(), &seq],
+                &[&task_id, &lane.as_slice(), &at.seq, &at.key()],
             )
             .await?;
         let claimed = if rows.is_empty() {
-            claim_row(&tx, seq, hold).await?
+            claim_row(&tx, &at, hold).await?
         } else {
             tx.execute(
-                "UPDATE colloquy_outbox SET due = NULL WHERE seq = $1 \
+                "UPDATE colloquy_outbox SET due = NULL WHERE conv_key = $2 AND seq = $1 \
                  AND (claimed_until IS NULL OR claimed_until <= now())",
-                &[&seq],
+                &[&at.seq, &at.key()],
             )
             .await?;
             None
@@ -390,22 +431,25 @@ impl Ops {
     }
 
     /// Removes a notification; the next of its lane, if set aside, is due now.
-    async fn remove(&self, seq: u64) -> Result<(), Failure> {
+    async fn remove(&self, at: &OutboxRow) -> Result<(), Failure> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let removed = tx
             .query_opt(
-                "DELETE FROM colloquy_outbox WHERE seq = $1 RETURNING task_id, lane",
-                &[&(seq as i64)],
+                "DELETE FROM colloquy_outbox WHERE conv_key = $1 AND seq = $2 \
+                 RETURNING task_id, lane",
+                &[&at.key(), &at.seq],
             )
             .await?;
         if let Some(row) = removed {
             let (task_id, lane): (&[u8], Option<&[u8]>) =
                 (row.try_get("task_id")?, row.try_get("lane")?);
             tx.execute(
-                "UPDATE colloquy_outbox SET due = now() WHERE due IS NULL AND seq = \
-                 (SELECT MIN(seq) FROM colloquy_outbox WHERE task_id = $1 AND lane = $2)",
-                &[&task_id, &lane],
+                "UPDATE colloquy_outbox SET due = now() \
+                 WHERE conv_key = $3 AND due IS NULL AND seq = \
+                     (SELECT MIN(seq) FROM colloquy_outbox \
+                      WHERE conv_key = $3 AND task_id = $1 AND lane = $2)",
+                &[&task_id, &lane, &at.key()],
             )
             .await?;
         }
@@ -434,8 +478,9 @@ impl Ops {
         // Configs stored by a node of a build before `has_push` (migration 4) mark their task.
         client
             .execute(
-                "UPDATE colloquy_tasks SET has_push = TRUE WHERE NOT has_push \
-                 AND task_id IN (SELECT task_id FROM colloquy_push_configs)",
+                "UPDATE colloquy_tasks t SET has_push = TRUE WHERE NOT has_push \
+                 AND EXISTS (SELECT 1 FROM colloquy_push_configs p \
+                     WHERE p.conv_key = t.conv_key AND p.task_id = t.task_id)",
                 &[],
             )
             .await?;
@@ -443,7 +488,8 @@ impl Ops {
             .execute(
                 "UPDATE colloquy_outbox o SET due = now() WHERE o.due IS NULL \
                  AND NOT EXISTS (SELECT 1 FROM colloquy_outbox e \
-                     WHERE e.task_id = o.task_id AND e.lane = o.lane AND e.seq < o.seq)",
+                     WHERE e.conv_key = o.conv_key AND e.task_id = o.task_id \
+                         AND e.lane = o.lane AND e.seq < o.seq)",
                 &[],
             )
             .await?;
@@ -457,7 +503,8 @@ impl Ops {
         loop {
             let rows = client
                 .query(
-                    "SELECT seq, record FROM colloquy_outbox WHERE lane IS NULL LIMIT 500",
+                    "SELECT conv_key, seq, record FROM colloquy_outbox WHERE lane IS NULL \
+                     LIMIT 500",
                     &[],
                 )
                 .await?;
@@ -471,13 +518,14 @@ impl Ops {
                         "UPDATE colloquy_outbox SET lane = $2, principal_key = $3, \
                              due = COALESCE(due, CASE WHEN claimed_until > not_before \
                                  THEN claimed_until ELSE not_before END) \
-                         WHERE seq = $1 AND lane IS NULL",
+                         WHERE conv_key = $4 AND seq = $1 AND lane IS NULL",
                         &[
                             &row.try_get::<_, i64>("seq")?,
                             &notification.lane().as_slice(),
                             &PrincipalKey::new(&notification.principal)
                                 .as_bytes()
                                 .as_slice(),
+                            &row.try_get::<_, &[u8]>("conv_key")?,
                         ],
                     )
                     .await?;
@@ -496,12 +544,13 @@ impl Ops {
             .execute(
                 "UPDATE colloquy_outbox SET not_before = $2, due = $2, record = $3, \
                      claim_token = NULL, claimed_until = NULL \
-                 WHERE seq = $1 AND claim_token IS NOT DISTINCT FROM $4",
+                 WHERE conv_key = $5 AND seq = $1 AND claim_token IS NOT DISTINCT FROM $4",
                 &[
                     &(notification.seq as i64),
                     &notification.not_before,
                     &encode(&stored),
                     &notification.claim,
+                    &notification.conversation().as_bytes().as_slice(),
                 ],
             )
             .await?;
@@ -596,8 +645,12 @@ impl PushStore for PgStore {
         self.run(move |ops| async move { retrying(|| ops.claim(&notification, hold)).await })
     }
 
-    fn notification_delivered(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>> {
-        self.run(move |ops| async move { retrying(|| ops.remove(seq)).await })
+    fn notification_delivered(
+        &self,
+        notification: &Notification,
+    ) -> BoxFuture<'static, StoreResult<()>> {
+        let at = OutboxRow::of(notification);
+        self.run(move |ops| async move { retrying(|| ops.remove(&at)).await })
     }
 
     fn reschedule_notification(
@@ -607,11 +660,15 @@ impl PushStore for PgStore {
         self.run(move |ops| async move { retrying(|| ops.reschedule(&notification)).await })
     }
 
-    fn give_up_notification(&self, seq: u64) -> BoxFuture<'static, StoreResult<()>> {
-        self.run(move |ops| async move { retrying(|| ops.remove(seq)).await })
+    /// Removed as a delivered one is: the next of its lane is due.
+    fn give_up_notification(
+        &self,
+        notification: &Notification,
+    ) -> BoxFuture<'static, StoreResult<()>> {
+        self.notification_delivered(notification)
     }
 
     fn outbox_waker(&self) -> Arc<tokio::sync::Notify> {
-        self.outbox.clone()
+        self.ops.outbox.clone()
     }
 }

@@ -8,14 +8,28 @@
 //! contextId, taskId) are stored as their UTF-8 bytes: TEXT cannot hold NUL, and bytes order
 //! the same on every engine and locale.
 
+use super::ops::decode;
 use super::{Failure, Ops};
-use crate::store::StoreError;
+use crate::store::{Notification, StoreError};
+use deadpool_postgres::GenericClient;
 
-/// The migrations this build knows, in order: version `i + 1` is `MIGRATIONS[i]`, its
-/// placeholders filled by [`migration_sql`].
-const MIGRATIONS: &[&str] = &[
+/// A schema migration: its SQL (placeholders filled by [`migration_sql`]) and the tables it
+/// creates keyed by conversation, which a partitioned schema splits by their key's hash.
+struct Migration {
+    sql: &'static str,
+    by_conversation: &'static [&'static str],
+}
+
+/// The migrations this build knows, in order: version `i + 1` is `MIGRATIONS[i]`.
+const MIGRATIONS: &[Migration] = &[
     // 1: conversations with their lease, messages, tasks, the readiness probe.
-    r#"
+    Migration {
+        by_conversation: &[
+            "colloquy_conversations",
+            "colloquy_messages",
+            "colloquy_tasks",
+        ],
+        sql: r#"
     CREATE TABLE colloquy_conversations (
         conv_key BYTEA PRIMARY KEY,
         principal_key BYTEA NOT NULL,
@@ -62,9 +76,12 @@ const MIGRATIONS: &[&str] = &[
         at TIMESTAMPTZ NOT NULL
     );
     "#,
+    },
     // 2: push-notification configs and the outbox every node drains. A node delivers a
     // notification only under its claim (`claim_token`, `claimed_until` by the database's clock).
-    r#"
+    Migration {
+        by_conversation: &[],
+        sql: r#"
     CREATE TABLE colloquy_push_configs (
         task_id BYTEA NOT NULL,
         config_id BYTEA NOT NULL,
@@ -82,11 +99,14 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX colloquy_outbox_by_task ON colloquy_outbox (task_id, seq);
     "#,
+    },
     // 3: the outbox indexed by due time (the worker reads only what is due), by lane (a task's
     // notifications to one URL: each waits, `due` NULL, behind the one before it) and by
     // principal (the pending cap). Rows written before get their values at start
     // (`PgStore::connect`): computing them takes the record.
-    r#"
+    Migration {
+        by_conversation: &[],
+        sql: r#"
     ALTER TABLE colloquy_outbox ADD COLUMN due TIMESTAMPTZ;
     ALTER TABLE colloquy_outbox ADD COLUMN lane BYTEA;
     ALTER TABLE colloquy_outbox ADD COLUMN principal_key BYTEA;
@@ -94,49 +114,102 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX colloquy_outbox_by_lane ON colloquy_outbox (task_id, lane, seq);
     CREATE INDEX colloquy_outbox_by_principal ON colloquy_outbox (principal_key, seq);
     "#,
+    },
     // 4: whether a task has push configs, so a turn's end knows without reading them. Tasks
     // whose configs came before are marked at start (`Ops::repair_outbox`).
-    r#"
+    Migration {
+        by_conversation: &[],
+        sql: r#"
     ALTER TABLE colloquy_tasks ADD COLUMN has_push BOOLEAN NOT NULL DEFAULT FALSE;
     "#,
+    },
     // 5: the lease index holds running conversations only: the sweep reads nothing else, and a
     // turn's end (which clears `running_task`) adds no entry to it.
-    r#"
+    Migration {
+        by_conversation: &[],
+        sql: r#"
     DROP INDEX colloquy_conversations_by_lease;
     CREATE INDEX colloquy_conversations_by_lease
         ON colloquy_conversations (lease_expires) WHERE running_task IS NOT NULL;
     "#,
-];
-
-/// The tables keyed by conversation, which a partitioned schema splits by their key's hash.
-const BY_CONVERSATION: [&str; 3] = [
-    "colloquy_conversations",
-    "colloquy_messages",
-    "colloquy_tasks",
+    },
+    // 6: push configs and the outbox keyed by conversation first, as every other table, so a
+    // sharded database keeps a task's configs and notifications on its conversation's shard.
+    // The tables are made anew: a primary key cannot change, and on a partitioned schema they
+    // are partitioned. Configs take their task's key; notifications take theirs from their
+    // record (`move_outbox_rows`: their task may be gone with its conversation). Nodes of an
+    // older build fail their writes of configs and notifications from here on (docs/cluster.md).
+    Migration {
+        by_conversation: &["colloquy_push_configs", "colloquy_outbox"],
+        sql: r#"
+    ALTER TABLE colloquy_push_configs RENAME TO colloquy_push_configs_before_6;
+    ALTER INDEX colloquy_push_configs_pkey RENAME TO colloquy_push_configs_before_6_pkey;
+    CREATE TABLE colloquy_push_configs (
+        conv_key BYTEA NOT NULL,
+        task_id BYTEA NOT NULL,
+        config_id BYTEA NOT NULL,
+        principal BYTEA NOT NULL,
+        config TEXT NOT NULL,
+        PRIMARY KEY (conv_key, task_id, config_id)
+    ){partitioned};
+    INSERT INTO colloquy_push_configs (conv_key, task_id, config_id, principal, config)
+        SELECT t.conv_key, p.task_id, p.config_id, p.principal, p.config
+        FROM colloquy_push_configs_before_6 p JOIN colloquy_tasks t ON t.task_id = p.task_id;
+    DROP TABLE colloquy_push_configs_before_6;
+    ALTER TABLE colloquy_outbox RENAME TO colloquy_outbox_before_6;
+    ALTER INDEX colloquy_outbox_pkey RENAME TO colloquy_outbox_before_6_pkey;
+    DROP INDEX colloquy_outbox_by_task;
+    DROP INDEX colloquy_outbox_by_due;
+    DROP INDEX colloquy_outbox_by_lane;
+    DROP INDEX colloquy_outbox_by_principal;
+    CREATE TABLE colloquy_outbox (
+        conv_key BYTEA NOT NULL,
+        seq BIGINT NOT NULL,
+        task_id BYTEA NOT NULL,
+        not_before TIMESTAMPTZ NOT NULL,
+        claim_token TEXT,
+        claimed_until TIMESTAMPTZ,
+        record TEXT NOT NULL,
+        due TIMESTAMPTZ,
+        lane BYTEA,
+        principal_key BYTEA,
+        PRIMARY KEY (conv_key, seq)
+    ){partitioned};
+    CREATE INDEX colloquy_outbox_by_due ON colloquy_outbox (due, seq);
+    CREATE INDEX colloquy_outbox_by_lane ON colloquy_outbox (conv_key, task_id, lane, seq);
+    CREATE INDEX colloquy_outbox_by_principal ON colloquy_outbox (principal_key, seq);
+    "#,
+    },
 ];
 
 /// Migration `version`'s SQL. With `partitions` > 0 the tables keyed by conversation are
 /// hash-partitioned on the conversation key into that many partitions (a distributed
-/// PostgreSQL's shards, on one server), and the task-id index is not unique: a unique index of a
-/// partitioned table must hold the partition key (task ids are minted unique; an import checks).
+/// PostgreSQL's shards, on one server), each table's partitions made right after it, and the
+/// task-id index is not unique: a unique index of a partitioned table must hold the partition
+/// key (task ids are minted unique; an import checks).
 fn migration_sql(version: i64, partitions: u32) -> String {
-    let sql = MIGRATIONS[(version - 1) as usize];
+    let migration = &MIGRATIONS[(version - 1) as usize];
     if partitions == 0 {
-        return sql
+        return migration
+            .sql
             .replace("{partitioned}", "")
             .replace("{unique}", "UNIQUE");
     }
-    let mut sql = sql
-        .replace("{partitioned}", " PARTITION BY HASH (conv_key)")
-        .replace("{unique}", "");
-    if version == 1 {
-        for table in BY_CONVERSATION {
-            for remainder in 0..partitions {
-                sql.push_str(&format!(
-                    "CREATE TABLE {table}_p{remainder} PARTITION OF {table} \
-                     FOR VALUES WITH (MODULUS {partitions}, REMAINDER {remainder});\n"
-                ));
-            }
+    let mut sql = migration.sql.replace("{unique}", "");
+    for table in migration.by_conversation {
+        let mut made = String::from(" PARTITION BY HASH (conv_key);\n");
+        for remainder in 0..partitions {
+            made.push_str(&format!(
+                "CREATE TABLE {table}_p{remainder} PARTITION OF {table} \
+                 FOR VALUES WITH (MODULUS {partitions}, REMAINDER {remainder});\n"
+            ));
+        }
+        let created = format!("CREATE TABLE {table} (");
+        if let Some(at) = sql.find(&created)
+            && let Some(end) = sql[at..].find("{partitioned};")
+        {
+            let end = at + end;
+            sql.replace_range(end..end + "{partitioned};".len(), &made);
         }
     }
     sql
@@ -182,8 +255,9 @@ impl Ops {
         Ok(row.get(0))
     }
 
-    /// Applies the migrations the database lacks; refuses a schema newer than this build.
-    pub(super) async fn migrate(&self) -> Result<Migrated, StoreError> {
+    /// Applies the migrations the database lacks up to version `to`; refuses a schema newer
+    /// than this build.
+    pub(super) async fn migrate(&self, to: i64) -> Result<Migrated, StoreError> {
         let from = self.schema_version().await.map_err(Failure::into_store)?;
         if from > SCHEMA_VERSION {
             return Err(StoreError::backend_msg(format!(
@@ -191,13 +265,22 @@ impl Ops {
                  ({SCHEMA_VERSION}): run a newer colloquy"
             )));
         }
-        for version in from + 1..=SCHEMA_VERSION {
-            match self.apply(version).await {
+        // A schema made partitioned stays so: later migrations partition their tables as the
+        // first one did, whatever this node's `store.partitions` says.
+        let partitions = match from {
+            0 => self.partitions,
+            _ => self.schema_partitions().await.unwrap_or(self.partitions),
+        };
+        for version in from + 1..=to.min(SCHEMA_VERSION) {
+            match self.apply(version, partitions).await {
                 Ok(()) => tracing::info!(version, "applied a schema migration"),
                 // Another node applied it meanwhile (its version row came first).
                 Err(_) if self.schema_version().await.is_ok_and(|v| v >= version) => {}
                 Err(e) => return Err(e.into_store()),
             }
+        }
+        if to < SCHEMA_VERSION {
+            return Ok(Migrated { from, to });
         }
         self.repair_outbox().await.map_err(Failure::into_store)?;
         Ok(Migrated {
@@ -206,7 +289,21 @@ impl Ops {
         })
     }
 
-    async fn apply(&self, version: i64) -> Result<(), Failure> {
+    /// How many partitions the schema's conversations table has (0: not partitioned). Read from
+    /// PostgreSQL's catalog; an engine without it answers with an error.
+    async fn schema_partitions(&self) -> Result<u32, Failure> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM pg_inherits \
+                 WHERE inhparent = to_regclass('colloquy_conversations')",
+                &[],
+            )
+            .await?;
+        Ok(u32::try_from(row.try_get::<_, i64>(0)?).unwrap_or(0))
+    }
+
+    async fn apply(&self, version: i64, partitions: u32) -> Result<(), Failure> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         // First, so a node applying the same version at once waits on this row, then fails.
@@ -215,8 +312,11 @@ impl Ops {
             &[&version],
         )
         .await?;
-        tx.batch_execute(&migration_sql(version, self.partitions))
+        tx.batch_execute(&migration_sql(version, partitions))
             .await?;
+        if version == 6 {
+            move_outbox_rows(&tx).await?;
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -238,5 +338,81 @@ impl Ops {
         self.generic_plans
             .store(takes_it, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// Migration 6's data step: the notifications waiting in the outbox as it was, each with its
+/// conversation's key (from its record: its task may be gone with its conversation), then the
+/// old table dropped. In the migration's transaction.
+async fn move_outbox_rows(client: &impl GenericClient) -> Result<(), Failure> {
+    const BATCH: i64 = 1000;
+    let mut after = i64::MIN;
+    loop {
+        let rows = client
+            .query(
+                "SELECT seq, record FROM colloquy_outbox_before_6 WHERE seq > $1 \
+                 ORDER BY seq LIMIT $2",
+                &[&after, &BATCH],
+            )
+            .await?;
+        let Some(last) = rows.last() else {
+            break;
+        };
+        after = last.try_get("seq")?;
+        let mut seqs = Vec::with_capacity(rows.len());
+        let mut keys = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let notification: Notification = decode(row.try_get::<_, &str>("record")?)?;
+            seqs.push(row.try_get::<_, i64>("seq")?);
+            keys.push(notification.conversation().as_bytes().to_vec());
+        }
+        client
+            .execute(
+                "INSERT INTO colloquy_outbox (conv_key, seq, task_id, not_before, claim_token, \
+                     claimed_until, record, due, lane, principal_key) \
+                 SELECT k.conv_key, o.seq, o.task_id, o.not_before, o.claim_token, \
+                     o.claimed_until, o.record, o.due, o.lane, o.principal_key \
+                 FROM colloquy_outbox_before_6 o \
+                     JOIN unnest($1::BIGINT[], $2::BYTEA[]) AS k(seq, conv_key) ON k.seq = o.seq",
+                &[&seqs, &keys],
+            )
+            .await?;
+    }
+    client
+        .batch_execute("DROP TABLE colloquy_outbox_before_6")
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partitioned_table_has_its_partitions_before_the_next_statement() {
+        for version in 1..=SCHEMA_VERSION {
+            let sql = migration_sql(version, 4);
+            assert!(!sql.contains("{partitioned}"), "version {version}");
+            for table in MIGRATIONS[(version - 1) as usize].by_conversation {
+                let created = sql
+                    .find(&format!("CREATE TABLE {table} ("))
+                    .expect("created");
+                let after = &sql[created..];
+                let statements: Vec<&str> = after.split(';').map(str::trim).collect();
+                assert!(
+                    statements[0].ends_with("PARTITION BY HASH (conv_key)"),
+                    "{table}"
+                );
+                for (remainder, statement) in statements[1..5].iter().enumerate() {
+                    assert!(
+                        statement.starts_with(&format!(
+                            "CREATE TABLE {table}_p{remainder} PARTITION OF {table}"
+                        )),
+                        "{table}: {statement}"
+                    );
+                }
+            }
+        }
+        assert!(migration_sql(6, 0).contains("PRIMARY KEY (conv_key, seq)\n    );"));
     }
 }

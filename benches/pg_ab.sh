@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Two builds against each other on PostgreSQL, alternating, each run on a fresh database: turns/s,
+# p99, and CPU per turn of PostgreSQL's processes and of the nodes (/proc/PID/stat), with the
+# statements a turn (pg_stat_statements). Quicker than benches/cluster_compare.sh (no sled
+# node, one binary per run), for A/B of a change to the PostgreSQL path.
+#
+#   benches/pg_ab.sh OLD_BINARY NEW_BINARY          # 1 node, 3 rounds
+#   NODES=2 ROUNDS=5 benches/pg_ab.sh OLD NEW        # 2 nodes on the one database
+#   TOTAL=4096 CONVERSATIONS=64 benches/pg_ab.sh OLD NEW
+#
+# Builds nothing. Starts its own PostgreSQL per run (Debian's initdb/pg_ctl, as nobody when
+# run as root; durable defaults; autovacuum every second, as cluster_compare.sh). Keep the
+# machine otherwise idle: a compile beside it (its disk writes slow every fsync) stalls runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -eq 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY" >&2; exit 2; }
+BINARIES=("$(realpath "$1")" "$(realpath "$2")")
+NODES=${NODES:-1} ROUNDS=${ROUNDS:-3} CONVERSATIONS=${CONVERSATIONS:-64}
+TOTAL=${TOTAL:-2048} PORT=${PORT:-18399}
+PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
+[ -x "$PG_BIN/initdb" ] || { echo "no PostgreSQL binaries (set PG_BIN)" >&2; exit 1; }
+AS=()
+[ "$(id -u)" = 0 ] && AS=(runuser -u nobody --)
+
+ticks() { # the summed utime + stime of the PIDs given (comma or space separated)
+  for pid in ${1//,/ }; do awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null; done |
+    awk '{s += $1} END {print s + 0}'
+}
+
+one_run() { # binary label -> one result line
+  local bin=$1 label=$2 work urls="" nodes="" i
+  work=$(mktemp -d)
+  chmod 755 "$work"
+  mkdir "$work/db"
+  [ ${#AS[@]} -gt 0 ] && chown nobody "$work/db"
+  "${AS[@]}" "$PG_BIN/initdb" -D "$work/db/data" -U postgres --auth=trust -E UTF8 --locale=C >/dev/null
+  "${AS[@]}" "$PG_BIN/pg_ctl" -D "$work/db/data" -l "$work/db/log" -w -o "-p $PORT -k $work/db \
+    -c listen_addresses=127.0.0.1 -c max_connections=200 -c autovacuum_naptime=1s \
+    -c shared_preload_libraries=pg_stat_statements" start >/dev/null
+  psql() { "$PG_BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -qAtX "$@"; }
+  psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+  for i in $(seq 1 "$NODES"); do
+    COLLOQUY_STORE__URL="postgres://postgres@127.0.0.1:$PORT/postgres" "$bin" serve \
+      --listen "127.0.0.1:$((PORT - i))" --data "$work/node$i" --log-format json 2>"$work/node$i.log" &
+    nodes="$nodes $!"
+    urls="$urls,http://127.0.0.1:$((PORT - i))/"
+  done
+  urls=${urls#,}
+  for i in $(seq 1 "$NODES"); do
+    for _ in $(seq 1 200); do curl -sf -o /dev/null "http://127.0.0.1:$((PORT - i))/readyz" && break; sleep 0.05; done
+  done
+  # Warm: connections, plans, the tables' first statistics.
+  "$bin" loadgen --url "$urls" --conversations "$CONVERSATIONS" --turns 5 --total 1024 \
+    --text-bytes 200 --version 1.0 --json >/dev/null
+  local postmaster pg_pids pg0 n0 pg1 n1
+  postmaster=$(head -1 "$work/db/data/postmaster.pid")
+  pg_pids="$(pgrep -P "$postmaster" | tr '\n' ' ')$postmaster"
+  psql -c "SELECT pg_stat_statements_reset()" >/dev/null
+  pg0=$(ticks "$pg_pids") n0=$(ticks "$nodes")
+  "$bin" loadgen --url "$urls" --conversations "$CONVERSATIONS" --turns 5 --total "$TOTAL" \
+    --text-bytes 200 --version 1.0 --json >"$work/loadgen.out"
+  pg1=$(ticks "$pg_pids") n1=$(ticks "$nodes")
+  local statements
+  statements=$(psql -c "SELECT round(sum(calls)::numeric / $((TOTAL * 5)), 2) FROM pg_stat_statements \
+    WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT IN ('BEGIN', 'COMMIT') AND query NOT LIKE 'SET %'")
+  tail -1 "$work/loadgen.out" | jq -c --arg build "$label" --argjson hz "$(getconf CLK_TCK)" \
+    --argjson pg "$((pg1 - pg0))" --argjson nodes "$((n1 - n0))" --arg statements "$statements" \
+    '{label: $build, turns_per_s, p99: .latency_ms.p99, errors: (.errors | add // 0),
+      pg_us: (1e6 * $pg / $hz / .turns_ok), node_us: (1e6 * $nodes / $hz / .turns_ok),
+      statements: $statements}'
+  for pid in $nodes; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  "${AS[@]}" "$PG_BIN/pg_ctl" -D "$work/db/data" -m fast -w stop >/dev/null
+  rm -rf "$work"
+}
+
+echo "nodes=$NODES rounds=$ROUNDS load=$(cut -d' ' -f1-3 /proc/loadavg)" >&2
+RESULTS=$(mktemp)
+for round in $(seq 1 "$ROUNDS"); do
+  order=(0 1)
+  [ $((round % 2)) -eq 0 ] && order=(1 0)
+  for which in "${order[@]}"; do
+    label=$([ "$which" = 0 ] && echo old || echo new)
+    one_run "${BINARIES[$which]}" "$label" | tee -a "$RESULTS" >&2
+  done
+done
+echo "load after=$(cut -d' ' -f1-3 /proc/loadavg)" >&2
+printf '%-4s %9s %8s %7s %16s %12s %20s\n' build turns/s "p99 ms" errors "PostgreSQL us" "node us" "statements a turn"
+jq -r '[.label, (.turns_per_s | floor), .p99, .errors, (.pg_us | floor), (.node_us | floor), .statements] | @tsv' \
+  "$RESULTS" | sort -s -k1,1r | awk -F'\t' '{printf "%-4s %9s %8s %7s %16s %12s %20s\n", $1, $2, $3, $4, $5, $6, $7}'
+rm -f "$RESULTS"
