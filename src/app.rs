@@ -107,6 +107,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         push,
         push_jwks,
         proxies,
+        grpc_addr: None,
     };
     let server = crate::http::serve(state)?;
     if let Some(database) = database {
@@ -139,11 +140,16 @@ fn load_auth(config: &Config) -> Result<Auth, StartError> {
         &config.auth,
         std::env::var("COLLOQUY_TOKENS").ok().as_deref(),
     )?;
-    if !auth.enabled() && !config.allow_unauthenticated && !is_loopback(&config.listen) {
+    let exposed = std::iter::once(config.listen.as_str())
+        .chain(config.grpc_listen())
+        .find(|listen| !is_loopback(listen));
+    if let Some(listen) = exposed
+        && !auth.enabled()
+        && !config.allow_unauthenticated
+    {
         return Err(StartError::Config(format!(
-            "refusing to listen on {} without authentication: configure tokens ([auth.tokens], \
-             auth.tokens_file or COLLOQUY_TOKENS) or pass --allow-unauthenticated",
-            config.listen
+            "refusing to listen on {listen} without authentication: configure tokens \
+             ([auth.tokens], auth.tokens_file or COLLOQUY_TOKENS) or pass --allow-unauthenticated"
         )));
     }
     if !auth.enabled() && config.card.extended.configured() {

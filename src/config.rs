@@ -58,6 +58,10 @@ pub struct Config {
     /// Address serving `/metrics`, `/healthz` and `/readyz` apart from `listen` (unset or empty:
     /// none, and `/metrics` is served on `listen`).
     pub admin_listen: Option<String>,
+    /// Address serving the gRPC binding (empty: none).
+    pub grpc_listen: String,
+    /// The gRPC URL the card gives; default: the card's host with `grpc_listen`'s port.
+    pub grpc_public_url: Option<String>,
     pub metrics: MetricsConfig,
     pub agent: AgentConfig,
     pub history: HistoryConfig,
@@ -84,6 +88,8 @@ impl Default for Config {
             log_format: "pretty".into(),
             workers: 0,
             admin_listen: None,
+            grpc_listen: "127.0.0.1:8081".into(),
+            grpc_public_url: None,
             metrics: MetricsConfig::default(),
             agent: AgentConfig::default(),
             history: HistoryConfig::default(),
@@ -634,6 +640,14 @@ impl Config {
                 self.listen
             )));
         }
+        if let Some(grpc) = self.grpc_listen()
+            && (grpc == self.listen.trim() || Some(grpc) == self.admin_listen())
+        {
+            return Err(ConfigError::Invalid(format!(
+                "grpc_listen is {grpc:?}, an address another endpoint listens on; give the gRPC \
+                 binding its own address, or leave grpc_listen empty to serve none"
+            )));
+        }
         if self
             .metrics
             .token
@@ -695,6 +709,11 @@ impl Config {
                     })
             })
             .collect()
+    }
+
+    /// `grpc_listen`, unless empty.
+    pub fn grpc_listen(&self) -> Option<&str> {
+        Some(self.grpc_listen.trim()).filter(|listen| !listen.is_empty())
     }
 
     /// `admin_listen`, unless unset or empty.

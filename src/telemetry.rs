@@ -130,6 +130,7 @@ const SERIES: &[Series] = &[
     series("colloquy_history_render_seconds", Kind::Histogram, SECONDS, "history load and render latency"),
     series("colloquy_history_messages_rendered_total", Kind::Counter, None, "earlier messages rendered into prompts"),
     series("colloquy_sse_streams", Kind::Gauge, None, "live SSE streams"),
+    series("colloquy_grpc_streams", Kind::Gauge, None, "live gRPC streams (SendStreamingMessage, SubscribeToTask)"),
     series("colloquy_auth_failures_total", Kind::Counter, None, "requests refused for a missing or wrong token"),
     series("colloquy_push_sent_total", Kind::Counter, None, "push notifications delivered (a 2xx from the webhook)"),
     series("colloquy_push_failed_total", Kind::Counter, None, "push notification attempts that failed"),

@@ -14,6 +14,9 @@ pub struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8080].
     #[arg(long)]
     listen: Option<String>,
+    /// Address for the gRPC binding; empty serves none [default: 127.0.0.1:8081].
+    #[arg(long)]
+    grpc_listen: Option<String>,
     /// Data folder of the embedded store [default: ./colloquy-data].
     #[arg(long)]
     data: Option<PathBuf>,
@@ -62,6 +65,11 @@ impl ServeArgs {
             }
         };
         put(&mut top, "listen", self.listen.as_ref().map(|v| json!(v)));
+        put(
+            &mut top,
+            "grpc_listen",
+            self.grpc_listen.as_ref().map(|v| json!(v)),
+        );
         put(&mut top, "data", self.data.as_ref().map(|v| json!(v)));
         put(
             &mut top,

@@ -32,6 +32,19 @@ fn skill(config: &SkillConfig) -> Value {
     json!({"id": config.id, "name": config.name, "description": config.description, "tags": config.tags})
 }
 
+/// Where the gRPC binding is reached, if it is served: `grpc_public_url`, else the host the card
+/// names with the gRPC port (a gRPC client dials its host and port).
+fn grpc_url(state: &AppState, url: &str) -> Option<String> {
+    let port = state.grpc_addr?.port();
+    if let Some(public) = &state.config.grpc_public_url {
+        return Some(public.clone());
+    }
+    let mut grpc = reqwest::Url::parse(url).ok()?;
+    grpc.set_scheme("http").ok()?;
+    grpc.set_port(Some(port)).ok()?;
+    Some(grpc.origin().ascii_serialization())
+}
+
 pub fn card(state: &AppState, url: &str) -> Value {
     let config = &state.config.card;
     let agent = state.engine.agent();
@@ -70,13 +83,16 @@ pub fn card(state: &AppState, url: &str) -> Value {
     // slash would make it `//message:send`.
     let http_json_url = url.trim_end_matches('/');
     if config.versions != "0.3" {
-        card.insert(
-            "supportedInterfaces".into(),
-            json!([
-                {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
-                {"url": http_json_url, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
-            ]),
-        );
+        let mut interfaces = vec![
+            json!({"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}),
+            json!({"url": http_json_url, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"}),
+        ];
+        if let Some(grpc_url) = grpc_url(state, url) {
+            interfaces.push(
+                json!({"url": grpc_url, "protocolBinding": "GRPC", "protocolVersion": "1.0"}),
+            );
+        }
+        card.insert("supportedInterfaces".into(), Value::Array(interfaces));
     }
     if config.versions != "1.0" {
         card.insert("protocolVersion".into(), json!("0.3.0"));

@@ -10,6 +10,7 @@ mod card;
 mod connections;
 mod errors;
 mod forward;
+mod grpc;
 mod media_type;
 mod methods;
 mod metrics_endpoint;
@@ -55,10 +56,13 @@ pub struct RunningServer {
     pub addr: SocketAddr,
     /// Where `/metrics`, `/healthz` and `/readyz` are served apart (`admin_listen`), if set.
     pub admin_addr: Option<SocketAddr>,
+    /// Where the gRPC binding is served (`grpc_listen`), if it is.
+    pub grpc_addr: Option<SocketAddr>,
     pub engine: Engine,
     handle: ServerHandle,
     task: actix_rt::task::JoinHandle<std::io::Result<()>>,
     admin: Option<AdminServer>,
+    grpc: Option<grpc::GrpcServer>,
     grace: Duration,
 }
 
@@ -118,9 +122,15 @@ impl RunningServer {
     ///
     /// When it returns, nothing in this process holds the store any more (within
     /// [`STORE_RELEASE_WAIT`]), so the data folder is free for a new server or `colloquy export`.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         let connections_closed = self.handle.stop(true);
+        if let Some(grpc) = &mut self.grpc {
+            grpc.close();
+        }
         self.engine.shutdown(self.grace).await;
+        if let Some(grpc) = self.grpc {
+            grpc.finish(CLOSE_MARGIN).await;
+        }
         connections_closed.await;
         let _ = self.task.await;
         if let Some(admin) = self.admin {
@@ -134,6 +144,9 @@ impl RunningServer {
     /// Runs until the server stops (after [`RunningServer::stop`] or a signal handled elsewhere).
     pub async fn wait(self) -> std::io::Result<()> {
         let result = self.task.await;
+        if let Some(grpc) = self.grpc {
+            grpc.finish(CLOSE_MARGIN).await;
+        }
         if let Some(admin) = self.admin {
             admin.stop().await;
         }
@@ -143,7 +156,7 @@ impl RunningServer {
 
 /// Serves `state` on its configured address (and the operator endpoints on `admin_listen`, if
 /// set). Needs a running actix System.
-pub fn serve(state: AppState) -> Result<RunningServer, ServeError> {
+pub fn serve(mut state: AppState) -> Result<RunningServer, ServeError> {
     let config = state.config.clone();
     let engine = state.engine.clone();
     let grace = Duration::from_secs(config.shutdown.grace_secs);
@@ -156,7 +169,10 @@ pub fn serve(state: AppState) -> Result<RunningServer, ServeError> {
         connections::per_worker(config.limits.max_connections, workers, open_files);
     let listen = config.listen.clone();
     let admin_listen = config.admin_listen().map(str::to_owned);
+    let grpc_listener = config.grpc_listen().map(grpc::bind).transpose()?;
+    state.grpc_addr = grpc_listener.as_ref().map(|(_, addr)| *addr);
     let state = web::Data::new(state);
+    let grpc_state = state.clone();
     let admin_state = state.clone();
     // `/metrics` moves to the admin address when there is one.
     let public_metrics = admin_listen.is_none();
@@ -202,6 +218,16 @@ pub fn serve(state: AppState) -> Result<RunningServer, ServeError> {
         }
         None => (None, None),
     };
+    let grpc = match grpc_listener {
+        Some((listener, _)) => {
+            let base_url = config
+                .public_url
+                .clone()
+                .unwrap_or_else(|| format!("http://{addr}/"));
+            Some(grpc::serve(listener, grpc_state, base_url, workers)?)
+        }
+        None => None,
+    };
     let server = server.run();
     let handle = server.handle();
     let task = actix_rt::spawn(server);
@@ -209,6 +235,8 @@ pub fn serve(state: AppState) -> Result<RunningServer, ServeError> {
     Ok(RunningServer {
         addr,
         admin_addr,
+        grpc_addr: grpc.as_ref().map(|grpc| grpc.addr),
+        grpc,
         engine,
         handle,
         task,

@@ -12,10 +12,11 @@ use actix_web_lab::sse::{self, Sse};
 use futures_util::stream;
 use std::time::Duration;
 
-/// A subscription on its way to the wire.
+/// A subscription on its way to the wire, whichever binding carries it.
 pub struct EventStream {
     subscription: Subscription,
     buffer: usize,
+    done: bool,
 }
 
 impl EventStream {
@@ -23,23 +24,58 @@ impl EventStream {
         EventStream {
             subscription,
             buffer,
+            done: false,
+        }
+    }
+
+    /// The next event as `version` spells a `StreamResponse`, or the error that ends the
+    /// stream (a reader too slow for the buffer is closed, never skipped ahead); `None` once
+    /// the stream is over.
+    pub async fn next(
+        &mut self,
+        version: WireVersion,
+    ) -> Option<Result<serde_json::Value, RpcError>> {
+        if self.done {
+            return None;
+        }
+        match self.subscription.items.recv().await {
+            Some(item) => {
+                self.done = match &item {
+                    // A stream that starts on an ended task has nothing more to say (one on a
+                    // task waiting for input goes on: its subscription follows the task).
+                    StreamItem::Task(task) => task.status.state.is_terminal(),
+                    StreamItem::Message(_) => true,
+                    StreamItem::Event(_) => false,
+                };
+                Some(Ok(codec::encode_stream_item(
+                    version,
+                    &item,
+                    TaskView::FULL,
+                )))
+            }
+            None if self.subscription.overflowed() => {
+                self.done = true;
+                Some(Err(RpcError::SubscriberTooSlow(self.buffer)))
+            }
+            None => None,
         }
     }
 }
 
-/// Counts live streams for the metrics; drops with the stream (also when the client goes away).
-struct LiveStream;
+/// Counts live streams in the gauge it names; drops with the stream (also when the client goes
+/// away).
+pub struct LiveStream(&'static str);
 
 impl LiveStream {
-    fn new() -> Self {
-        metrics::gauge!("colloquy_sse_streams").increment(1.0);
-        LiveStream
+    pub fn new(gauge: &'static str) -> Self {
+        metrics::gauge!(gauge).increment(1.0);
+        LiveStream(gauge)
     }
 }
 
 impl Drop for LiveStream {
     fn drop(&mut self) {
-        metrics::gauge!("colloquy_sse_streams").decrement(1.0);
+        metrics::gauge!(self.0).decrement(1.0);
     }
 }
 
@@ -90,7 +126,6 @@ impl Framing {
 struct Cursor {
     events: EventStream,
     framing: Framing,
-    done: bool,
     _live: LiveStream,
 }
 
@@ -98,35 +133,14 @@ pub fn respond(events: EventStream, framing: Framing) -> HttpResponse {
     let cursor = Cursor {
         events,
         framing,
-        done: false,
-        _live: LiveStream::new(),
+        _live: LiveStream::new("colloquy_sse_streams"),
     };
     let stream = stream::unfold(cursor, |mut cursor| async move {
-        if cursor.done {
-            return None;
-        }
-        match cursor.events.subscription.items.recv().await {
-            Some(item) => {
-                cursor.done = match &item {
-                    // A stream that starts on an ended task has nothing more to say (one on a
-                    // task waiting for input goes on: its subscription follows the task).
-                    StreamItem::Task(task) => task.status.state.is_terminal(),
-                    StreamItem::Message(_) => true,
-                    StreamItem::Event(_) => false,
-                };
-                let version = cursor.framing.version();
-                let result = codec::encode_stream_item(version, &item, TaskView::FULL);
-                let event = cursor.framing.result(result);
-                Some((Ok::<_, std::convert::Infallible>(event), cursor))
-            }
-            None if cursor.events.subscription.overflowed() => {
-                cursor.done = true;
-                let error = RpcError::SubscriberTooSlow(cursor.events.buffer);
-                let event = cursor.framing.error(&error);
-                Some((Ok(event), cursor))
-            }
-            None => None,
-        }
+        let event = match cursor.events.next(cursor.framing.version()).await? {
+            Ok(result) => cursor.framing.result(result),
+            Err(error) => cursor.framing.error(&error),
+        };
+        Some((Ok::<_, std::convert::Infallible>(event), cursor))
     });
     event_stream(stream)
 }

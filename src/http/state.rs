@@ -19,4 +19,6 @@ pub struct AppState {
     pub push_jwks: serde_json::Value,
     /// The peers whose `Forwarded` / `X-Forwarded-*` headers are believed (`trusted_proxies`).
     pub proxies: super::origin::TrustedProxies,
+    /// Where the gRPC binding listens, once bound (`grpc_listen`); the card lists it.
+    pub grpc_addr: Option<std::net::SocketAddr>,
 }

@@ -188,7 +188,7 @@ impl RpcError {
     }
 
     /// What a client needs to act on the error, beyond its code: `ErrorInfo.metadata` in v1.0.
-    fn details(&self) -> Map<String, Value> {
+    pub fn details(&self) -> Map<String, Value> {
         let mut details = Map::new();
         match self {
             RpcError::ContextBusy {

@@ -207,7 +207,14 @@ fn serve_command(
 ) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"));
     command
-        .args(["serve", "--listen", listen, "--data"])
+        .args([
+            "serve",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--listen",
+            listen,
+            "--data",
+        ])
         .arg(dir.join("data"))
         .env("COLLOQUY_TOKENS", env_tokens)
         .env("RUST_LOG", "warn")

@@ -415,7 +415,14 @@ impl ChildNode {
         let port = free_port();
         let data = tempfile::tempdir().expect("temp dir");
         let mut child = Command::new(env!("CARGO_BIN_EXE_colloquy"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
+            .args([
+                "serve",
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data",
+            ])
             .arg(data.path())
             .args(["--echo-delay-ms", &delay_ms.to_string()])
             .env("COLLOQUY_STORE__URL", database)

@@ -21,7 +21,14 @@ const KUBERNETES_SERVICE: [(&str, &str); 7] = [
 fn serve_command(listen: &str, dir: &std::path::Path) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"));
     command
-        .args(["serve", "--listen", listen, "--data"])
+        .args([
+            "serve",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--listen",
+            listen,
+            "--data",
+        ])
         .arg(dir)
         .env_remove("COLLOQUY_TOKENS")
         .env("RUST_LOG", "warn")

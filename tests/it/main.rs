@@ -17,6 +17,7 @@ mod container;
 mod crash;
 mod engine;
 mod failover;
+mod grpc;
 mod http_api;
 mod interop;
 mod layering;

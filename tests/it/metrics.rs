@@ -183,7 +183,14 @@ async fn spawn_serve(env: &[(&str, &str)]) -> Child {
     let dir = tempfile::tempdir().unwrap();
     let listen = format!("127.0.0.1:{}", free_port());
     let process = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
-        .args(["serve", "--listen", &listen, "--data"])
+        .args([
+            "serve",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--listen",
+            &listen,
+            "--data",
+        ])
         .arg(dir.path())
         .env_remove("COLLOQUY_TOKENS")
         .env("RUST_LOG", "warn")
@@ -391,7 +398,14 @@ async fn an_empty_metrics_token_or_admin_listen_equal_to_listen_is_refused() {
         ),
     ] {
         let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
-            .args(["serve", "--listen", &listen, "--data"])
+            .args([
+                "serve",
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--listen",
+                &listen,
+                "--data",
+            ])
             .arg(dir.path())
             .env(key, value)
             .kill_on_drop(true)

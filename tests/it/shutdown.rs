@@ -28,7 +28,14 @@ async fn spawn_with(
     let port = free_port();
     let mut command = Command::new(env!("CARGO_BIN_EXE_colloquy"));
     command
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
+        .args([
+            "serve",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data",
+        ])
         .arg(data)
         .args(["--echo-delay-ms", &delay_ms.to_string()])
         .env("COLLOQUY_SHUTDOWN__GRACE_SECS", grace_secs.to_string())

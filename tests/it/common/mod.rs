@@ -19,10 +19,11 @@ pub struct TestServer {
     pub client: reqwest::Client,
 }
 
-/// A config for tests: loopback, port 0, data in `dir`.
+/// A config for tests: loopback, port 0 (gRPC too), data in `dir`.
 pub fn test_config(dir: &std::path::Path) -> Config {
     let mut config = Config {
         listen: "127.0.0.1:0".into(),
+        grpc_listen: "127.0.0.1:0".into(),
         data: dir.to_path_buf(),
         workers: 2,
         ..Config::default()

@@ -61,7 +61,14 @@ pub(crate) async fn start(
             .expect("log file");
         let err_file = log_file.try_clone().expect("log file clone");
         let mut child = Command::new(env!("CARGO_BIN_EXE_colloquy"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
+            .args([
+                "serve",
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data",
+            ])
             .arg(data)
             // The store's info lines say when a start replayed the write-ahead log.
             .env("RUST_LOG", "warn,colloquy::store=info")

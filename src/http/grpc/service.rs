@@ -1,0 +1,287 @@
+//! `lf.a2a.v1.A2AService`: each method's request goes to the same dispatch as JSON-RPC v1.0's
+//! (`http::methods`), as the ProtoJSON that v1.0's JSON bindings speak, and its answer comes back
+//! the same way. So the gRPC binding shares every rule, limit, metric and error of the others.
+//!
+//! The proto types serve the wire (`a2a_pb::proto`); their ProtoJSON twins (`a2a_pb::protojson`,
+//! the same messages with serde) cross to JSON: a message moves between the two by its protobuf
+//! encoding, which both share.
+
+use super::status::to_status;
+use crate::http::methods::Reply;
+use crate::http::rpc;
+use crate::http::sse::{EventStream, LiveStream};
+use crate::http::state::AppState;
+use crate::protocol::{Method, RpcError, WireVersion};
+use a2a_pb::proto as pb;
+use a2a_pb::protojson as pj;
+use actix_web::web;
+use futures_util::Stream;
+use prost::Message;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::pin::Pin;
+use std::time::Instant;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+/// The v1.0 version header, as gRPC metadata (lower case).
+const VERSION_KEY: &str = "a2a-version";
+
+pub type EventStreamResponse =
+    Pin<Box<dyn Stream<Item = Result<pb::StreamResponse, Status>> + Send + 'static>>;
+
+/// The service, over the engine that the HTTP bindings serve too.
+pub struct A2aGrpc {
+    pub state: web::Data<AppState>,
+    /// The HTTP base URL: `GetExtendedAgentCard` answers the card the HTTP bindings give.
+    pub base_url: String,
+}
+
+/// `message` as the JSON of its ProtoJSON twin `J`.
+fn to_json<J>(message: &impl Message) -> Result<Value, RpcError>
+where
+    J: Message + Default + Serialize,
+{
+    let twin = J::decode(message.encode_to_vec().as_slice())
+        .map_err(|e| RpcError::InvalidParams(format!("the request does not decode: {e}")))?;
+    serde_json::to_value(twin)
+        .map_err(|e| RpcError::InvalidParams(format!("the request has no JSON form: {e}")))
+}
+
+/// The engine's JSON answer as the proto message `P`, through its ProtoJSON twin `J`.
+fn from_json<J, P>(value: Value) -> Result<P, RpcError>
+where
+    J: Message + Default + DeserializeOwned,
+    P: Message + Default,
+{
+    let twin: J = serde_json::from_value(value)
+        .map_err(|e| RpcError::Internal(format!("an answer without a proto form: {e}")))?;
+    P::decode(twin.encode_to_vec().as_slice())
+        .map_err(|e| RpcError::Internal(format!("an answer that does not encode: {e}")))
+}
+
+/// The caller's principal, from the `authorization` metadata (as HTTP's `Authorization`).
+fn principal(state: &AppState, metadata: &MetadataMap) -> Result<String, RpcError> {
+    let mut values = metadata.get_all("authorization").iter();
+    let first = values.next();
+    let more = values.count();
+    if more > 0 {
+        return Err(RpcError::InvalidRequest(format!(
+            "{} authorization values; send one",
+            more + 1
+        )));
+    }
+    let authorization = first.and_then(|value| value.to_str().ok());
+    state.auth.principal(authorization).map_err(|e| {
+        metrics::counter!("colloquy_auth_failures_total").increment(1);
+        RpcError::Unauthenticated(e.to_string())
+    })
+}
+
+/// gRPC serves v1.0 only: a caller that asks for another version is told so.
+fn check_version(metadata: &MetadataMap) -> Result<(), RpcError> {
+    let Some(value) = metadata.get(VERSION_KEY) else {
+        return Ok(());
+    };
+    match WireVersion::parse(Some(value.to_str().unwrap_or("(not text)"))) {
+        Ok(WireVersion::V1) => Ok(()),
+        Ok(WireVersion::V03) => Err(RpcError::VersionNotSupported(
+            "0.3 (the gRPC binding serves 1.0)".into(),
+        )),
+        Err(error) => Err(error),
+    }
+}
+
+impl A2aGrpc {
+    /// Authenticates, dispatches and counts one call; `J` is the request's ProtoJSON twin.
+    async fn call<J>(&self, method: Method, request: Request<impl Message>) -> Result<Reply, Status>
+    where
+        J: Message + Default + Serialize,
+    {
+        let started = Instant::now();
+        let prepared = check_version(request.metadata())
+            .and_then(|()| principal(&self.state, request.metadata()))
+            .and_then(|principal| Ok((principal, to_json::<J>(request.get_ref())?)));
+        let (principal, params) = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                rpc::record("invalid", error.code(), started);
+                return Err(to_status(&error));
+            }
+        };
+        rpc::call(
+            &self.state,
+            WireVersion::V1,
+            method,
+            &principal,
+            &self.base_url,
+            params,
+            started,
+        )
+        .await
+        .map_err(|error| to_status(&error))
+    }
+
+    /// A call answered with one message: `J`/`P` the request's twin, `K`/`R` the answer's.
+    async fn unary<J, K, R>(
+        &self,
+        method: Method,
+        request: Request<impl Message>,
+    ) -> Result<Response<R>, Status>
+    where
+        J: Message + Default + Serialize,
+        K: Message + Default + DeserializeOwned,
+        R: Message + Default,
+    {
+        match self.call::<J>(method, request).await? {
+            Reply::Json(value) => from_json::<K, R>(value)
+                .map(Response::new)
+                .map_err(|error| to_status(&error)),
+            Reply::Stream(_) => Err(Status::internal("a unary method answered a stream")),
+        }
+    }
+
+    /// A call answered with a stream of `StreamResponse`s.
+    async fn streaming<J>(
+        &self,
+        method: Method,
+        request: Request<impl Message>,
+    ) -> Result<Response<EventStreamResponse>, Status>
+    where
+        J: Message + Default + Serialize,
+    {
+        match self.call::<J>(method, request).await? {
+            Reply::Stream(events) => Ok(Response::new(stream_responses(events))),
+            Reply::Json(_) => Err(Status::internal("a streaming method answered one message")),
+        }
+    }
+}
+
+/// Each event as a `StreamResponse`; the error that ends a stream (a reader too slow for the
+/// buffer) ends it as its status, as on the other bindings.
+fn stream_responses(events: EventStream) -> EventStreamResponse {
+    let live = LiveStream::new("colloquy_grpc_streams");
+    Box::pin(futures_util::stream::unfold(
+        (events, live),
+        |(mut events, live)| async move {
+            let item = match events.next(WireVersion::V1).await? {
+                Ok(value) => from_json::<pj::StreamResponse, pb::StreamResponse>(value),
+                Err(error) => Err(error),
+            };
+            Some((item.map_err(|error| to_status(&error)), (events, live)))
+        },
+    ))
+}
+
+#[tonic::async_trait]
+impl pb::a2a_service_server::A2aService for A2aGrpc {
+    async fn send_message(
+        &self,
+        request: Request<pb::SendMessageRequest>,
+    ) -> Result<Response<pb::SendMessageResponse>, Status> {
+        self.unary::<pj::SendMessageRequest, pj::SendMessageResponse, _>(
+            Method::SendMessage,
+            request,
+        )
+        .await
+    }
+
+    type SendStreamingMessageStream = EventStreamResponse;
+
+    async fn send_streaming_message(
+        &self,
+        request: Request<pb::SendMessageRequest>,
+    ) -> Result<Response<Self::SendStreamingMessageStream>, Status> {
+        self.streaming::<pj::SendMessageRequest>(Method::SendStreamingMessage, request)
+            .await
+    }
+
+    async fn get_task(
+        &self,
+        request: Request<pb::GetTaskRequest>,
+    ) -> Result<Response<pb::Task>, Status> {
+        self.unary::<pj::GetTaskRequest, pj::Task, _>(Method::GetTask, request)
+            .await
+    }
+
+    async fn list_tasks(
+        &self,
+        request: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        self.unary::<pj::ListTasksRequest, pj::ListTasksResponse, _>(Method::ListTasks, request)
+            .await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: Request<pb::CancelTaskRequest>,
+    ) -> Result<Response<pb::Task>, Status> {
+        self.unary::<pj::CancelTaskRequest, pj::Task, _>(Method::CancelTask, request)
+            .await
+    }
+
+    type SubscribeToTaskStream = EventStreamResponse;
+
+    async fn subscribe_to_task(
+        &self,
+        request: Request<pb::SubscribeToTaskRequest>,
+    ) -> Result<Response<Self::SubscribeToTaskStream>, Status> {
+        self.streaming::<pj::SubscribeToTaskRequest>(Method::SubscribeToTask, request)
+            .await
+    }
+
+    async fn create_task_push_notification_config(
+        &self,
+        request: Request<pb::TaskPushNotificationConfig>,
+    ) -> Result<Response<pb::TaskPushNotificationConfig>, Status> {
+        self.unary::<pj::TaskPushNotificationConfig, pj::TaskPushNotificationConfig, _>(
+            Method::CreatePushConfig,
+            request,
+        )
+        .await
+    }
+
+    async fn get_task_push_notification_config(
+        &self,
+        request: Request<pb::GetTaskPushNotificationConfigRequest>,
+    ) -> Result<Response<pb::TaskPushNotificationConfig>, Status> {
+        self.unary::<pj::GetTaskPushNotificationConfigRequest, pj::TaskPushNotificationConfig, _>(
+            Method::GetPushConfig,
+            request,
+        )
+        .await
+    }
+
+    async fn list_task_push_notification_configs(
+        &self,
+        request: Request<pb::ListTaskPushNotificationConfigsRequest>,
+    ) -> Result<Response<pb::ListTaskPushNotificationConfigsResponse>, Status> {
+        self.unary::<
+            pj::ListTaskPushNotificationConfigsRequest,
+            pj::ListTaskPushNotificationConfigsResponse,
+            _,
+        >(Method::ListPushConfigs, request)
+        .await
+    }
+
+    async fn get_extended_agent_card(
+        &self,
+        request: Request<pb::GetExtendedAgentCardRequest>,
+    ) -> Result<Response<pb::AgentCard>, Status> {
+        self.unary::<pj::GetExtendedAgentCardRequest, pj::AgentCard, _>(
+            Method::GetExtendedAgentCard,
+            request,
+        )
+        .await
+    }
+
+    async fn delete_task_push_notification_config(
+        &self,
+        request: Request<pb::DeleteTaskPushNotificationConfigRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.call::<pj::DeleteTaskPushNotificationConfigRequest>(Method::DeletePushConfig, request)
+            .await
+            .map(|_| Response::new(()))
+    }
+}

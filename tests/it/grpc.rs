@@ -1,0 +1,516 @@
+//! The gRPC binding (`lf.a2a.v1.A2AService`) beside the HTTP ones, driven with the official
+//! generated client (`a2a-pb`, tonic): conversations, streams, listing, cancel, push configs,
+//! errors as gRPC statuses with the same `ErrorInfo`, the same auth, and the card listing it.
+
+use crate::common;
+
+use a2a_pb::proto as pb;
+use common::*;
+use pb::a2a_service_client::A2aServiceClient;
+use serde_json::{Value, json};
+use std::time::Duration;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
+use tonic_types::StatusExt;
+
+async fn client(server: &TestServer) -> A2aServiceClient<Channel> {
+    let addr = server.server.grpc_addr.expect("the gRPC binding is served");
+    A2aServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connects")
+}
+
+fn message(text: &str, context_id: &str, task_id: &str) -> pb::Message {
+    pb::Message {
+        message_id: format!("m-{}", next_id()),
+        context_id: context_id.into(),
+        task_id: task_id.into(),
+        role: pb::Role::User as i32,
+        parts: vec![pb::Part {
+            content: Some(pb::part::Content::Text(text.into())),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn send_request(text: &str, context_id: &str) -> pb::SendMessageRequest {
+    pb::SendMessageRequest {
+        message: Some(message(text, context_id, "")),
+        ..Default::default()
+    }
+}
+
+fn with_token<T>(body: T, token: &str) -> Request<T> {
+    let mut request = Request::new(body);
+    let value = format!("Bearer {token}").parse().expect("ascii");
+    request.metadata_mut().insert("authorization", value);
+    request
+}
+
+fn task_of(response: pb::SendMessageResponse) -> pb::Task {
+    match response.payload {
+        Some(pb::send_message_response::Payload::Task(task)) => task,
+        other => panic!("a task, not {other:?}"),
+    }
+}
+
+fn text_of(task: &pb::Task) -> String {
+    task.artifacts
+        .iter()
+        .flat_map(|artifact| &artifact.parts)
+        .filter_map(|part| match &part.content {
+            Some(pb::part::Content::Text(text)) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn state(task: &pb::Task) -> pb::TaskState {
+    task.status
+        .as_ref()
+        .map_or(pb::TaskState::Unspecified, |status| status.state())
+}
+
+/// The status's `ErrorInfo` reason, after checking its domain is the specification's.
+fn reason(status: &Status) -> String {
+    let details = status.get_error_details();
+    let info = details
+        .error_info()
+        .unwrap_or_else(|| panic!("an ErrorInfo in {status:?}"));
+    assert_eq!(info.domain, "a2a-protocol.org", "{status:?}");
+    info.reason.clone()
+}
+
+/// Every `StreamResponse` of a stream, until it ends; the status that ended it, if any.
+async fn drain(
+    mut stream: tonic::Streaming<pb::StreamResponse>,
+) -> (Vec<pb::StreamResponse>, Option<Status>) {
+    let mut events = Vec::new();
+    loop {
+        match stream.message().await {
+            Ok(Some(event)) => events.push(event),
+            Ok(None) => return (events, None),
+            Err(status) => return (events, Some(status)),
+        }
+    }
+}
+
+fn chunk_text(event: &pb::StreamResponse) -> Option<String> {
+    match &event.payload {
+        Some(pb::stream_response::Payload::ArtifactUpdate(update)) => {
+            let artifact = update.artifact.as_ref()?;
+            Some(
+                artifact
+                    .parts
+                    .iter()
+                    .filter_map(|part| match &part.content {
+                        Some(pb::part::Content::Text(text)) => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect(),
+            )
+        }
+        _ => None,
+    }
+}
+
+fn final_state(events: &[pb::StreamResponse]) -> Option<pb::TaskState> {
+    match &events.last()?.payload {
+        Some(pb::stream_response::Payload::StatusUpdate(update)) => {
+            update.status.as_ref().map(|status| status.state())
+        }
+        Some(pb::stream_response::Payload::Task(task)) => Some(state(task)),
+        _ => None,
+    }
+}
+
+#[actix_rt::test]
+async fn a_multi_turn_conversation_get_list_and_cancel_over_grpc() {
+    let server = start_scripted(|_| {}).await;
+    let mut grpc = client(&server).await;
+    let first = task_of(
+        grpc.send_message(send_request("hello", "grpc-conversation"))
+            .await
+            .expect("sent")
+            .into_inner(),
+    );
+    assert_eq!(first.context_id, "grpc-conversation");
+    assert_eq!(state(&first), pb::TaskState::Completed);
+    let second = task_of(
+        grpc.send_message(send_request("again", "grpc-conversation"))
+            .await
+            .expect("sent")
+            .into_inner(),
+    );
+    assert_eq!(
+        text_of(&second),
+        "echo: again (turn 2; previously: \"hello\")",
+        "the second turn saw the first"
+    );
+
+    // The same conversation read over JSON-RPC: one store, one engine.
+    let over_rpc = server
+        .rpc(V1, "GetTask", json!({"id": second.id, "historyLength": 10}))
+        .await;
+    assert_eq!(over_rpc["result"]["contextId"], json!("grpc-conversation"));
+
+    let got = grpc
+        .get_task(pb::GetTaskRequest {
+            id: second.id.clone(),
+            history_length: Some(10),
+            ..Default::default()
+        })
+        .await
+        .expect("got")
+        .into_inner();
+    assert_eq!(got.id, second.id);
+    assert_eq!(text_of(&got), text_of(&second));
+    assert!(!got.history.is_empty(), "history when asked for");
+
+    let listed = grpc
+        .list_tasks(pb::ListTasksRequest {
+            context_id: "grpc-conversation".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("listed")
+        .into_inner();
+    let ids: Vec<&str> = listed.tasks.iter().map(|task| task.id.as_str()).collect();
+    assert_eq!(ids, [second.id.as_str(), first.id.as_str()], "newest first");
+
+    // A running task is canceled; an ended one cannot be.
+    let running = task_of(
+        grpc.send_message(pb::SendMessageRequest {
+            message: Some(message("slow 5000", "grpc-cancel", "")),
+            configuration: Some(pb::SendMessageConfiguration {
+                return_immediately: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("sent")
+        .into_inner(),
+    );
+    let canceled = grpc
+        .cancel_task(pb::CancelTaskRequest {
+            id: running.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("canceled")
+        .into_inner();
+    assert_eq!(state(&canceled), pb::TaskState::Canceled);
+    let again = grpc
+        .cancel_task(pb::CancelTaskRequest {
+            id: first.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("an ended task is not cancelable");
+    assert_eq!(again.code(), Code::FailedPrecondition);
+    assert_eq!(reason(&again), "TASK_NOT_CANCELABLE");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn streams_carry_every_chunk_and_subscriptions_follow_the_task() {
+    let server = start_scripted(|_| {}).await;
+    let mut grpc = client(&server).await;
+    let stream = grpc
+        .send_streaming_message(send_request("drip 5 2: abcdef", "grpc-stream"))
+        .await
+        .expect("a stream")
+        .into_inner();
+    let (events, error) = drain(stream).await;
+    assert!(error.is_none(), "{error:?}");
+    assert!(
+        matches!(
+            events[0].payload,
+            Some(pb::stream_response::Payload::Task(_))
+        ),
+        "the task first: {events:?}"
+    );
+    let text: String = events.iter().filter_map(chunk_text).collect();
+    assert_eq!(text, "abcdef", "append-only chunks, none lost");
+    assert_eq!(final_state(&events), Some(pb::TaskState::Completed));
+
+    // A subscriber to a running task gets it so far, then the rest, then the end.
+    let running = task_of(
+        grpc.send_message(pb::SendMessageRequest {
+            message: Some(message("drip 100 1: xyz", "grpc-subscribe", "")),
+            configuration: Some(pb::SendMessageConfiguration {
+                return_immediately: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("sent")
+        .into_inner(),
+    );
+    let subscribed = grpc
+        .subscribe_to_task(pb::SubscribeToTaskRequest {
+            id: running.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("subscribed")
+        .into_inner();
+    let (events, error) = tokio::time::timeout(Duration::from_secs(10), drain(subscribed))
+        .await
+        .expect("the stream ends with the task");
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(final_state(&events), Some(pb::TaskState::Completed));
+    let stored = grpc
+        .get_task(pb::GetTaskRequest {
+            id: running.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("got")
+        .into_inner();
+    assert_eq!(text_of(&stored), "xyz");
+
+    // An ended task cannot be subscribed to: the status says why.
+    let ended = grpc
+        .subscribe_to_task(pb::SubscribeToTaskRequest {
+            id: running.id,
+            ..Default::default()
+        })
+        .await
+        .expect_err("an ended task");
+    assert_eq!(ended.code(), Code::Unimplemented);
+    assert_eq!(reason(&ended), "UNSUPPORTED_OPERATION");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn errors_are_grpc_statuses_with_the_error_info_and_the_server_keeps_serving() {
+    let server = start_scripted(|c| c.limits.body_bytes = 64 * 1024).await;
+    let mut grpc = client(&server).await;
+    let missing = grpc
+        .get_task(pb::GetTaskRequest {
+            id: "no-such-task".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("not found");
+    assert_eq!(missing.code(), Code::NotFound);
+    assert_eq!(reason(&missing), "TASK_NOT_FOUND");
+
+    // One running task per conversation: a second send is turned away at once.
+    let running = task_of(
+        grpc.send_message(pb::SendMessageRequest {
+            message: Some(message("slow 3000", "grpc-busy", "")),
+            configuration: Some(pb::SendMessageConfiguration {
+                return_immediately: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("sent")
+        .into_inner(),
+    );
+    let busy = grpc
+        .send_message(send_request("me too", "grpc-busy"))
+        .await
+        .expect_err("busy");
+    assert_eq!(busy.code(), Code::Aborted);
+    assert_eq!(reason(&busy), "CONTEXT_BUSY");
+    let details = busy.get_error_details();
+    let info = details.error_info().expect("ErrorInfo");
+    assert_eq!(info.metadata["contextId"], "grpc-busy");
+    assert_eq!(info.metadata["taskId"], running.id);
+
+    // A message without parts, an oversize one, and a version gRPC does not serve.
+    let empty = grpc
+        .send_message(pb::SendMessageRequest {
+            message: Some(pb::Message {
+                parts: Vec::new(),
+                ..message("", "grpc-invalid", "")
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect_err("no parts");
+    assert_eq!(empty.code(), Code::InvalidArgument, "{empty:?}");
+    let oversize = grpc
+        .send_message(send_request(&"x".repeat(100 * 1024), "grpc-invalid"))
+        .await
+        .expect_err("over limits.body_bytes");
+    // tonic's own refusal, before anything is decoded.
+    assert_eq!(oversize.code(), Code::OutOfRange, "{oversize:?}");
+    assert!(oversize.message().contains("65536"), "{oversize:?}");
+    let mut old = Request::new(send_request("hi", "grpc-invalid"));
+    old.metadata_mut()
+        .insert("a2a-version", "0.3".parse().expect("ascii"));
+    let refused = grpc.send_message(old).await.expect_err("0.3 over gRPC");
+    assert_eq!(refused.code(), Code::Unimplemented);
+    assert_eq!(reason(&refused), "VERSION_NOT_SUPPORTED");
+    let no_card = grpc
+        .get_extended_agent_card(pb::GetExtendedAgentCardRequest::default())
+        .await
+        .expect_err("no extended card");
+    assert_eq!(reason(&no_card), "EXTENDED_AGENT_CARD_NOT_CONFIGURED");
+
+    // Nothing of the refused requests was stored, and the server still serves.
+    let listed = server
+        .rpc(V1, "ListTasks", json!({"contextId": "grpc-invalid"}))
+        .await;
+    assert_eq!(listed["result"]["tasks"], json!([]), "{listed}");
+    let fine = grpc
+        .send_message(send_request("still here", "grpc-after"))
+        .await
+        .expect("served");
+    assert_eq!(state(&task_of(fine.into_inner())), pb::TaskState::Completed);
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn the_same_auth_guards_grpc_and_the_card_lists_it() {
+    let server = start_with(
+        std::sync::Arc::new(colloquy::agent::EchoAgent::default()),
+        |c| {
+            c.auth.tokens.insert("alice".into(), "alice-secret".into());
+            c.auth.tokens.insert("bob".into(), "bob-secret".into());
+        },
+    )
+    .await;
+    let mut grpc = client(&server).await;
+    let anonymous = grpc
+        .send_message(send_request("hi", "grpc-auth"))
+        .await
+        .expect_err("no token");
+    assert_eq!(anonymous.code(), Code::Unauthenticated);
+    assert_eq!(reason(&anonymous), "UNAUTHENTICATED");
+    let wrong = grpc
+        .send_message(with_token(send_request("hi", "grpc-auth"), "guess"))
+        .await
+        .expect_err("a wrong token");
+    assert_eq!(wrong.code(), Code::Unauthenticated);
+
+    let mine = task_of(
+        grpc.send_message(with_token(
+            send_request("mine", "grpc-auth"),
+            "alice-secret",
+        ))
+        .await
+        .expect("alice's turn")
+        .into_inner(),
+    );
+    let theirs = grpc
+        .get_task(with_token(
+            pb::GetTaskRequest {
+                id: mine.id.clone(),
+                ..Default::default()
+            },
+            "bob-secret",
+        ))
+        .await
+        .expect_err("another principal's task");
+    assert_eq!(theirs.code(), Code::NotFound);
+    // Bob's conversation of the same contextId is his own.
+    let bobs = task_of(
+        grpc.send_message(with_token(send_request("his", "grpc-auth"), "bob-secret"))
+            .await
+            .expect("bob's turn")
+            .into_inner(),
+    );
+    assert_eq!(text_of(&bobs), "echo: his (turn 1)");
+
+    let card: Value = server
+        .client
+        .get(format!("{}.well-known/agent-card.json", server.url))
+        .send()
+        .await
+        .expect("card")
+        .json()
+        .await
+        .expect("JSON");
+    let interfaces = card["supportedInterfaces"].as_array().expect("interfaces");
+    let grpc_interface = interfaces
+        .iter()
+        .find(|i| i["protocolBinding"] == "GRPC")
+        .expect("the card lists GRPC");
+    let addr = server.server.grpc_addr.expect("served");
+    assert_eq!(grpc_interface["url"], json!(format!("http://{addr}")));
+    assert_eq!(grpc_interface["protocolVersion"], json!("1.0"));
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn push_configs_are_created_read_listed_and_deleted_over_grpc() {
+    let server = start_scripted(|c| c.push.allow_private_networks = true).await;
+    let mut grpc = client(&server).await;
+    let task = task_of(
+        grpc.send_message(send_request("ask: which one?", "grpc-push"))
+            .await
+            .expect("sent")
+            .into_inner(),
+    );
+    assert_eq!(state(&task), pb::TaskState::InputRequired);
+    let created = grpc
+        .create_task_push_notification_config(pb::TaskPushNotificationConfig {
+            task_id: task.id.clone(),
+            id: "hook-1".into(),
+            url: "http://127.0.0.1:9/hook".into(),
+            token: "opaque".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("created")
+        .into_inner();
+    assert_eq!(created.id, "hook-1");
+    assert_eq!(created.task_id, task.id);
+    let got = grpc
+        .get_task_push_notification_config(pb::GetTaskPushNotificationConfigRequest {
+            task_id: task.id.clone(),
+            id: "hook-1".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("got")
+        .into_inner();
+    assert_eq!(got.url, "http://127.0.0.1:9/hook");
+    let listed = grpc
+        .list_task_push_notification_configs(pb::ListTaskPushNotificationConfigsRequest {
+            task_id: task.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("listed")
+        .into_inner();
+    assert_eq!(listed.configs.len(), 1, "{listed:?}");
+    grpc.delete_task_push_notification_config(pb::DeleteTaskPushNotificationConfigRequest {
+        task_id: task.id.clone(),
+        id: "hook-1".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("deleted");
+    let missing = grpc
+        .get_task_push_notification_config(pb::GetTaskPushNotificationConfigRequest {
+            task_id: task.id.clone(),
+            id: "hook-1".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("deleted");
+    // As JSON-RPC answers it: the task is there, the config id is not a valid one for it.
+    assert_eq!(missing.code(), Code::InvalidArgument, "{missing:?}");
+    assert_eq!(reason(&missing), "INVALID_PARAMS");
+    // Another principal's task is not found either (no tokens here: a task that is not).
+    let unknown = grpc
+        .create_task_push_notification_config(pb::TaskPushNotificationConfig {
+            task_id: "no-such-task".into(),
+            url: "http://127.0.0.1:9/hook".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("an unknown task");
+    assert_eq!(reason(&unknown), "TASK_NOT_FOUND");
+    server.stop().await;
+}
