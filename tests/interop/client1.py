@@ -7,9 +7,11 @@ GetTask of turn 3 (completed, same contextId), ListTasks filtered by contextId (
 CancelTask on a completed task (expects -32002), and in streaming mode that the concatenated
 artifact-update chunks equal the final artifact text (as returned by GetTask).
 With --binding rest the client speaks the HTTP+JSON binding (RestTransport) instead of JSON-RPC,
-and also checks that GetTask of an unknown id raises TaskNotFoundError (-32001).
+with --binding grpc the gRPC binding (GrpcTransport, the interface the card lists as GRPC; the
+channel dials that URL's host and port); both also check that GetTask of an unknown id raises
+TaskNotFoundError (-32001).
 
-Run:  $INTEROP_VENVS/sdk1/bin/python tests/interop/client1.py --url http://127.0.0.1:8080 --mode streaming [--binding rest]
+Run:  $INTEROP_VENVS/sdk1/bin/python tests/interop/client1.py --url http://127.0.0.1:8080 --mode streaming [--binding rest|grpc]
 Last line on success: INTEROP OK ...
 """
 import argparse
@@ -61,6 +63,12 @@ def task_reply_text(task: Task) -> str:
         if m.role == Role.ROLE_AGENT:
             return parts_text(m.parts)
     return ''
+
+
+def grpc_channel(url: str):
+    """A plaintext channel to the card's GRPC interface: its URL's host and port."""
+    import grpc  # only the grpc binding needs it
+    return grpc.aio.insecure_channel(url.split('://', 1)[-1].rstrip('/'))
 
 
 async def one_turn(client, text: str, context_id: str | None, streaming: bool, turn: int):
@@ -128,17 +136,19 @@ async def run(args) -> str:
     tag = uuid.uuid4().hex[:6]
     texts = [f'alpha-{tag}', f'bravo-{tag}', f'charlie-{tag}']
     async with httpx.AsyncClient(timeout=args.timeout) as hc:
-        bindings = [TransportProtocol.HTTP_JSON] if args.binding == 'rest' else []
-        config = ClientConfig(httpx_client=hc, streaming=streaming, supported_protocol_bindings=bindings)
+        bindings = {'rest': [TransportProtocol.HTTP_JSON], 'grpc': [TransportProtocol.GRPC]}.get(args.binding, [])
+        config = ClientConfig(httpx_client=hc, streaming=streaming, supported_protocol_bindings=bindings,
+                              grpc_channel_factory=grpc_channel)
         client = await create_client(args.url, client_config=config)
         card = client._card  # noqa: SLF001 (for the transcript only)
         transport = type(client._transport).__name__  # noqa: SLF001
         ifaces = [(i.url, i.protocol_binding, i.protocol_version) for i in card.supported_interfaces]
         print(f'card: name={card.name!r} interfaces={ifaces} streaming={card.capabilities.streaming} '
-              f'-> transport {transport} url={client._transport.url}')  # noqa: SLF001
+              f'-> transport {transport} url={getattr(client._transport, "url", "(a gRPC channel)")}')  # noqa: SLF001
         legacy = transport.startswith('Compat')
-        if args.binding == 'rest':
-            check(transport == 'RestTransport', f'--binding rest got transport {transport}')
+        expected = {'rest': 'RestTransport', 'grpc': 'GrpcTransport'}.get(args.binding)
+        if expected:
+            check(transport == expected, f'--binding {args.binding} got transport {transport}')
         if streaming:
             check(card.capabilities.streaming, 'card does not advertise capabilities.streaming=true')
         ctx = None
@@ -186,7 +196,7 @@ async def run(args) -> str:
             print(f'CancelTask on completed task -> error as expected: {type(e).__name__} code={code}: {e}')
             check(code == -32002, f'CancelTask error {type(e).__name__} (code {code}), expected -32002')
             cancel_note = f'cancel={code}'
-        if args.binding == 'rest':
+        if args.binding in ('rest', 'grpc'):
             try:
                 await client.get_task(GetTaskRequest(id=f'no-such-task-{tag}'))
                 raise Fail('GetTask of an unknown id succeeded; expected TaskNotFoundError')
@@ -202,7 +212,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--url', required=True, help='server root, e.g. http://127.0.0.1:8080')
     ap.add_argument('--mode', choices=['blocking', 'streaming'], default='blocking')
-    ap.add_argument('--binding', choices=['jsonrpc', 'rest'], default='jsonrpc')
+    ap.add_argument('--binding', choices=['jsonrpc', 'rest', 'grpc'], default='jsonrpc')
     ap.add_argument('--expect-prefix', default='echo:')
     ap.add_argument('--timeout', type=float, default=30.0)
     args = ap.parse_args()

@@ -8,12 +8,12 @@ VENVS="${INTEROP_VENVS:-$HERE/../../target/interop}"
 PY="${PYTHON:-python3}"
 mkdir -p "$VENVS"
 
-make_venv() {  # name requirements-file expected-a2a-version
-  local dir="$VENVS/$1" req="$HERE/$2" want="$3"
+make_venv() {  # name requirements-file expected-a2a-version [more modules to import]
+  local dir="$VENVS/$1" req="$HERE/$2" want="$3" more="${4:-}"
   local stamp="$dir/.requirements.sha256"
   local sum; sum="$(sha256sum "$req" | cut -d' ' -f1)"
   if [ -x "$dir/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ] \
-     && "$dir/bin/python" -c "import a2a, uvicorn, starlette, sse_starlette" 2>/dev/null; then
+     && "$dir/bin/python" -c "import a2a, uvicorn, starlette, sse_starlette$more" 2>/dev/null; then
     echo "interop: $dir up to date"
     return
   fi
@@ -27,4 +27,4 @@ make_venv() {  # name requirements-file expected-a2a-version
 }
 
 make_venv sdk03 requirements-03.txt 0.3.26
-make_venv sdk1  requirements-1.txt  1.3.0
+make_venv sdk1  requirements-1.txt  1.3.0 ", grpc"

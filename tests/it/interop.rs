@@ -1,7 +1,7 @@
 //! Interoperability with the official Python SDK clients (`a2a-sdk` 0.3.x and 1.x), each in its
 //! own venv, against the real server: a three-turn conversation reusing the returned contextId,
-//! a task lookup, a listing (1.x), blocking and streaming; the 1.x client on both JSON-RPC and
-//! HTTP+JSON.
+//! a task lookup, a listing (1.x), blocking and streaming; the 1.x client on JSON-RPC, HTTP+JSON
+//! and gRPC.
 
 use crate::common;
 
@@ -51,6 +51,27 @@ async fn sdk_1x_rest_streaming() {
         "sdk1",
         "client1.py",
         &["--mode", "streaming", "--binding", "rest"],
+    )
+    .await;
+}
+
+/// The 1.x client's gRPC transport (`GrpcTransport`, `a2a-sdk[grpc]`), chosen from the card.
+#[actix_rt::test]
+async fn sdk_1x_grpc_blocking() {
+    client_run_with(
+        "sdk1",
+        "client1.py",
+        &["--mode", "blocking", "--binding", "grpc"],
+    )
+    .await;
+}
+
+#[actix_rt::test]
+async fn sdk_1x_grpc_streaming() {
+    client_run_with(
+        "sdk1",
+        "client1.py",
+        &["--mode", "streaming", "--binding", "grpc"],
     )
     .await;
 }
