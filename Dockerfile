@@ -34,10 +34,12 @@ USER colloquy
 # All interfaces inside the container: without tokens it starts only with
 # COLLOQUY_ALLOW_UNAUTHENTICATED=1 (the environment form of --allow-unauthenticated).
 ENV COLLOQUY_LISTEN=0.0.0.0:8080 \
+    COLLOQUY_GRPC_LISTEN=0.0.0.0:8081 \
     COLLOQUY_DATA=/data \
     COLLOQUY_LOG_FORMAT=json
 VOLUME /data
-EXPOSE 8080
+# HTTP (JSON-RPC, HTTP+JSON, the card, health) and the gRPC binding.
+EXPOSE 8080 8081
 STOPSIGNAL SIGTERM
 # GET /healthz on the port COLLOQUY_LISTEN names (it stays there even when
 # COLLOQUY_ADMIN_LISTEN moves /metrics elsewhere); exit 0 only on 200.

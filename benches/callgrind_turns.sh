@@ -14,6 +14,8 @@
 # (CHECKPOINT_MS=3600000): how many land in the measured window depends on how slowly valgrind
 # runs, which would make the count vary. CHECKPOINT_MS=1000 puts them back in.
 set -euo pipefail
+# The servers started here serve HTTP only (gRPC on, at its default port, would clash).
+export COLLOQUY_GRPC_LISTEN="${COLLOQUY_GRPC_LISTEN-}"
 cd "$(dirname "$0")/.."
 BIN=${1:-target/release/colloquy}
 C=${C:-64}; TURNS=${TURNS:-5}; TOTAL=${TOTAL:-256}; PORT=${PORT:-18131}

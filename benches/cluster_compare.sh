@@ -18,6 +18,8 @@
 # latency, errors, and CPU per turn of each process from /proc/PID/stat (utime + stime),
 # PostgreSQL's split by process kind (client backends, WAL writer, checkpointer, ...).
 set -euo pipefail
+# The servers started here serve HTTP only (gRPC on, at its default port, would clash).
+export COLLOQUY_GRPC_LISTEN="${COLLOQUY_GRPC_LISTEN-}"
 cd "$(dirname "$0")/.."
 
 CONVERSATIONS=${CONVERSATIONS:-64}

@@ -1,5 +1,7 @@
 # Shared helpers of the bench scripts (sourced).
 set -euo pipefail
+# The servers started here serve HTTP only (gRPC on, at its default port, would clash).
+export COLLOQUY_GRPC_LISTEN="${COLLOQUY_GRPC_LISTEN-}"
 cd "$(dirname "$0")/.."
 COLLOQUY=${COLLOQUY:-target/release/colloquy}
 build() {

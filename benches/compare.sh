@@ -9,6 +9,8 @@
 # fresh temp data folder) on loopback; prints one table with turns/s ratios and latencies.
 # Every run is bounded: fixed work, a per-request timeout, and `timeout` around each process.
 set -euo pipefail
+# The servers started here serve HTTP only (gRPC on, at its default port, would clash).
+export COLLOQUY_GRPC_LISTEN="${COLLOQUY_GRPC_LISTEN-}"
 cd "$(dirname "$0")/.."
 
 LEVELS=${LEVELS:-"64 1024"}

@@ -12,6 +12,8 @@
 # run as root; durable defaults; autovacuum every second, as cluster_compare.sh). Keep the
 # machine otherwise idle: a compile beside it (its disk writes slow every fsync) stalls runs.
 set -euo pipefail
+# The servers started here serve HTTP only (gRPC on, at its default port, would clash).
+export COLLOQUY_GRPC_LISTEN="${COLLOQUY_GRPC_LISTEN-}"
 cd "$(dirname "$0")/.."
 [ $# -eq 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY" >&2; exit 2; }
 BINARIES=("$(realpath "$1")" "$(realpath "$2")")

@@ -640,7 +640,8 @@ impl Config {
                 self.listen
             )));
         }
-        if let Some(grpc) = self.grpc_listen()
+        // Port 0 asks for any free port: two such addresses never clash.
+        if let Some(grpc) = self.grpc_listen().filter(|grpc| !grpc.ends_with(":0"))
             && (grpc == self.listen.trim() || Some(grpc) == self.admin_listen())
         {
             return Err(ConfigError::Invalid(format!(

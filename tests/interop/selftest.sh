@@ -2,6 +2,8 @@
 # Self-test of the kit: each SDK client against each SDK's own reference server, both modes,
 # plus cross-version pairs. Ports: SELFTEST_PORT03 (default 9103), SELFTEST_PORT1 (default 9101).
 set -uo pipefail
+# The servers started here serve HTTP only (gRPC on, at its default port, would clash).
+export COLLOQUY_GRPC_LISTEN="${COLLOQUY_GRPC_LISTEN-}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENVS="${INTEROP_VENVS:-$HERE/../../target/interop}"
 P03="${SELFTEST_PORT03:-9103}"; P1="${SELFTEST_PORT1:-9101}"

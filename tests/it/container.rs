@@ -471,18 +471,41 @@ fn int(value: &Yaml, what: &str) -> u64 {
         .unwrap_or_else(|| panic!("{what} is not a number: {value:?}"))
 }
 
-/// The port the Dockerfile EXPOSEs (one).
-fn exposed_port() -> u64 {
+/// The ports the image serves: HTTP on the port `COLLOQUY_LISTEN` names, gRPC on
+/// `COLLOQUY_GRPC_LISTEN`'s; the Dockerfile EXPOSEs these two and no other.
+struct ImagePorts {
+    http: u64,
+    grpc: u64,
+}
+
+fn image_ports() -> ImagePorts {
     let stages = dockerfile_stages(&read(&repo().join("Dockerfile")));
-    let ports: BTreeSet<u64> = stages
-        .iter()
-        .flat_map(|s| s.instructions.iter())
+    let instructions = || stages.iter().flat_map(|s| s.instructions.iter());
+    let exposed: BTreeSet<u64> = instructions()
         .filter(|(keyword, _)| keyword == "EXPOSE")
         .flat_map(|(_, rest)| rest.split_whitespace())
         .map(|p| p.trim_end_matches("/tcp").parse().expect("EXPOSE port"))
         .collect();
-    assert_eq!(ports.len(), 1, "EXPOSE {ports:?}");
-    ports.into_iter().next().unwrap()
+    let env_port = |name: &str| -> u64 {
+        let prefix = format!("{name}=");
+        instructions()
+            .filter(|(keyword, _)| keyword == "ENV")
+            .flat_map(|(_, rest)| rest.split_whitespace())
+            .find_map(|word| word.strip_prefix(prefix.as_str()))
+            .and_then(|listen| listen.rsplit_once(':'))
+            .and_then(|(_, port)| port.parse().ok())
+            .unwrap_or_else(|| panic!("the Dockerfile sets no {name} with a port"))
+    };
+    let ports = ImagePorts {
+        http: env_port("COLLOQUY_LISTEN"),
+        grpc: env_port("COLLOQUY_GRPC_LISTEN"),
+    };
+    assert_eq!(
+        exposed,
+        BTreeSet::from([ports.http, ports.grpc]),
+        "EXPOSE the HTTP and gRPC ports"
+    );
+    ports
 }
 
 /// The port of an `http://host:port/` URL (after `$(VAR)` expansion it still has one).
@@ -566,7 +589,7 @@ fn only_names_colloquy_reads_pass_the_variable_check() {
 #[actix_rt::test]
 async fn kubernetes_manifests_probe_real_routes_on_the_image_port_and_outlast_the_grace() {
     let objects = kubernetes_objects();
-    let port = exposed_port();
+    let ImagePorts { http: port, grpc } = image_ports();
     let deployments = of_kind(&objects, "Deployment");
     assert_eq!(deployments.len(), 1, "one Deployment");
     let deployment = deployments[0];
@@ -599,8 +622,8 @@ async fn kubernetes_manifests_probe_real_routes_on_the_image_port_and_outlast_th
         .collect();
     assert_eq!(
         container_ports,
-        vec![port],
-        "containerPort is EXPOSE {port}"
+        vec![port, grpc],
+        "containerPorts are the image's HTTP and gRPC ports"
     );
     assert_eq!(liveness.port, port);
     assert_eq!(readiness.port, port);
@@ -630,9 +653,10 @@ async fn kubernetes_manifests_probe_real_routes_on_the_image_port_and_outlast_th
             let target = &service_port["targetPort"];
             let target = match target.as_str() {
                 Some("http") => port,
+                Some("grpc") => grpc,
                 _ => int(target, "targetPort"),
             };
-            assert_eq!(target, port, "Service targetPort");
+            assert!([port, grpc].contains(&target), "Service targetPort {target}");
         }
         assert_eq!(&service["spec"]["selector"], labels);
     }
@@ -756,7 +780,7 @@ fn compose_nodes_share_one_database_on_the_image_port_with_real_variables() {
         .as_mapping()
         .expect("services")
         .clone();
-    let port = exposed_port();
+    let ImagePorts { http: port, grpc } = image_ports();
     let mut named = Vec::new();
     let mut advertised = BTreeSet::new();
     let mut databases = BTreeSet::new();
@@ -793,9 +817,9 @@ fn compose_nodes_share_one_database_on_the_image_port_with_real_variables() {
         for mapping in definition["ports"].as_sequence().into_iter().flatten() {
             let mapping = mapping.as_str().expect("ports as HOST:CONTAINER");
             let inside = mapping.rsplit(':').next().unwrap();
-            assert_eq!(
-                inside.parse::<u64>().ok(),
-                Some(port),
+            let inside = inside.parse::<u64>().ok();
+            assert!(
+                inside == Some(port) || inside == Some(grpc),
                 "{service}: {mapping}"
             );
         }

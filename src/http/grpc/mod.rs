@@ -50,7 +50,8 @@ pub struct GrpcServer {
     pub addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), GrpcServeError>>,
-    runtime: tokio::runtime::Runtime,
+    /// Taken when the server is dropped: a runtime cannot be dropped (blocking) on another's.
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 /// Serves the binding on `listener` with `threads` threads. `base_url` is the HTTP bindings'
@@ -102,7 +103,7 @@ pub fn serve(
         addr,
         shutdown: Some(shutdown),
         task,
-        runtime,
+        runtime: Some(runtime),
     })
 }
 
@@ -123,6 +124,13 @@ impl GrpcServer {
             Ok(_) => {}
             Err(_) => tracing::info!("gRPC calls still open after the grace period are dropped"),
         }
-        self.runtime.shutdown_background();
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
