@@ -105,52 +105,20 @@ async fn to_holder(
     path: &str,
     body: impl FnOnce() -> Vec<u8>,
 ) -> Option<HttpResponse> {
-    let secret = state.config.cluster.secret()?;
-    if !matches!(
-        method,
-        Method::GetTask | Method::CancelTask | Method::SubscribeToTask
-    ) {
-        return None;
-    }
-    if state.engine.runs_here(principal, task_id) {
-        return None;
-    }
-    let holder = match state
-        .engine
-        .store()
-        .running_holder(principal, task_id)
-        .await
-    {
-        Ok(holder) => holder?,
-        Err(e) => {
-            tracing::warn!(error = %chain(&e), %task_id, "finding the node that runs a task");
-            return None;
-        }
-    };
-    let mut url = format!("{}{path}", holder.trim_end_matches('/'));
-    if !req.query_string().is_empty() {
-        url = format!("{url}?{}", req.query_string());
-    }
     let http_method =
         reqwest::Method::from_bytes(req.method().as_str().as_bytes()).unwrap_or_default();
-    let mut forward = CLIENT
-        .with(Clone::clone)
-        .request(http_method, url)
-        .header(header::CONTENT_TYPE.as_str(), "application/json")
-        .header(SECRET_HEADER, secret)
-        .header(PRINCIPAL_HEADER, hex::encode(principal))
-        .body(body());
-    if let Some(version) = header_text(req, super::rpc::VERSION_HEADER) {
-        forward = forward.header(super::rpc::VERSION_HEADER, version);
-    }
-    let answer = match forward.send().await {
-        Ok(answer) => answer,
-        Err(e) => {
-            tracing::warn!(error = %chain(&e), %holder, %task_id, "the node running a task did not answer; answering from the database");
-            return None;
-        }
+    let call = HolderCall {
+        principal,
+        method,
+        task_id,
+        http_method,
+        path_and_query: match req.query_string() {
+            "" => path.to_owned(),
+            query => format!("{path}?{query}"),
+        },
+        version: header_text(req, super::rpc::VERSION_HEADER),
     };
-    metrics::counter!("colloquy_forwarded_requests_total").increment(1);
+    let answer = call.send(state, body).await?;
     let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut response = HttpResponse::build(status);
     for name in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
@@ -165,4 +133,99 @@ async fn to_holder(
                 .map(|chunk| chunk.map_err(std::io::Error::other)),
         ),
     )
+}
+
+/// The holder's answer to a JSON-RPC v1.0 request made here for another binding (gRPC), if
+/// `params` name a task another node runs and that node answered: the JSON-RPC response, or
+/// its SSE stream.
+pub async fn v1_call_to_holder(
+    state: &AppState,
+    principal: &str,
+    method: Method,
+    params: &serde_json::Value,
+) -> Option<reqwest::Response> {
+    let task_id = params.get("id")?.as_str()?;
+    let call = HolderCall {
+        principal,
+        method,
+        task_id,
+        http_method: reqwest::Method::POST,
+        path_and_query: PATH.to_owned(),
+        version: Some("1.0"),
+    };
+    let body = || {
+        let request = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": method.label(),
+            "params": params,
+        });
+        request.to_string().into_bytes()
+    };
+    call.send(state, body).await
+}
+
+/// A request passed on to the node that runs `task_id`.
+struct HolderCall<'a> {
+    principal: &'a str,
+    method: Method,
+    task_id: &'a str,
+    http_method: reqwest::Method,
+    path_and_query: String,
+    version: Option<&'a str>,
+}
+
+impl HolderCall<'_> {
+    /// The holder's answer; `None` when the call is not one that follows a task, the task runs
+    /// here or nowhere, or its node does not answer (then the database answers here).
+    async fn send(
+        self,
+        state: &AppState,
+        body: impl FnOnce() -> Vec<u8>,
+    ) -> Option<reqwest::Response> {
+        let secret = state.config.cluster.secret()?;
+        let task_id = self.task_id;
+        if !matches!(
+            self.method,
+            Method::GetTask | Method::CancelTask | Method::SubscribeToTask
+        ) {
+            return None;
+        }
+        if state.engine.runs_here(self.principal, task_id) {
+            return None;
+        }
+        let holder = match state
+            .engine
+            .store()
+            .running_holder(self.principal, task_id)
+            .await
+        {
+            Ok(holder) => holder?,
+            Err(e) => {
+                tracing::warn!(error = %chain(&e), %task_id, "finding the node that runs a task");
+                return None;
+            }
+        };
+        let url = format!("{}{}", holder.trim_end_matches('/'), self.path_and_query);
+        let mut forward = CLIENT
+            .with(Clone::clone)
+            .request(self.http_method, url)
+            .header(header::CONTENT_TYPE.as_str(), "application/json")
+            .header(SECRET_HEADER, secret)
+            .header(PRINCIPAL_HEADER, hex::encode(self.principal))
+            .body(body());
+        if let Some(version) = self.version {
+            forward = forward.header(super::rpc::VERSION_HEADER, version);
+        }
+        match forward.send().await {
+            Ok(answer) => {
+                metrics::counter!("colloquy_forwarded_requests_total").increment(1);
+                Some(answer)
+            }
+            Err(e) => {
+                tracing::warn!(error = %chain(&e), %holder, %task_id, "the node running a task did not answer; answering from the database");
+                None
+            }
+        }
+    }
 }

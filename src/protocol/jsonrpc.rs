@@ -153,6 +153,11 @@ impl RpcError {
 
     /// The JSON-RPC code of an `ErrorInfo` reason (for a client reading HTTP+JSON errors).
     pub fn code_for_reason(reason: &str) -> Option<i64> {
+        Self::spelling_of_reason(reason).map(|s| s.code)
+    }
+
+    /// How the error with `ErrorInfo` reason `reason` is spelled on every binding.
+    pub fn spelling_of_reason(reason: &str) -> Option<ErrorSpelling> {
         let none = String::new;
         [
             RpcError::Parse(none()),
@@ -184,7 +189,6 @@ impl RpcError {
         .iter()
         .map(RpcError::spelling)
         .find(|s| s.reason == reason)
-        .map(|s| s.code)
     }
 
     /// What a client needs to act on the error, beyond its code: `ErrorInfo.metadata` in v1.0.

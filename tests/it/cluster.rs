@@ -769,6 +769,70 @@ async fn the_http_json_binding_follows_the_task_to_its_node() {
 }
 
 #[actix_rt::test]
+async fn the_grpc_binding_follows_the_task_to_its_node() {
+    use crate::grpc::{chunk_text, client, drain, final_state, state, text_of};
+    use a2a_pb::proto as pb;
+    let Some(url) = pg::database("cluster::the_grpc_binding_follows") else {
+        return;
+    };
+    let a = forwarding_node(&url).await;
+    let b = forwarding_node(&url).await;
+    let mut on_b = client(&b).await;
+    let text = "followed over gRPC, every character once: é€😀 and the end";
+
+    // A live read through B: the reply so far, from A.
+    let task_id = dripping_task(&a, "grpc-followed", text).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let read = pb::GetTaskRequest {
+        id: task_id.clone(),
+        ..Default::default()
+    };
+    let live = on_b.get_task(read).await.expect("read").into_inner();
+    assert_eq!(state(&live), pb::TaskState::Working, "{live:?}");
+    let so_far = text_of(&live);
+    assert!(
+        !so_far.is_empty() && text.starts_with(&so_far),
+        "{so_far:?}"
+    );
+
+    // A stream through B: the task so far, then every chunk, to the end.
+    let subscribe = pb::SubscribeToTaskRequest {
+        id: task_id.clone(),
+        ..Default::default()
+    };
+    let stream = on_b.subscribe_to_task(subscribe).await.expect("a stream");
+    let (events, error) = drain(stream.into_inner()).await;
+    assert!(error.is_none(), "{error:?}");
+    let Some(pb::stream_response::Payload::Task(snapshot)) = &events[0].payload else {
+        panic!("the task first: {events:?}");
+    };
+    let later: String = events[1..].iter().filter_map(chunk_text).collect();
+    assert_eq!(
+        format!("{}{later}", text_of(snapshot)),
+        text,
+        "snapshot + later chunks == the reply"
+    );
+    assert_eq!(final_state(&events), Some(pb::TaskState::Completed));
+
+    // A cancel through B stops the turn A runs.
+    let slow_id = started_task(&a, "grpc-canceled", "slow 30000").await;
+    let started = Instant::now();
+    let cancel = pb::CancelTaskRequest {
+        id: slow_id,
+        ..Default::default()
+    };
+    let canceled = on_b
+        .cancel_task(cancel)
+        .await
+        .expect("canceled")
+        .into_inner();
+    assert_eq!(state(&canceled), pb::TaskState::Canceled, "{canceled:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    a.stop().await;
+    b.stop().await;
+}
+
+#[actix_rt::test]
 async fn a_forwarded_request_needs_the_cluster_secret() {
     let Some(url) = pg::database("cluster::a_forwarded_request_needs_the_secret") else {
         return;

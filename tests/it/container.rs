@@ -656,7 +656,10 @@ async fn kubernetes_manifests_probe_real_routes_on_the_image_port_and_outlast_th
                 Some("grpc") => grpc,
                 _ => int(target, "targetPort"),
             };
-            assert!([port, grpc].contains(&target), "Service targetPort {target}");
+            assert!(
+                [port, grpc].contains(&target),
+                "Service targetPort {target}"
+            );
         }
         assert_eq!(&service["spec"]["selector"], labels);
     }

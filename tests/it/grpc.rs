@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 use tonic_types::StatusExt;
 
-async fn client(server: &TestServer) -> A2aServiceClient<Channel> {
+pub(crate) async fn client(server: &TestServer) -> A2aServiceClient<Channel> {
     let addr = server.server.grpc_addr.expect("the gRPC binding is served");
     A2aServiceClient::connect(format!("http://{addr}"))
         .await
@@ -55,7 +55,7 @@ fn task_of(response: pb::SendMessageResponse) -> pb::Task {
     }
 }
 
-fn text_of(task: &pb::Task) -> String {
+pub(crate) fn text_of(task: &pb::Task) -> String {
     task.artifacts
         .iter()
         .flat_map(|artifact| &artifact.parts)
@@ -66,7 +66,7 @@ fn text_of(task: &pb::Task) -> String {
         .collect()
 }
 
-fn state(task: &pb::Task) -> pb::TaskState {
+pub(crate) fn state(task: &pb::Task) -> pb::TaskState {
     task.status
         .as_ref()
         .map_or(pb::TaskState::Unspecified, |status| status.state())
@@ -83,7 +83,7 @@ fn reason(status: &Status) -> String {
 }
 
 /// Every `StreamResponse` of a stream, until it ends; the status that ended it, if any.
-async fn drain(
+pub(crate) async fn drain(
     mut stream: tonic::Streaming<pb::StreamResponse>,
 ) -> (Vec<pb::StreamResponse>, Option<Status>) {
     let mut events = Vec::new();
@@ -96,7 +96,7 @@ async fn drain(
     }
 }
 
-fn chunk_text(event: &pb::StreamResponse) -> Option<String> {
+pub(crate) fn chunk_text(event: &pb::StreamResponse) -> Option<String> {
     match &event.payload {
         Some(pb::stream_response::Payload::ArtifactUpdate(update)) => {
             let artifact = update.artifact.as_ref()?;
@@ -115,7 +115,7 @@ fn chunk_text(event: &pb::StreamResponse) -> Option<String> {
     }
 }
 
-fn final_state(events: &[pb::StreamResponse]) -> Option<pb::TaskState> {
+pub(crate) fn final_state(events: &[pb::StreamResponse]) -> Option<pb::TaskState> {
     match &events.last()?.payload {
         Some(pb::stream_response::Payload::StatusUpdate(update)) => {
             update.status.as_ref().map(|status| status.state())

@@ -5,6 +5,7 @@
 //! tokio, the engine's actors answer messages from any thread, and each call goes through the
 //! same dispatch as JSON-RPC (`service.rs`), so auth, limits, metrics and errors are the same.
 
+mod forwarded;
 mod service;
 mod status;
 

@@ -6,7 +6,9 @@
 //! the same messages with serde) cross to JSON: a message moves between the two by its protobuf
 //! encoding, which both share.
 
+use super::forwarded;
 use super::status::to_status;
+use crate::http::forward;
 use crate::http::methods::Reply;
 use crate::http::rpc;
 use crate::http::sse::{EventStream, LiveStream};
@@ -93,9 +95,20 @@ fn check_version(metadata: &MetadataMap) -> Result<(), RpcError> {
     }
 }
 
+/// What a call answered: here, or by the node that runs its task.
+enum Answer {
+    Here(Reply),
+    Forwarded(reqwest::Response),
+}
+
 impl A2aGrpc {
-    /// Authenticates, dispatches and counts one call; `J` is the request's ProtoJSON twin.
-    async fn call<J>(&self, method: Method, request: Request<impl Message>) -> Result<Reply, Status>
+    /// Authenticates, dispatches and counts one call; `J` is the request's ProtoJSON twin. A
+    /// call that follows a task another node runs goes to that node (as the HTTP bindings do).
+    async fn call<J>(
+        &self,
+        method: Method,
+        request: Request<impl Message>,
+    ) -> Result<Answer, Status>
     where
         J: Message + Default + Serialize,
     {
@@ -110,6 +123,12 @@ impl A2aGrpc {
                 return Err(to_status(&error));
             }
         };
+        if let Some(answer) =
+            forward::v1_call_to_holder(&self.state, &principal, method, &params).await
+        {
+            rpc::record(method.label(), 0, started);
+            return Ok(Answer::Forwarded(answer));
+        }
         rpc::call(
             &self.state,
             WireVersion::V1,
@@ -120,6 +139,7 @@ impl A2aGrpc {
             started,
         )
         .await
+        .map(Answer::Here)
         .map_err(|error| to_status(&error))
     }
 
@@ -134,12 +154,16 @@ impl A2aGrpc {
         K: Message + Default + DeserializeOwned,
         R: Message + Default,
     {
-        match self.call::<J>(method, request).await? {
-            Reply::Json(value) => from_json::<K, R>(value)
-                .map(Response::new)
-                .map_err(|error| to_status(&error)),
-            Reply::Stream(_) => Err(Status::internal("a unary method answered a stream")),
-        }
+        let value = match self.call::<J>(method, request).await? {
+            Answer::Here(Reply::Json(value)) => value,
+            Answer::Here(Reply::Stream(_)) => {
+                return Err(Status::internal("a unary method answered a stream"));
+            }
+            Answer::Forwarded(answer) => forwarded::unary(answer).await?,
+        };
+        from_json::<K, R>(value)
+            .map(Response::new)
+            .map_err(|error| to_status(&error))
     }
 
     /// A call answered with a stream of `StreamResponse`s.
@@ -152,10 +176,20 @@ impl A2aGrpc {
         J: Message + Default + Serialize,
     {
         match self.call::<J>(method, request).await? {
-            Reply::Stream(events) => Ok(Response::new(stream_responses(events))),
-            Reply::Json(_) => Err(Status::internal("a streaming method answered one message")),
+            Answer::Here(Reply::Stream(events)) => Ok(Response::new(stream_responses(events))),
+            Answer::Here(Reply::Json(_)) => {
+                Err(Status::internal("a streaming method answered one message"))
+            }
+            Answer::Forwarded(answer) => forwarded::stream(answer, stream_response)
+                .await
+                .map(Response::new),
         }
     }
+}
+
+/// A v1.0 `StreamResponse` in JSON as the proto message.
+fn stream_response(value: Value) -> Result<pb::StreamResponse, Status> {
+    from_json::<pj::StreamResponse, pb::StreamResponse>(value).map_err(|error| to_status(&error))
 }
 
 /// Each event as a `StreamResponse`; the error that ends a stream (a reader too slow for the
@@ -166,10 +200,10 @@ fn stream_responses(events: EventStream) -> EventStreamResponse {
         (events, live),
         |(mut events, live)| async move {
             let item = match events.next(WireVersion::V1).await? {
-                Ok(value) => from_json::<pj::StreamResponse, pb::StreamResponse>(value),
-                Err(error) => Err(error),
+                Ok(value) => stream_response(value),
+                Err(error) => Err(to_status(&error)),
             };
-            Some((item.map_err(|error| to_status(&error)), (events, live)))
+            Some((item, (events, live)))
         },
     ))
 }

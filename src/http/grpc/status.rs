@@ -11,16 +11,32 @@ use tonic_types::{ErrorDetails, StatusExt};
 /// `error` as a gRPC status with its `ErrorInfo` detail.
 pub fn to_status(error: &RpcError) -> Status {
     let spelling = error.spelling();
-    let metadata: HashMap<String, String> = error
-        .details()
+    let metadata = as_metadata(error.details());
+    let details = ErrorDetails::with_error_info(spelling.reason, ERROR_DOMAIN, metadata);
+    Status::with_error_details(code(spelling.status), error.to_string(), details)
+}
+
+/// `ErrorInfo.metadata` is text to text: other JSON values go as their JSON.
+fn as_metadata(details: serde_json::Map<String, serde_json::Value>) -> HashMap<String, String> {
+    details
         .into_iter()
         .map(|(key, value)| match value {
             serde_json::Value::String(text) => (key, text),
             other => (key, other.to_string()),
         })
-        .collect();
-    let details = ErrorDetails::with_error_info(spelling.reason, ERROR_DOMAIN, metadata);
-    Status::with_error_details(code(spelling.status), error.to_string(), details)
+        .collect()
+}
+
+/// A JSON-RPC v1.0 error object another node answered, as the same status `to_status` would
+/// have made of it there: its `ErrorInfo` (in `data`) names the error.
+pub fn from_rpc_error_json(error: &serde_json::Value) -> Status {
+    let message = error["message"].as_str().unwrap_or("an error").to_owned();
+    let info = &error["data"][0];
+    let reason = info["reason"].as_str().unwrap_or("INTERNAL_ERROR");
+    let status = RpcError::spelling_of_reason(reason).map_or("INTERNAL", |s| s.status);
+    let metadata = as_metadata(info["metadata"].as_object().cloned().unwrap_or_default());
+    let details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
+    Status::with_error_details(code(status), message, details)
 }
 
 /// The `google.rpc.Code` named `name`.
@@ -71,6 +87,27 @@ mod tests {
                 "{name} maps to a code of its own"
             );
         }
+    }
+
+    #[test]
+    fn an_error_another_node_answered_becomes_the_same_status() {
+        let error = RpcError::ContextBusy {
+            context_id: "c".into(),
+            task_id: "t".into(),
+        };
+        let wire = crate::protocol::jsonrpc::failure(
+            &serde_json::json!(1),
+            &error,
+            crate::protocol::WireVersion::V1,
+        );
+        let here = to_status(&error);
+        let there = from_rpc_error_json(&wire["error"]);
+        assert_eq!(there.code(), here.code());
+        assert_eq!(there.message(), here.message());
+        assert_eq!(
+            there.get_error_details().error_info(),
+            here.get_error_details().error_info()
+        );
     }
 
     #[test]
