@@ -104,9 +104,12 @@ mod tests {
         let there = from_rpc_error_json(&wire["error"]);
         assert_eq!(there.code(), here.code());
         assert_eq!(there.message(), here.message());
+        let (there, here) = (there.get_error_details(), here.get_error_details());
+        let (there, here) = (there.error_info(), here.error_info());
+        let (there, here) = (there.expect("ErrorInfo"), here.expect("ErrorInfo"));
         assert_eq!(
-            there.get_error_details().error_info(),
-            here.get_error_details().error_info()
+            (&there.reason, &there.domain, &there.metadata),
+            (&here.reason, &here.domain, &here.metadata)
         );
     }
 
