@@ -514,3 +514,103 @@ async fn push_configs_are_created_read_listed_and_deleted_over_grpc() {
     assert_eq!(reason(&unknown), "TASK_NOT_FOUND");
     server.stop().await;
 }
+
+/// A subscription follows the task, not the turn: on a task waiting for input it stays open
+/// through the wait and the answer's turn, and ends when the task completes.
+#[actix_rt::test]
+async fn a_subscription_follows_the_task_through_a_wait_for_input() {
+    let server = start_scripted(|_| {}).await;
+    let mut grpc = client(&server).await;
+    let waiting = task_of(
+        grpc.send_message(send_request("ask: your name?", "grpc-wait"))
+            .await
+            .expect("sent")
+            .into_inner(),
+    );
+    assert_eq!(state(&waiting), pb::TaskState::InputRequired);
+    let subscribe = pb::SubscribeToTaskRequest {
+        id: waiting.id.clone(),
+        ..Default::default()
+    };
+    let mut stream = grpc
+        .subscribe_to_task(subscribe)
+        .await
+        .expect("subscribed")
+        .into_inner();
+    let first = stream.message().await.expect("an event").expect("the task");
+    assert!(
+        matches!(&first.payload, Some(pb::stream_response::Payload::Task(t)) if t.id == waiting.id),
+        "{first:?}"
+    );
+    let open = tokio::time::timeout(Duration::from_millis(300), stream.message()).await;
+    assert!(open.is_err(), "the stream ended while waiting: {open:?}");
+
+    let answer = task_of(
+        grpc.send_message(pb::SendMessageRequest {
+            message: Some(message("Ada", "grpc-wait", &waiting.id)),
+            ..Default::default()
+        })
+        .await
+        .expect("answered")
+        .into_inner(),
+    );
+    assert_eq!(state(&answer), pb::TaskState::Completed);
+    let (rest, error) = tokio::time::timeout(Duration::from_secs(20), drain(stream))
+        .await
+        .expect("the stream ends once the task completed");
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(final_state(&rest), Some(pb::TaskState::Completed));
+    server.stop().await;
+}
+
+/// A subscriber that reads nothing while the reply floods past its buffer is closed with
+/// SUBSCRIBER_TOO_SLOW after what it had, never skipped ahead; a reader keeping up gets it all.
+#[actix_rt::test]
+async fn a_slow_reader_is_closed_with_subscriber_too_slow_not_skipped_ahead() {
+    let server = start_scripted(|c| c.streaming.subscriber_buffer = 16).await;
+    let mut grpc = client(&server).await;
+    let (count, size) = (1500, 16 * 1024);
+    let mut fast = grpc
+        .send_streaming_message(send_request(&format!("flood {count} {size}"), "grpc-flood"))
+        .await
+        .expect("a stream")
+        .into_inner();
+    let first = fast.message().await.expect("an event").expect("the task");
+    let Some(pb::stream_response::Payload::Task(task)) = first.payload else {
+        panic!("the task first");
+    };
+    let slow = grpc
+        .subscribe_to_task(pb::SubscribeToTaskRequest {
+            id: task.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("subscribed")
+        .into_inner();
+    let fast_events = tokio::spawn(drain(fast));
+    // The slow subscriber reads nothing until the agent is done.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (events, error) = drain(slow).await;
+    let (fast_events, fast_error) = fast_events.await.expect("the fast reader");
+    assert!(fast_error.is_none(), "{fast_error:?}");
+    let fast_bytes: usize = fast_events
+        .iter()
+        .filter_map(chunk_text)
+        .map(|t| t.len())
+        .sum();
+    assert_eq!(fast_bytes, count * size, "the fast reader got every chunk");
+    let error = error.expect("the slow reader's stream ends with an error");
+    assert_eq!(error.code(), Code::ResourceExhausted, "{error:?}");
+    assert_eq!(reason(&error), "SUBSCRIBER_TOO_SLOW");
+    // What it did get is the reply's start, in order: the snapshot, then chunks.
+    assert!(
+        matches!(
+            events.first().and_then(|e| e.payload.as_ref()),
+            Some(pb::stream_response::Payload::Task(_))
+        ),
+        "the task first"
+    );
+    let slow_bytes: usize = events.iter().filter_map(chunk_text).map(|t| t.len()).sum();
+    assert!(slow_bytes < count * size, "it fell behind: {slow_bytes}");
+    server.stop().await;
+}
