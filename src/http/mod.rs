@@ -224,7 +224,15 @@ pub fn serve(mut state: AppState) -> Result<RunningServer, ServeError> {
                 .public_url
                 .clone()
                 .unwrap_or_else(|| format!("http://{addr}/"));
-            Some(grpc::serve(listener, grpc_state, base_url, workers)?)
+            // The HTTP port's total, in descriptors the process may open: the same on this port.
+            let max_connections = connections_per_worker.saturating_mul(workers);
+            Some(grpc::serve(
+                listener,
+                grpc_state,
+                base_url,
+                workers,
+                max_connections,
+            )?)
         }
         None => None,
     };

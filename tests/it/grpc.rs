@@ -614,3 +614,43 @@ async fn a_slow_reader_is_closed_with_subscriber_too_slow_not_skipped_ahead() {
     assert!(slow_bytes < count * size, "it fell behind: {slow_bytes}");
     server.stop().await;
 }
+
+/// `limits.max_connections` holds on the gRPC port too: past it a new connection waits (in the
+/// listen queue) until one closes, then is served.
+#[actix_rt::test]
+async fn connections_past_the_limit_wait_for_a_free_place() {
+    let server = start_with(
+        std::sync::Arc::new(colloquy::agent::EchoAgent::default()),
+        |c| {
+            c.limits.max_connections = 2;
+            c.workers = 2;
+        },
+    )
+    .await;
+    let lookup = || pb::GetTaskRequest {
+        id: "none".into(),
+        ..Default::default()
+    };
+    let mut first = client(&server).await;
+    let mut second = client(&server).await;
+    for held in [&mut first, &mut second] {
+        let answer = held.get_task(lookup()).await.expect_err("no such task");
+        assert_eq!(answer.code(), Code::NotFound);
+    }
+    let third = tokio::time::timeout(Duration::from_millis(800), async {
+        let mut third = client(&server).await;
+        third.get_task(lookup()).await
+    })
+    .await;
+    assert!(third.is_err(), "a third connection was served: {third:?}");
+    drop(first);
+    let after = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut third = client(&server).await;
+        third.get_task(lookup()).await
+    })
+    .await
+    .expect("served once a place is free");
+    assert_eq!(after.expect_err("no such task").code(), Code::NotFound);
+    drop(second);
+    server.stop().await;
+}

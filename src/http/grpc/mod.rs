@@ -6,6 +6,7 @@
 //! same dispatch as JSON-RPC (`service.rs`), so auth, limits, metrics and errors are the same.
 
 mod forwarded;
+mod limit;
 mod service;
 mod status;
 
@@ -16,7 +17,6 @@ use actix_web::web;
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 use tokio::sync::oneshot;
-use tokio_stream::wrappers::TcpListenerStream;
 
 /// Why the gRPC server stopped serving.
 #[derive(Debug, thiserror::Error)]
@@ -55,13 +55,14 @@ pub struct GrpcServer {
     runtime: Option<tokio::runtime::Runtime>,
 }
 
-/// Serves the binding on `listener` with `threads` threads. `base_url` is the HTTP bindings'
-/// (the extended card names it).
+/// Serves the binding on `listener` with `threads` threads, at most `max_connections` open at
+/// once. `base_url` is the HTTP bindings' (the extended card names it).
 pub fn serve(
     listener: TcpListener,
     state: web::Data<AppState>,
     base_url: String,
     threads: usize,
+    max_connections: usize,
 ) -> Result<GrpcServer, ServeError> {
     let addr = listener.local_addr().map_err(|error| ServeError::Bind {
         addr: "grpc_listen".into(),
@@ -88,12 +89,11 @@ pub fn serve(
         let listener =
             tokio::net::TcpListener::from_std(listener).map_err(GrpcServeError::Listener)?;
         tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .max_concurrent_streams(Some(STREAMS_PER_CONNECTION))
             .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            .serve_with_incoming_shutdown(limit::accept(listener, max_connections), async {
                 let _ = stopped.await;
             })
             .await
