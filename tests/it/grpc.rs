@@ -654,3 +654,75 @@ async fn connections_past_the_limit_wait_for_a_free_place() {
     drop(second);
     server.stop().await;
 }
+
+/// A call whose request message never arrives in full is answered DEADLINE_EXCEEDED after
+/// `limits.body_timeout_ms`, instead of holding the call forever; others are served meanwhile.
+#[actix_rt::test]
+async fn a_request_message_that_never_ends_gets_deadline_exceeded() {
+    let server = start_echo_with_body_timeout(500).await;
+    let addr = server.server.grpc_addr.expect("served");
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connects");
+    let (mut h2, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
+    tokio::spawn(connection);
+    let request = http::Request::post(format!("http://{addr}/lf.a2a.v1.A2AService/SendMessage"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("a request");
+    let started = std::time::Instant::now();
+    let (response, mut body) = h2.send_request(request, false).expect("sent");
+    // A message announced as 100 bytes, of which 3 are sent, and never the rest.
+    body.send_data(
+        bytes::Bytes::from_static(&[0, 0, 0, 0, 100, 1, 2, 3]),
+        false,
+    )
+    .expect("a frame");
+
+    // Meanwhile the server serves other calls.
+    let mut grpc = client(&server).await;
+    let fine = grpc
+        .send_message(send_request("meanwhile", "grpc-deadline"))
+        .await
+        .expect("served");
+    assert_eq!(state(&task_of(fine.into_inner())), pb::TaskState::Completed);
+
+    let response = tokio::time::timeout(Duration::from_secs(5), response)
+        .await
+        .expect("answered within the deadline and a margin")
+        .expect("a response");
+    let elapsed = started.elapsed();
+    // In the headers of a trailers-only answer, else in the trailers.
+    let headers = response.headers().clone();
+    let mut response_body = response.into_body();
+    let status = match headers.get("grpc-status") {
+        Some(status) => Some(status.clone()),
+        None => response_body
+            .trailers()
+            .await
+            .expect("trailers")
+            .and_then(|trailers| trailers.get("grpc-status").cloned()),
+    };
+    let message = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        status.as_ref().and_then(|s| s.to_str().ok()),
+        Some("4"),
+        "DEADLINE_EXCEEDED: {headers:?}"
+    );
+    assert!(message.contains("body_timeout_ms"), "{message}");
+    assert!(elapsed >= Duration::from_millis(450), "{elapsed:?}");
+    server.stop().await;
+}
+
+async fn start_echo_with_body_timeout(millis: u64) -> TestServer {
+    start_with(
+        std::sync::Arc::new(colloquy::agent::EchoAgent::default()),
+        |c| c.limits.body_timeout_ms = millis,
+    )
+    .await
+}

@@ -5,6 +5,7 @@
 //! tokio, the engine's actors answer messages from any thread, and each call goes through the
 //! same dispatch as JSON-RPC (`service.rs`), so auth, limits, metrics and errors are the same.
 
+mod deadline;
 mod forwarded;
 mod limit;
 mod service;
@@ -33,6 +34,10 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Calls one connection may have open at once (HTTP/2 streams).
 const STREAMS_PER_CONNECTION: u32 = 256;
+/// A connection this old is asked to go away (clients reconnect, to any node behind a load
+/// balancer), and its calls then have the grace to end: no connection is held forever.
+const CONNECTION_AGE: Duration = Duration::from_secs(300);
+const CONNECTION_AGE_GRACE: Duration = Duration::from_secs(1800);
 
 /// Binds `listen` now, so a taken address fails the start and the card knows the port.
 pub fn bind(listen: &str) -> Result<(TcpListener, SocketAddr), ServeError> {
@@ -78,6 +83,7 @@ pub fn serve(
             error,
         })?;
     let limits = &state.config.limits;
+    let request_deadline = deadline::RequestDeadline(Duration::from_millis(limits.body_timeout_ms));
     let service = A2aServiceServer::new(service::A2aGrpc {
         state: state.clone(),
         base_url,
@@ -92,6 +98,9 @@ pub fn serve(
             .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
             .max_concurrent_streams(Some(STREAMS_PER_CONNECTION))
+            .max_connection_age(CONNECTION_AGE)
+            .max_connection_age_grace(CONNECTION_AGE_GRACE)
+            .layer(request_deadline)
             .add_service(service)
             .serve_with_incoming_shutdown(limit::accept(listener, max_connections), async {
                 let _ = stopped.await;
