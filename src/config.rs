@@ -60,7 +60,7 @@ pub struct Config {
     pub admin_listen: Option<String>,
     /// Address serving the gRPC binding (empty: none).
     pub grpc_listen: String,
-    /// The gRPC URL the card gives; default: the card's host with `grpc_listen`'s port.
+    /// The gRPC target the card gives; default: the card's host with `grpc_listen`'s port.
     pub grpc_public_url: Option<String>,
     pub metrics: MetricsConfig,
     pub agent: AgentConfig,

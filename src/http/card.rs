@@ -33,16 +33,15 @@ fn skill(config: &SkillConfig) -> Value {
 }
 
 /// Where the gRPC binding is reached, if it is served: `grpc_public_url`, else the host the card
-/// names with the gRPC port (a gRPC client dials its host and port).
+/// names with the gRPC port, as `host:port`: the target a gRPC client dials (the official SDKs'
+/// channels and the TCK take it as it stands; an `http://` URL is not a gRPC target).
 fn grpc_url(state: &AppState, url: &str) -> Option<String> {
     let port = state.grpc_addr?.port();
     if let Some(public) = &state.config.grpc_public_url {
         return Some(public.clone());
     }
-    let mut grpc = reqwest::Url::parse(url).ok()?;
-    grpc.set_scheme("http").ok()?;
-    grpc.set_port(Some(port)).ok()?;
-    Some(grpc.origin().ascii_serialization())
+    let card_url = reqwest::Url::parse(url).ok()?;
+    Some(format!("{}:{port}", card_url.host_str()?))
 }
 
 pub fn card(state: &AppState, url: &str) -> Value {

@@ -7,8 +7,8 @@ GetTask of turn 3 (completed, same contextId), ListTasks filtered by contextId (
 CancelTask on a completed task (expects -32002), and in streaming mode that the concatenated
 artifact-update chunks equal the final artifact text (as returned by GetTask).
 With --binding rest the client speaks the HTTP+JSON binding (RestTransport) instead of JSON-RPC,
-with --binding grpc the gRPC binding (GrpcTransport, the interface the card lists as GRPC; the
-channel dials that URL's host and port); both also check that GetTask of an unknown id raises
+with --binding grpc the gRPC binding (GrpcTransport, the interface the card lists as GRPC,
+its URL dialed as the channel's target); both also check that GetTask of an unknown id raises
 TaskNotFoundError (-32001).
 
 Run:  $INTEROP_VENVS/sdk1/bin/python tests/interop/client1.py --url http://127.0.0.1:8080 --mode streaming [--binding rest|grpc]
@@ -66,9 +66,9 @@ def task_reply_text(task: Task) -> str:
 
 
 def grpc_channel(url: str):
-    """A plaintext channel to the card's GRPC interface: its URL's host and port."""
+    """A plaintext channel to the card's GRPC interface, its URL dialed as it stands."""
     import grpc  # only the grpc binding needs it
-    return grpc.aio.insecure_channel(url.split('://', 1)[-1].rstrip('/'))
+    return grpc.aio.insecure_channel(url)
 
 
 async def one_turn(client, text: str, context_id: str | None, streaming: bool, turn: int):

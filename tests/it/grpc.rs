@@ -436,7 +436,8 @@ async fn the_same_auth_guards_grpc_and_the_card_lists_it() {
         .find(|i| i["protocolBinding"] == "GRPC")
         .expect("the card lists GRPC");
     let addr = server.server.grpc_addr.expect("served");
-    assert_eq!(grpc_interface["url"], json!(format!("http://{addr}")));
+    // A gRPC target, as channels dial it.
+    assert_eq!(grpc_interface["url"], json!(addr.to_string()));
     assert_eq!(grpc_interface["protocolVersion"], json!("1.0"));
     server.stop().await;
 }
