@@ -48,6 +48,19 @@ fn with_token<T>(body: T, token: &str) -> Request<T> {
     request
 }
 
+/// A turn sent without waiting for it (`returnImmediately`): its task, as it started.
+async fn started(grpc: &mut A2aServiceClient<Channel>, text: &str, context_id: &str) -> pb::Task {
+    let request = pb::SendMessageRequest {
+        message: Some(message(text, context_id, "")),
+        configuration: Some(pb::SendMessageConfiguration {
+            return_immediately: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    task_of(grpc.send_message(request).await.expect("sent").into_inner())
+}
+
 fn task_of(response: pb::SendMessageResponse) -> pb::Task {
     match response.payload {
         Some(pb::send_message_response::Payload::Task(task)) => task,
@@ -180,19 +193,7 @@ async fn a_multi_turn_conversation_get_list_and_cancel_over_grpc() {
     assert_eq!(ids, [second.id.as_str(), first.id.as_str()], "newest first");
 
     // A running task is canceled; an ended one cannot be.
-    let running = task_of(
-        grpc.send_message(pb::SendMessageRequest {
-            message: Some(message("slow 5000", "grpc-cancel", "")),
-            configuration: Some(pb::SendMessageConfiguration {
-                return_immediately: true,
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("sent")
-        .into_inner(),
-    );
+    let running = started(&mut grpc, "slow 5000", "grpc-cancel").await;
     let canceled = grpc
         .cancel_task(pb::CancelTaskRequest {
             id: running.id.clone(),
@@ -237,19 +238,7 @@ async fn streams_carry_every_chunk_and_subscriptions_follow_the_task() {
     assert_eq!(final_state(&events), Some(pb::TaskState::Completed));
 
     // A subscriber to a running task gets it so far, then the rest, then the end.
-    let running = task_of(
-        grpc.send_message(pb::SendMessageRequest {
-            message: Some(message("drip 100 1: xyz", "grpc-subscribe", "")),
-            configuration: Some(pb::SendMessageConfiguration {
-                return_immediately: true,
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("sent")
-        .into_inner(),
-    );
+    let running = started(&mut grpc, "drip 100 1: xyz", "grpc-subscribe").await;
     let subscribed = grpc
         .subscribe_to_task(pb::SubscribeToTaskRequest {
             id: running.id.clone(),
@@ -301,19 +290,7 @@ async fn errors_are_grpc_statuses_with_the_error_info_and_the_server_keeps_servi
     assert_eq!(reason(&missing), "TASK_NOT_FOUND");
 
     // One running task per conversation: a second send is turned away at once.
-    let running = task_of(
-        grpc.send_message(pb::SendMessageRequest {
-            message: Some(message("slow 3000", "grpc-busy", "")),
-            configuration: Some(pb::SendMessageConfiguration {
-                return_immediately: true,
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await
-        .expect("sent")
-        .into_inner(),
-    );
+    let running = started(&mut grpc, "slow 3000", "grpc-busy").await;
     let busy = grpc
         .send_message(send_request("me too", "grpc-busy"))
         .await
