@@ -2,7 +2,7 @@
 # Runs an installed official A2A TCK (a2aproject/a2a-tck) against colloquy and prints each
 # suite's pytest summary, its failures and (1.0 line) the requirements by outcome.
 #
-#   A2A_TCK=DIR tests/interop/tck/run.sh           # the 1.0 line: must and should, JSON-RPC and HTTP+JSON
+#   A2A_TCK=DIR tests/interop/tck/run.sh           # the 1.0 line: must and should, JSON-RPC, HTTP+JSON and gRPC
 #   A2A_TCK_V03=DIR tests/interop/tck/run.sh       # the 0.3 line: mandatory and capabilities, JSON-RPC and REST
 #
 # DIR is a checkout of the TCK with its dependencies installed in DIR/.venv (docs/testing.md says
@@ -12,7 +12,7 @@
 #
 # Other settings:
 #   COLLOQUY=BINARY                  # default: target/release/colloquy, built if missing
-#   TRANSPORTS_10="jsonrpc http_json" LEVELS_10="must should"
+#   TRANSPORTS_10="jsonrpc http_json grpc" LEVELS_10="must should"
 #   TRANSPORTS_03="jsonrpc rest"     CATEGORIES_03="mandatory capabilities"
 #   CARD_VERSIONS=1.0                # the card's versions (default: both, as colloquy serves it)
 #   LOGS=DIR                         # each suite's full output (default: target/tck)
@@ -20,6 +20,10 @@
 # The server runs the scenario agent beside this script (tests/interop/tck/scenario_agent.py),
 # which answers each TCK scenario as the TCK's feature files describe, keyed by messageId
 # prefix. The 0.3 line assumes a SUT whose other tasks wait for input; the agent does that there.
+#
+# gRPC (1.0 line only): when TRANSPORTS_10 names grpc, the 1.0 server also serves the gRPC binding
+# (--grpc-listen) on a second free loopback port; the TCK finds it in the card's supportedInterfaces
+# (the GRPC entry, "127.0.0.1:PORT") and dials it. Otherwise grpc_listen is empty: no gRPC.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 HERE=tests/interop/tck
@@ -43,11 +47,19 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-# serve DEFAULT: a fresh server on a free port, its agent's unmatched messages DEFAULT
-# ("complete" or "input-required"); sets PORT and SERVER.
+# serve DEFAULT [grpc]: a fresh server on a free port, its agent's unmatched messages DEFAULT
+# ("complete" or "input-required"), with the gRPC binding on another free port if asked
+# (else none); sets PORT, GRPC_PORT (empty without gRPC) and SERVER.
 serve() {
   [ -n "$SERVER" ] && { kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; }
   PORT=$(free_port)
+  GRPC_PORT=""
+  local grpc_listen=""
+  if [ "${2:-}" = grpc ]; then
+    GRPC_PORT=$(free_port)
+    while [ "$GRPC_PORT" = "$PORT" ]; do GRPC_PORT=$(free_port); done
+    grpc_listen="127.0.0.1:$GRPC_PORT"
+  fi
   local versions=""
   [ -n "${CARD_VERSIONS:-}" ] && versions="versions = \"$CARD_VERSIONS\""
   cat >"$WORK/colloquy.toml" <<EOF
@@ -64,8 +76,10 @@ $versions
 allow_private_networks = true
 EOF
   rm -rf "$WORK/data"
+  # --grpc-listen as a flag (as --listen): it beats a COLLOQUY_GRPC_LISTEN in the environment;
+  # empty serves no gRPC (so never the default 127.0.0.1:8081).
   TCK_DEFAULT=$1 "$COLLOQUY" serve --config "$WORK/colloquy.toml" --listen "127.0.0.1:$PORT" \
-    --data "$WORK/data" 2>"$LOGS/server.log" &
+    --grpc-listen "$grpc_listen" --data "$WORK/data" 2>"$LOGS/server.log" &
   SERVER=$!
   for _ in $(seq 1 200); do
     curl -sf -o /dev/null "http://127.0.0.1:$PORT/readyz" && return
@@ -93,8 +107,12 @@ fi
 
 if [ -n "${A2A_TCK:-}" ]; then
   python=${A2A_TCK_PYTHON:-$A2A_TCK/.venv/bin/python}
-  serve complete
-  for transport in ${TRANSPORTS_10:-jsonrpc http_json}; do
+  transports_10=${TRANSPORTS_10:-jsonrpc http_json grpc}
+  case " $transports_10 " in
+    *" grpc "*) serve complete grpc ;;
+    *) serve complete ;;
+  esac
+  for transport in $transports_10; do
     for level in ${LEVELS_10:-must should}; do
       log="$LOGS/v10-$level-$transport.txt"
       (cd "$A2A_TCK" && "$python" run_tck.py --sut-host "http://127.0.0.1:$PORT" \
@@ -107,7 +125,10 @@ import collections, json, sys
 report, transport = json.load(open(sys.argv[1])), sys.argv[2]
 outcomes = collections.Counter()
 for requirement in report.get("per_requirement", {}).values():
-    outcome = requirement["transports"].get(transport) or requirement["transports"].get("agent_card")
+    outcome = requirement["transports"].get(transport)
+    if outcome is None and "agent_card" in requirement["transports"]:
+        # A card requirement's per-test outcome is its last test's: its status counts them all.
+        outcome = requirement.get("status") or requirement["transports"]["agent_card"]
     if outcome:
         outcomes[outcome] += 1
 print(" | requirements " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())))
