@@ -232,8 +232,16 @@ async fn respond(
 /// The caller's principal, or why not (counted for the metrics). Several `Authorization` headers
 /// are an invalid request (HTTP 400), not a wrong token.
 pub(super) fn authenticate(req: &HttpRequest, state: &AppState) -> Result<String, RpcError> {
-    let principal = super::auth::authorization(req.headers())
-        .and_then(|authorization| state.auth.principal(authorization));
+    principal_for(state, super::auth::authorization(req.headers()))
+}
+
+/// The principal an `Authorization` value names (or why none does), whichever binding carried
+/// it; a refusal is counted for the metrics.
+pub(super) fn principal_for(
+    state: &AppState,
+    authorization: Result<Option<&str>, AuthError>,
+) -> Result<String, RpcError> {
+    let principal = authorization.and_then(|authorization| state.auth.principal(authorization));
     principal.map_err(|e| {
         metrics::counter!("colloquy_auth_failures_total").increment(1);
         match e {

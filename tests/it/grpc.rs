@@ -369,6 +369,13 @@ async fn the_same_auth_guards_grpc_and_the_card_lists_it() {
         .expect_err("a wrong token");
     assert_eq!(wrong.code(), Code::Unauthenticated);
 
+    // Two tokens are refused, not guessed between.
+    let mut twice = with_token(send_request("hi", "grpc-auth"), "alice-secret");
+    let bob = "Bearer bob-secret".parse().expect("ascii");
+    twice.metadata_mut().append("authorization", bob);
+    let twice = grpc.send_message(twice).await.expect_err("two tokens");
+    assert_eq!(twice.code(), Code::InvalidArgument, "{twice:?}");
+
     let mine = task_of(
         grpc.send_message(with_token(
             send_request("mine", "grpc-auth"),

@@ -8,6 +8,7 @@
 
 use super::forwarded;
 use super::status::to_status;
+use crate::http::auth::AuthError;
 use crate::http::forward;
 use crate::http::methods::Reply;
 use crate::http::rpc;
@@ -63,22 +64,16 @@ where
         .map_err(|e| RpcError::Internal(format!("an answer that does not encode: {e}")))
 }
 
-/// The caller's principal, from the `authorization` metadata (as HTTP's `Authorization`).
+/// The caller's principal, from the `authorization` metadata (as HTTP's `Authorization`;
+/// several are refused there and here).
 fn principal(state: &AppState, metadata: &MetadataMap) -> Result<String, RpcError> {
     let mut values = metadata.get_all("authorization").iter();
     let first = values.next();
-    let more = values.count();
-    if more > 0 {
-        return Err(RpcError::InvalidRequest(format!(
-            "{} authorization values; send one",
-            more + 1
-        )));
-    }
-    let authorization = first.and_then(|value| value.to_str().ok());
-    state.auth.principal(authorization).map_err(|e| {
-        metrics::counter!("colloquy_auth_failures_total").increment(1);
-        RpcError::Unauthenticated(e.to_string())
-    })
+    let authorization = match values.count() {
+        0 => Ok(first.and_then(|value| value.to_str().ok())),
+        more => Err(AuthError::Repeated(more + 1)),
+    };
+    rpc::principal_for(state, authorization)
 }
 
 /// gRPC serves v1.0 only: a caller that asks for another version is told so.
@@ -143,7 +138,7 @@ impl A2aGrpc {
         .map_err(|error| to_status(&error))
     }
 
-    /// A call answered with one message: `J`/`P` the request's twin, `K`/`R` the answer's.
+    /// A call answered with one message `R`: `J` is the request's ProtoJSON twin, `K` the answer's.
     async fn unary<J, K, R>(
         &self,
         method: Method,
