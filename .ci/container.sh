@@ -131,7 +131,10 @@ mb() { awk -v bytes="$1" 'BEGIN { printf "%.1f MB", bytes / 1e6 }'; }
 say "image $tag: $(mb "$size") ($(mb "$base_size") of it the Debian base)"
 
 # --- Checks --------------------------------------------------------------------------------------
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+# The image serves gRPC on 0.0.0.0:8081; on the host's network it gets a free port of its own.
+grpc_port=$(free_port)
 url="http://127.0.0.1:$port/"
 token="ci-token-$$"
 "${podman[@]}" volume create "$volume" >/dev/null
@@ -142,7 +145,8 @@ start() {
     shift
     containers+=("$name")
     quietly "${podman[@]}" run -d --name "$name" "${run_flags[@]}" -v "$volume:/data" \
-        -e COLLOQUY_LISTEN="127.0.0.1:$port" -e COLLOQUY_TOKENS="ci:$token" "$@" "$tag" >/dev/null ||
+        -e COLLOQUY_LISTEN="127.0.0.1:$port" -e COLLOQUY_GRPC_LISTEN="127.0.0.1:$grpc_port" \
+        -e COLLOQUY_TOKENS="ci:$token" "$@" "$tag" >/dev/null ||
         fail "podman run $name"
     for _ in $(seq 1 150); do
         curl -fsS -o /dev/null "${url}healthz" 2>/dev/null && return 0
@@ -185,6 +189,11 @@ start colloquy-ci-a-$$ --read-only --read-only-tmpfs=false
 a=colloquy-ci-a-$$
 card=$(curl -fsS "${url}.well-known/agent-card.json") || fail "agent card"
 expect "$card" '"name"' "the agent card answers"
+expect "$card" "\"protocolBinding\":\"GRPC\",\"protocolVersion\":\"1.0\",\"url\":\"127.0.0.1:$grpc_port\"" \
+    "the card lists the gRPC binding"
+python3 -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 5).close()' \
+    "$grpc_port" || fail "the gRPC port does not accept connections"
+say "  ok: the gRPC port accepts connections"
 expect "$(curl -fsS "${url}healthz")" '"ok"' "/healthz answers"
 expect "$(curl -fsS "${url}readyz")" '"ready"' "/readyz answers"
 "${podman[@]}" healthcheck run "$a" >/dev/null || fail "the image's HEALTHCHECK fails"
