@@ -11,9 +11,8 @@
 #
 # Builds release (unless COLLOQUY names a binary); starts its own throwaway PostgreSQL (Debian's
 # initdb/pg_ctl, as nobody when run as root; durable defaults: fsync and synchronous_commit on;
-# autovacuum wakes every second, not every minute: the tables grow from empty to thousands of rows
-# within a run, and the plans of prepared statements follow the statistics autovacuum's analyze
-# keeps, which a database in service has long had)
+# autovacuum at its default wake-up, a minute, unless NAPTIME says otherwise: a group's plans
+# are index lookups whatever the statistics, so they need not follow the tables' growth)
 # and three colloquy nodes (echo agent): one on sled, two on the database. Measures turns/s,
 # latency, errors, and CPU per turn of each process from /proc/PID/stat (utime + stime),
 # PostgreSQL's split by process kind (client backends, WAL writer, checkpointer, ...).
@@ -58,7 +57,7 @@ mkdir "$WORK/db"
 "${AS[@]}" "$PG_BIN/pg_ctl" -D "$WORK/db/data" -l "$WORK/db/log" -w -t 60 \
   -o "-p $DB_PORT -k $WORK/db -c listen_addresses=127.0.0.1 -c max_connections=200 \
       -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_planning=on \
-      -c autovacuum_naptime=1s \
+      -c autovacuum_naptime=${NAPTIME:-1min} \
       ${PG_SETTINGS:-}" \
   start >/dev/null
 psql() { "$PG_BIN/psql" -h 127.0.0.1 -p "$DB_PORT" -U postgres -d postgres -qAtX "$@"; }

@@ -7,9 +7,10 @@
 #   benches/pg_ab.sh OLD_BINARY NEW_BINARY          # 1 node, 3 rounds
 #   NODES=2 ROUNDS=5 benches/pg_ab.sh OLD NEW        # 2 nodes on the one database
 #   TOTAL=4096 CONVERSATIONS=64 benches/pg_ab.sh OLD NEW
+#   NAPTIME=1s benches/pg_ab.sh OLD NEW              # autovacuum every second (default: 1min)
 #
 # Builds nothing. Starts its own PostgreSQL per run (Debian's initdb/pg_ctl, as nobody when
-# run as root; durable defaults; autovacuum every second, as cluster_compare.sh). Keep the
+# run as root; durable defaults; autovacuum at its default, as cluster_compare.sh). Keep the
 # machine otherwise idle: a compile beside it (its disk writes slow every fsync) stalls runs.
 set -euo pipefail
 # The servers started here serve HTTP only (gRPC on, at its default port, would clash).
@@ -37,7 +38,7 @@ one_run() { # binary label -> one result line
   [ ${#AS[@]} -gt 0 ] && chown nobody "$work/db"
   "${AS[@]}" "$PG_BIN/initdb" -D "$work/db/data" -U postgres --auth=trust -E UTF8 --locale=C >/dev/null
   "${AS[@]}" "$PG_BIN/pg_ctl" -D "$work/db/data" -l "$work/db/log" -w -o "-p $PORT -k $work/db \
-    -c listen_addresses=127.0.0.1 -c max_connections=200 -c autovacuum_naptime=1s \
+    -c listen_addresses=127.0.0.1 -c max_connections=200 -c autovacuum_naptime=${NAPTIME:-1min} \
     -c shared_preload_libraries=pg_stat_statements" start >/dev/null
   psql() { "$PG_BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -qAtX "$@"; }
   psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null

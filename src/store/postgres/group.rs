@@ -60,6 +60,17 @@ pub(super) struct Group<S: Step> {
     queue: mpsc::UnboundedSender<Waiting<S>>,
 }
 
+/// Every statement of a group reaches each conversation's rows by its key: its plan is nested
+/// loops over index lookups, whatever the tables' statistics say. Left to them, a plan made
+/// while a table was nearly empty (a generic plan is kept until the next analyze) joins it
+/// whole by hash, and scans all of it at every group once it has grown.
+macro_rules! keyed_plans {
+    () => {
+        "SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; \
+         SET LOCAL enable_mergejoin = off"
+    };
+}
+
 /// Whether the database takes `plan_cache_mode` (PostgreSQL 12 and later; learnt at connect).
 /// A group's statement is then planned once per connection, not at each execution: left to
 /// choose, PostgreSQL plans it anew every time, because a plan for the group's own number of
@@ -207,8 +218,11 @@ async fn execute<S: Step>(database: &Database, steps: &[&S]) -> Result<Vec<Row>,
     let client = database.pool.get().await.map_err(Failure::Pool)?;
     let statement = client.prepare_cached(S::SQL).await?;
     let begin = match database.generic_plans.load(Ordering::Relaxed) {
-        true => "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan",
-        false => "BEGIN",
+        true => concat!(
+            "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; ",
+            keyed_plans!()
+        ),
+        false => concat!("BEGIN; ", keyed_plans!()),
     };
     let (began, rows, committed) = futures_util::join!(
         client.batch_execute(begin),

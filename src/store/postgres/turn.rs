@@ -23,10 +23,10 @@ use tokio_postgres::Row;
 /// step, keyed by the conversation. The window comes from the statement's snapshot (the main
 /// query does not see what its CTEs write): `seen_seq` (the conversation's `next_seq` in it)
 /// tells whether a turn ended between that snapshot and the take, and the window is then read
-/// again. The snapshot's row is a `LATERAL` lookup by key, but PostgreSQL may flatten it into a
-/// join planned by the table's statistics: on statistics from a nearly empty table that join
-/// reads the whole table (seen under autovacuum's default one-minute wake-up). Rows are taken
-/// in key order, as every group does, so two groups wait rather than deadlock where they can.
+/// again. The snapshot's row is a `LATERAL` lookup by key, which PostgreSQL may flatten into a
+/// join: the group's transaction keeps that join an index lookup per row (`keyed_plans` in
+/// `group.rs`). Rows are taken in key order, as every group does, so two groups wait rather
+/// than deadlock where they can.
 const START_SQL: &str = concat!(
     "WITH input AS (SELECT * FROM unnest($1::BYTEA[], $2::BYTEA[], $3::BYTEA[], \
          $4::BYTEA[], $5::TIMESTAMPTZ[], $6::BIGINT[], $7::BYTEA[], $8::FLOAT8[], $9::TEXT[], \
