@@ -6,14 +6,6 @@ use common::*;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
-async fn start_with_tokens() -> TestServer {
-    start_with(Arc::new(colloquy::agent::EchoAgent::default()), |c| {
-        c.auth.tokens.insert("alice".into(), "alice-secret".into());
-        c.auth.tokens.insert("bob".into(), "bob-secret".into());
-    })
-    .await
-}
-
 async fn call(
     server: &TestServer,
     token: Option<&str>,

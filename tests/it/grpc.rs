@@ -348,14 +348,7 @@ async fn errors_are_grpc_statuses_with_the_error_info_and_the_server_keeps_servi
 
 #[actix_rt::test]
 async fn the_same_auth_guards_grpc_and_the_card_lists_it() {
-    let server = start_with(
-        std::sync::Arc::new(colloquy::agent::EchoAgent::default()),
-        |c| {
-            c.auth.tokens.insert("alice".into(), "alice-secret".into());
-            c.auth.tokens.insert("bob".into(), "bob-secret".into());
-        },
-    )
-    .await;
+    let server = start_with_tokens().await;
     let mut grpc = client(&server).await;
     let anonymous = grpc
         .send_message(send_request("hi", "grpc-auth"))
@@ -604,13 +597,10 @@ async fn a_slow_reader_is_closed_with_subscriber_too_slow_not_skipped_ahead() {
 /// listen queue) until one closes, then is served.
 #[actix_rt::test]
 async fn connections_past_the_limit_wait_for_a_free_place() {
-    let server = start_with(
-        std::sync::Arc::new(colloquy::agent::EchoAgent::default()),
-        |c| {
-            c.limits.max_connections = 2;
-            c.workers = 2;
-        },
-    )
+    let server = start_echo_with(|c| {
+        c.limits.max_connections = 2;
+        c.workers = 2;
+    })
     .await;
     let lookup = || pb::GetTaskRequest {
         id: "none".into(),
@@ -644,7 +634,7 @@ async fn connections_past_the_limit_wait_for_a_free_place() {
 /// `limits.body_timeout_ms`, instead of holding the call forever; others are served meanwhile.
 #[actix_rt::test]
 async fn a_request_message_that_never_ends_gets_deadline_exceeded() {
-    let server = start_echo_with_body_timeout(500).await;
+    let server = start_echo_with(|c| c.limits.body_timeout_ms = 500).await;
     let addr = server.server.grpc_addr.expect("served");
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
@@ -702,12 +692,4 @@ async fn a_request_message_that_never_ends_gets_deadline_exceeded() {
     assert!(message.contains("body_timeout_ms"), "{message}");
     assert!(elapsed >= Duration::from_millis(450), "{elapsed:?}");
     server.stop().await;
-}
-
-async fn start_echo_with_body_timeout(millis: u64) -> TestServer {
-    start_with(
-        std::sync::Arc::new(colloquy::agent::EchoAgent::default()),
-        |c| c.limits.body_timeout_ms = millis,
-    )
-    .await
 }

@@ -273,14 +273,7 @@ async fn a_busy_context_and_the_other_errors_get_their_statuses() {
 
 #[actix_rt::test]
 async fn the_same_auth_guards_both_bindings_and_the_card_lists_both() {
-    let server = start_with(
-        std::sync::Arc::new(colloquy::agent::EchoAgent::default()),
-        |c| {
-            c.auth.tokens.insert("alice".into(), "alice-secret".into());
-            c.auth.tokens.insert("bob".into(), "bob-secret".into());
-        },
-    )
-    .await;
+    let server = start_with_tokens().await;
     let rest = Rest { server: &server };
     let response = server.client.get(rest.url("/tasks")).send().await.unwrap();
     assert_eq!(response.headers()["www-authenticate"], "Bearer");

@@ -58,7 +58,21 @@ pub async fn start_in(
 }
 
 pub async fn start_echo() -> TestServer {
-    start_with(Arc::new(EchoAgent::default()), |_| {}).await
+    start_echo_with(|_| {}).await
+}
+
+/// The echo agent with `tweak` applied to the test config.
+pub async fn start_echo_with(tweak: impl FnOnce(&mut Config)) -> TestServer {
+    start_with(Arc::new(EchoAgent::default()), tweak).await
+}
+
+/// The echo agent behind two principals' tokens: alice (`alice-secret`), bob (`bob-secret`).
+pub async fn start_with_tokens() -> TestServer {
+    start_echo_with(|c| {
+        c.auth.tokens.insert("alice".into(), "alice-secret".into());
+        c.auth.tokens.insert("bob".into(), "bob-secret".into());
+    })
+    .await
 }
 
 /// Set in a child process of this binary that runs one test alone (see [`rerun_alone`]).
