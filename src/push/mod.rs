@@ -12,6 +12,12 @@ use crate::model::PushConfig;
 use crate::store::{PushError, SharedPushStore};
 pub use target::{TargetError, TargetPolicy};
 
+/// The id of a config registered without one: the task's default config, which the next
+/// config registered without an id replaces (v0.2's one config per task, kept). So a client
+/// that sends its webhook with every turn of a task is notified once per event, not once per
+/// registration.
+pub const DEFAULT_CONFIG_ID: &str = "default";
+
 /// Why a config request was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ConfigError {
@@ -75,7 +81,8 @@ impl PushConfigs {
 
     /// The config of `principal`, refused while the principal has as many notifications
     /// pending as the cap, with its URL checked against the policy ([`TargetPolicy::check`]:
-    /// resolving its host now, if it resolves) and an id (fresh when it has none).
+    /// resolving its host now, if it resolves) and an id ([`DEFAULT_CONFIG_ID`] when it has
+    /// none).
     pub async fn checked(
         &self,
         principal: &str,
@@ -94,7 +101,7 @@ impl PushConfigs {
         }
         self.policy.check(&config.url).await?;
         if config.id.is_empty() {
-            config.id = uuid::Uuid::new_v4().to_string();
+            config.id = DEFAULT_CONFIG_ID.to_owned();
         }
         Ok(config)
     }

@@ -319,11 +319,16 @@ async fn configs_belong_to_the_tasks_principal_and_are_limited_per_task() {
     )
     .await;
     let task_id = task_of(&sent)["id"].as_str().unwrap().to_owned();
-    for _ in 0..2 {
+    let named = |id: &str| {
+        let mut config = v1_config(&task_id, HOOK);
+        config["id"] = json!(id);
+        config
+    };
+    for id in ["first", "second", "second"] {
         let created = call(
             "alice-secret",
             "CreateTaskPushNotificationConfig",
-            v1_config(&task_id, HOOK),
+            named(id),
         )
         .await;
         assert!(created.get("result").is_some(), "{created}");
@@ -331,7 +336,7 @@ async fn configs_belong_to_the_tasks_principal_and_are_limited_per_task() {
     let third = call(
         "alice-secret",
         "CreateTaskPushNotificationConfig",
-        v1_config(&task_id, HOOK),
+        named("third"),
     )
     .await;
     assert_eq!(third["error"]["code"], json!(-32602));
@@ -1642,7 +1647,7 @@ async fn a_host_that_does_not_resolve_is_accepted_and_a_forbidden_literal_is_not
         )
         .await;
     assert_eq!(created["result"]["url"], json!(UNRESOLVED), "{created}");
-    let rest = rest_create("", &v1_task, json!({"url": UNRESOLVED}))
+    let rest = rest_create("", &v1_task, json!({"id": "rest", "url": UNRESOLVED}))
         .await
         .expect("sent");
     assert_eq!(rest.status().as_u16(), 200, "HTTP+JSON v1.0");
@@ -1859,4 +1864,53 @@ async fn an_idle_worker_reads_nothing_between_attempts() {
     assert_eq!(receiver.all().len(), tasks, "nothing tried before its time");
     server.stop().await;
     receiver.stop().await;
+}
+
+/// A config registered without an id is the task's default config, id `default`: the next one
+/// registered without an id replaces it rather than adding a second webhook (so a client that
+/// sends its config with every turn is notified once per event), and v0.3's get names it so.
+#[actix_rt::test]
+async fn a_config_without_an_id_is_the_tasks_default_and_is_replaced() {
+    let server = start_allowing_loopback().await;
+    let task_id = new_task(&server, V1).await;
+    for url in [HOOK, "http://127.0.0.1:10/second"] {
+        let created = server
+            .rpc(
+                V1,
+                "CreateTaskPushNotificationConfig",
+                v1_config(&task_id, url),
+            )
+            .await;
+        assert_eq!(created["result"]["id"], json!("default"), "{created}");
+    }
+    let listed = listed_configs(&server, &task_id).await;
+    let configs = listed["result"]["configs"].as_array().expect("configs");
+    assert_eq!(configs.len(), 1, "{listed}");
+    assert_eq!(configs[0]["url"], json!("http://127.0.0.1:10/second"));
+
+    let v03_task = new_task(&server, V03).await;
+    let set = server
+        .rpc(
+            V03,
+            "tasks/pushNotificationConfig/set",
+            v03_config(&v03_task, HOOK),
+        )
+        .await;
+    assert_eq!(
+        set["result"]["pushNotificationConfig"]["id"],
+        json!("default")
+    );
+    let got = server
+        .rpc(
+            V03,
+            "tasks/pushNotificationConfig/get",
+            json!({"id": v03_task, "pushNotificationConfigId": "default"}),
+        )
+        .await;
+    assert_eq!(
+        got["result"]["pushNotificationConfig"]["url"],
+        json!(HOOK),
+        "{got}"
+    );
+    server.stop().await;
 }

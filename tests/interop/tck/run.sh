@@ -14,12 +14,18 @@
 #   COLLOQUY=BINARY                  # default: target/release/colloquy, built if missing
 #   TRANSPORTS_10="jsonrpc http_json grpc" LEVELS_10="must should"
 #   TRANSPORTS_03="jsonrpc rest"     CATEGORIES_03="mandatory capabilities"
-#   CARD_VERSIONS=1.0                # the card's versions (default: both, as colloquy serves it)
+#   CARD_VERSIONS_10=1.0             # the card's versions on the 1.0 line (default: 1.0)
+#   CARD_VERSIONS_03=                # ... on the 0.3 line (default: empty, both, as colloquy serves it)
 #   LOGS=DIR                         # each suite's full output (default: target/tck)
 #
 # The server runs the scenario agent beside this script (tests/interop/tck/scenario_agent.py),
 # which answers each TCK scenario as the TCK's feature files describe, keyed by messageId
 # prefix. The 0.3 line assumes a SUT whose other tasks wait for input; the agent does that there.
+#
+# The card: the 1.0 line checks it against the 1.0 schema, which allows no field of v0.3's, and
+# a card that speaks both versions (colloquy's default, as the official Python SDK's when it has a
+# v0.3 interface) must carry v0.3's `url`, `protocolVersion`, ...; so the 1.0 line runs against a
+# server whose card speaks 1.0 alone (`card.versions = "1.0"`), the 0.3 line against the default.
 #
 # gRPC (1.0 line only): when TRANSPORTS_10 names grpc, the 1.0 server also serves the gRPC binding
 # (--grpc-listen) on a second free loopback port; the TCK finds it in the card's supportedInterfaces
@@ -47,21 +53,22 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-# serve DEFAULT [grpc]: a fresh server on a free port, its agent's unmatched messages DEFAULT
-# ("complete" or "input-required"), with the gRPC binding on another free port if asked
-# (else none); sets PORT, GRPC_PORT (empty without gRPC) and SERVER.
+# serve DEFAULT VERSIONS [grpc]: a fresh server on a free port, its agent's unmatched messages
+# DEFAULT ("complete" or "input-required"), its card's versions VERSIONS (empty: both), with the
+# gRPC binding on another free port if asked (else none); sets PORT, GRPC_PORT (empty without
+# gRPC) and SERVER.
 serve() {
   [ -n "$SERVER" ] && { kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; }
   PORT=$(free_port)
   GRPC_PORT=""
   local grpc_listen=""
-  if [ "${2:-}" = grpc ]; then
+  if [ "${3:-}" = grpc ]; then
     GRPC_PORT=$(free_port)
     while [ "$GRPC_PORT" = "$PORT" ]; do GRPC_PORT=$(free_port); done
     grpc_listen="127.0.0.1:$GRPC_PORT"
   fi
   local versions=""
-  [ -n "${CARD_VERSIONS:-}" ] && versions="versions = \"$CARD_VERSIONS\""
+  [ -n "$2" ] && versions="versions = \"$2\""
   cat >"$WORK/colloquy.toml" <<EOF
 [agent]
 kind = "exec"
@@ -93,7 +100,7 @@ summary() { grep -E '^=* ?[0-9]+ (passed|failed|error).* in [0-9.]+s' "$1" | tai
 
 if [ -n "${A2A_TCK_V03:-}" ]; then
   python=${A2A_TCK_V03_PYTHON:-$A2A_TCK_V03/.venv/bin/python}
-  serve input-required
+  serve input-required "${CARD_VERSIONS_03:-}"
   for transport in ${TRANSPORTS_03:-jsonrpc rest}; do
     for category in ${CATEGORIES_03:-mandatory capabilities}; do
       log="$LOGS/v03-$category-$transport.txt"
@@ -109,8 +116,8 @@ if [ -n "${A2A_TCK:-}" ]; then
   python=${A2A_TCK_PYTHON:-$A2A_TCK/.venv/bin/python}
   transports_10=${TRANSPORTS_10:-jsonrpc http_json grpc}
   case " $transports_10 " in
-    *" grpc "*) serve complete grpc ;;
-    *) serve complete ;;
+    *" grpc "*) serve complete "${CARD_VERSIONS_10-1.0}" grpc ;;
+    *) serve complete "${CARD_VERSIONS_10-1.0}" ;;
   esac
   for transport in $transports_10; do
     for level in ${LEVELS_10:-must should}; do
