@@ -134,6 +134,31 @@ async fn starts_waiting_together(url: &str, group_steps: usize) -> usize {
     writers(url, &contexts).await
 }
 
+/// A node's starts and ends that wait together are one transaction: the end's reply and the
+/// starts' messages are written by the same one.
+#[actix_rt::test]
+async fn an_end_and_starts_that_wait_together_commit_in_one_transaction() {
+    let Some(url) = crate::common::pg::database("pg_turn::end_and_starts_together") else {
+        return;
+    };
+    let store = pg_store_grouping(&url, "a", 64);
+    let begun = store
+        .begin_turn(begin_request("alice", "ending", "question"))
+        .await
+        .expect("begins");
+    let (other, held) = hold_the_starts(&store, &url).await;
+    let contexts: Vec<String> = (0..4).map(|n| format!("starting-{n}")).collect();
+    let waiting = start_each(&store, &contexts);
+    let end = store.finish_turn(finish_request(&begun, Some("answer"), TaskState::Completed));
+    let end = tokio::spawn(end);
+    release(other, held, waiting).await;
+    end.await.expect("no panic").expect("ends");
+    let all: Vec<String> = contexts.iter().cloned().chain(["ending".into()]).collect();
+    // The ending conversation's first message was written by its own start, before.
+    assert_eq!(writers(&url, &all).await, 2);
+    assert_eq!(writers(&url, &contexts).await, 1);
+}
+
 #[actix_rt::test]
 async fn a_group_with_a_refused_step_commits_the_others() {
     let Some(url) = crate::common::pg::database("pg_turn::a_refused_step") else {

@@ -1,12 +1,12 @@
-//! Group commit for the one-trip turn steps (`turn.rs`): the starts (or ends) that wait at the
-//! same time go to the database as one statement over arrays, in one transaction. A durable
-//! commit costs the database about as much as the rows a turn writes (the WAL flush, the
-//! wake-ups, the executor's set-up), so sharing it among the turns that wait together is what
-//! brings the database's CPU per turn down as load grows; alone, a step is a group of one.
+//! Group commit for the one-trip turn steps (`turn.rs`): the starts and the ends that wait at
+//! the same time go to the database as one statement over arrays for each kind, both in one
+//! transaction. A durable commit costs the database about as much as the rows a turn writes
+//! (the WAL flush, the wake-ups, the executor's set-up), so sharing it among the turns that
+//! wait together is what brings the database's CPU per turn down as load grows; alone, a step
+//! is a group of one.
 //!
-//! One group of a kind is in flight at a time (`IN_FLIGHT`); the steps that arrive while it is
-//! wait and leave together as the next group, so groups grow with load and never wait for a
-//! timer. A group holds each conversation once (a node runs one turn per conversation at a
+//! One group is in flight at a time (`IN_FLIGHT`); the steps that arrive while it is wait and
+//! leave together as the next group, so groups grow with load and never wait for a timer. A group holds each conversation once (a node runs one turn per conversation at a
 //! time, but a step for a key already in the group goes in a later one, whatever sent it). A
 //! group the database refuses (a deadlock with another node's group, one step's conflict) is
 //! run again step by step, so each step gets its own answer; a connection lost mid-commit
@@ -21,7 +21,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-/// Groups of a kind in flight at once. One, as in a classic group commit: the steps that come
+/// Groups in flight at once. One, as in a classic group commit: the steps that come
 /// while it commits wait for it and leave together. Two halved the groups and cost the database
 /// a third more per turn (`benches/cluster_compare.sh`, docs/performance.md); the price of one
 /// is that a group waiting on a row lock (another node's turn of one of its conversations, held
@@ -55,9 +55,16 @@ struct Waiting<S> {
     answer: oneshot::Sender<Result<Row, Failure>>,
 }
 
-/// Where steps of one kind wait for their group.
-pub(super) struct Group<S: Step> {
-    queue: mpsc::UnboundedSender<Waiting<S>>,
+/// A step waiting for its group: a turn's start or its end.
+enum Pending<S, E> {
+    Start(Waiting<S>),
+    End(Waiting<E>),
+}
+
+/// Where a node's turn steps wait for their group: its starts (`S`) and its ends (`E`) go to
+/// the database together, in one transaction.
+pub(super) struct Group<S: Step, E: Step> {
+    queue: mpsc::UnboundedSender<Pending<S, E>>,
 }
 
 /// Every statement of a group reaches each conversation's rows by its key: its plan is nested
@@ -78,15 +85,15 @@ macro_rules! keyed_plans {
 /// about as much as running them.
 pub(super) type GenericPlans = Arc<AtomicBool>;
 
-impl<S: Step> Group<S> {
-    /// Starts the group's collector on `runtime`, for groups of at most `most` steps; it stops
-    /// when the group is dropped.
-    pub(super) fn start(
+impl<S: Step, E: Step> Group<S, E> {
+    /// Starts the group's collector on `runtime`, for groups of at most `most` steps of each
+    /// kind; it stops when the group is dropped.
+    pub(super) fn spawn(
         pool: Pool,
         most: usize,
         generic_plans: GenericPlans,
         runtime: &tokio::runtime::Handle,
-    ) -> Group<S> {
+    ) -> Group<S, E> {
         let (queue, waiting) = mpsc::unbounded_channel();
         let database = Database {
             pool,
@@ -96,11 +103,20 @@ impl<S: Step> Group<S> {
         Group { queue }
     }
 
-    /// Commits `step` with the steps waiting beside it: its row of the statement.
-    pub(super) async fn commit(&self, step: S) -> Result<Row, Failure> {
+    /// Commits a turn's start with the steps waiting beside it: its row of the statement.
+    pub(super) async fn start(&self, step: S) -> Result<Row, Failure> {
         let (answer, answered) = oneshot::channel();
         self.queue
-            .send(Waiting { step, answer })
+            .send(Pending::Start(Waiting { step, answer }))
+            .map_err(|_| closed())?;
+        answered.await.map_err(|_| closed())?
+    }
+
+    /// Commits a turn's end with the steps waiting beside it: its row of the statement.
+    pub(super) async fn end(&self, step: E) -> Result<Row, Failure> {
+        let (answer, answered) = oneshot::channel();
+        self.queue
+            .send(Pending::End(Waiting { step, answer }))
             .map_err(|_| closed())?;
         answered.await.map_err(|_| closed())?
     }
@@ -124,10 +140,10 @@ struct Database {
 }
 
 /// Takes the waiting steps as groups, one group in flight at a time.
-async fn collect<S: Step>(
+async fn collect<S: Step, E: Step>(
     database: Database,
     most: usize,
-    mut waiting: mpsc::UnboundedReceiver<Waiting<S>>,
+    mut waiting: mpsc::UnboundedReceiver<Pending<S, E>>,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = waiting.recv().await {
@@ -135,88 +151,126 @@ async fn collect<S: Step>(
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let mut group = vec![first];
-        while group.len() < most {
-            match waiting.try_recv() {
-                Ok(next) => group.push(next),
-                Err(_) => break,
+        let (mut starts, mut ends) = (Vec::new(), Vec::new());
+        let mut next = Some(first);
+        while let Some(pending) = next.take() {
+            match pending {
+                Pending::Start(start) => starts.push(start),
+                Pending::End(end) => ends.push(end),
+            }
+            if starts.len() < most && ends.len() < most {
+                next = waiting.try_recv().ok();
             }
         }
         let database = database.clone();
         tokio::spawn(async move {
-            for round in distinct_rounds(group) {
-                commit_round(&database, round).await;
+            let (mut starts, mut ends) = (distinct_rounds(starts), distinct_rounds(ends));
+            while !starts.is_empty() || !ends.is_empty() {
+                let (starts, ends) = (first_round(&mut starts), first_round(&mut ends));
+                commit_round(&database, starts, ends).await;
             }
             drop(slot);
         });
     }
 }
 
-/// The group split so that each round holds a conversation once, in arrival order.
-fn distinct_rounds<S: Step>(mut group: Vec<Waiting<S>>) -> Vec<Vec<Waiting<S>>> {
+/// The steps split so that each round holds a conversation once, in arrival order.
+fn distinct_rounds<S: Step>(mut steps: Vec<Waiting<S>>) -> Vec<Vec<Waiting<S>>> {
     let mut rounds = Vec::new();
-    while !group.is_empty() {
+    while !steps.is_empty() {
         let mut seen = HashSet::new();
-        let (round, later) = group
+        let (round, later) = steps
             .into_iter()
             .partition(|w| seen.insert(w.step.conversation().to_vec()));
         rounds.push(round);
-        group = later;
+        steps = later;
     }
     rounds
 }
 
-async fn commit_round<S: Step>(database: &Database, round: Vec<Waiting<S>>) {
-    let steps: Vec<&S> = round.iter().map(|w| &w.step).collect();
-    match execute::<S>(database, &steps).await {
-        Ok(mut rows) => {
-            for waiting in round {
-                let row = rows
-                    .iter()
-                    .position(|row| {
-                        row.try_get::<_, &[u8]>(0).ok() == Some(waiting.step.conversation())
-                    })
-                    .map(|at| rows.swap_remove(at))
-                    .ok_or_else(no_row);
-                let _ = waiting.answer.send(row);
-            }
+/// The next of `rounds` (none when all are taken).
+fn first_round<S>(rounds: &mut Vec<Vec<Waiting<S>>>) -> Vec<Waiting<S>> {
+    match rounds.is_empty() {
+        true => Vec::new(),
+        false => rounds.remove(0),
+    }
+}
+
+async fn commit_round<S: Step, E: Step>(
+    database: &Database,
+    starts: Vec<Waiting<S>>,
+    ends: Vec<Waiting<E>>,
+) {
+    let start_steps: Vec<&S> = starts.iter().map(|w| &w.step).collect();
+    let end_steps: Vec<&E> = ends.iter().map(|w| &w.step).collect();
+    match execute(database, &start_steps, &end_steps).await {
+        Ok((start_rows, end_rows)) => {
+            answer_by_conversation(starts, start_rows);
+            answer_by_conversation(ends, end_rows);
         }
-        Err(failure) if round.len() > 1 && failure.refused_with().is_some() => {
+        Err(failure) if starts.len() + ends.len() > 1 && failure.refused_with().is_some() => {
             // One step's conflict or a deadlock: each step alone gets its own answer.
-            let alone = round.into_iter().map(|waiting| async move {
-                let outcome = execute::<S>(database, &[&waiting.step]).await;
+            let starts = starts.into_iter().map(|waiting| async move {
+                let outcome = execute::<S, E>(database, &[&waiting.step], &[]).await;
                 let _ = waiting
                     .answer
-                    .send(outcome.and_then(|mut rows| rows.pop().ok_or_else(no_row)));
+                    .send(outcome.and_then(|(mut rows, _)| rows.pop().ok_or_else(no_row)));
             });
-            futures_util::future::join_all(alone).await;
+            let ends = ends.into_iter().map(|waiting| async move {
+                let outcome = execute::<S, E>(database, &[], &[&waiting.step]).await;
+                let _ = waiting
+                    .answer
+                    .send(outcome.and_then(|(_, mut rows)| rows.pop().ok_or_else(no_row)));
+            });
+            futures_util::future::join(
+                futures_util::future::join_all(starts),
+                futures_util::future::join_all(ends),
+            )
+            .await;
         }
         Err(failure) => {
-            let mut failures = failure.shared(round.len()).into_iter();
-            for waiting in round {
+            let mut failures = failure.shared(starts.len() + ends.len()).into_iter();
+            for answer in starts
+                .into_iter()
+                .map(|w| w.answer)
+                .chain(ends.into_iter().map(|w| w.answer))
+            {
                 if let Some(failure) = failures.next() {
-                    let _ = waiting.answer.send(Err(failure));
+                    let _ = answer.send(Err(failure));
                 }
             }
         }
     }
 }
 
-/// One transaction in one round trip: `BEGIN`, the statement and `COMMIT` leave together (each
-/// request goes out on its first poll, in order; the statement is prepared first, once per
-/// connection, so it does not wait for its parse). The first error is the outcome: a statement
-/// the database refused aborted the transaction, which `COMMIT` then rolls back.
-async fn execute<S: Step>(database: &Database, steps: &[&S]) -> Result<Vec<Row>, Failure> {
-    metrics::counter!("colloquy_store_groups_total", "step" => S::NAME).increment(1);
-    metrics::counter!("colloquy_store_grouped_steps_total", "step" => S::NAME)
-        .increment(steps.len() as u64);
-    let columns = S::columns(steps);
-    let params: Vec<&(dyn ToSql + Sync)> = columns
-        .iter()
-        .map(|column| column.as_ref() as &(dyn ToSql + Sync))
-        .collect();
+/// Each waiting step gets the row of its conversation.
+fn answer_by_conversation<S: Step>(round: Vec<Waiting<S>>, mut rows: Vec<Row>) {
+    for waiting in round {
+        let row = rows
+            .iter()
+            .position(|row| row.try_get::<_, &[u8]>(0).ok() == Some(waiting.step.conversation()))
+            .map(|at| rows.swap_remove(at))
+            .ok_or_else(no_row);
+        let _ = waiting.answer.send(row);
+    }
+}
+
+/// One transaction in one round trip: `BEGIN`, the ends' statement, the starts' and `COMMIT`
+/// leave together (each request goes out on its first poll, in order; the statements are
+/// prepared first, once per connection, so they do not wait for their parse). The ends go
+/// first, so a start never waits on a lease an end of the same transaction releases. The
+/// first error is the outcome: a statement the database refused aborted the transaction,
+/// which `COMMIT` then rolls back.
+async fn execute<S: Step, E: Step>(
+    database: &Database,
+    starts: &[&S],
+    ends: &[&E],
+) -> Result<(Vec<Row>, Vec<Row>), Failure> {
     let client = database.pool.get().await.map_err(Failure::Pool)?;
-    let statement = client.prepare_cached(S::SQL).await?;
+    let (start, end) = (
+        Statement::of(&client, starts).await?,
+        Statement::of(&client, ends).await?,
+    );
     let begin = match database.generic_plans.load(Ordering::Relaxed) {
         true => concat!(
             "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; ",
@@ -224,13 +278,54 @@ async fn execute<S: Step>(database: &Database, steps: &[&S]) -> Result<Vec<Row>,
         ),
         false => concat!("BEGIN; ", keyed_plans!()),
     };
-    let (began, rows, committed) = futures_util::join!(
+    let (began, ended, started, committed) = futures_util::join!(
         client.batch_execute(begin),
-        client.query(&statement, &params),
+        end.rows(&client),
+        start.rows(&client),
         client.batch_execute("COMMIT"),
     );
     began?;
-    let rows = rows?;
+    let ended = ended?;
+    let started = started?;
     committed?;
-    Ok(rows)
+    Ok((started, ended))
+}
+
+/// A group's statement for one kind of step, prepared, with its parameters; none without steps.
+struct Statement<'a> {
+    prepared: Option<tokio_postgres::Statement>,
+    columns: Vec<Column<'a>>,
+}
+
+impl<'a> Statement<'a> {
+    async fn of<S: Step>(
+        client: &deadpool_postgres::Client,
+        steps: &[&'a S],
+    ) -> Result<Statement<'a>, Failure> {
+        if steps.is_empty() {
+            return Ok(Statement {
+                prepared: None,
+                columns: Vec::new(),
+            });
+        }
+        metrics::counter!("colloquy_store_groups_total", "step" => S::NAME).increment(1);
+        metrics::counter!("colloquy_store_grouped_steps_total", "step" => S::NAME)
+            .increment(steps.len() as u64);
+        Ok(Statement {
+            prepared: Some(client.prepare_cached(S::SQL).await?),
+            columns: S::columns(steps),
+        })
+    }
+
+    async fn rows(&self, client: &deadpool_postgres::Client) -> Result<Vec<Row>, Failure> {
+        let Some(prepared) = &self.prepared else {
+            return Ok(Vec::new());
+        };
+        let params: Vec<&(dyn ToSql + Sync)> = self
+            .columns
+            .iter()
+            .map(|column| column.as_ref() as &(dyn ToSql + Sync))
+            .collect();
+        Ok(client.query(prepared, &params).await?)
+    }
 }

@@ -128,10 +128,9 @@ pub(crate) struct Ops {
     /// their end writes without reading it first (`turn.rs`).
     started:
         parking_lot::Mutex<std::collections::HashMap<(ConversationKey, u64), turn::StartedTurn>>,
-    /// Where the usual starts and ends wait to be committed together (`group.rs`).
     generic_plans: group::GenericPlans,
-    starts: group::Group<turn::StartStep>,
-    ends: group::Group<turn::EndStep>,
+    /// Where the usual starts and ends wait to be committed together (`group.rs`).
+    steps: group::Group<turn::StartStep, turn::EndStep>,
     /// Told when this node committed a status change that may have added notifications: its
     /// delivery worker need not wait for its next poll. Other nodes' notifications are found by
     /// polling. A one-trip turn step adds none (it runs only for tasks without push configs),
@@ -338,13 +337,7 @@ impl PgStore {
                 holder: parking_lot::RwLock::new(options.holder.clone()),
                 outbox_repaired: parking_lot::Mutex::new(std::time::Instant::now()),
                 started: parking_lot::Mutex::default(),
-                starts: group::Group::start(
-                    pool.clone(),
-                    options.group_steps,
-                    generic_plans.clone(),
-                    runtime.handle(),
-                ),
-                ends: group::Group::start(
+                steps: group::Group::spawn(
                     pool,
                     options.group_steps,
                     generic_plans.clone(),

@@ -234,7 +234,7 @@ impl Ops {
             record_suffix,
             window_len,
         };
-        let row = match self.starts.commit(step).await {
+        let row = match self.steps.start(step).await {
             Ok(row) => row,
             Err(failure) => {
                 // A lost connection leaves it unknown whether the commit was stored.
@@ -331,7 +331,7 @@ impl Ops {
             status_ms: status.timestamp.timestamp_millis().max(0),
             record: encode(&stored),
         };
-        let ended = match self.ends.commit(step).await {
+        let ended = match self.steps.end(step).await {
             Ok(row) => row.try_get::<_, i64>("ended")?,
             Err(failure) if failure.refused_with() == Some(PUSH_CONFIG_ADDED) => 0,
             Err(failure) => return Err(failure),
