@@ -12,7 +12,8 @@
 # Builds release (unless COLLOQUY names a binary); starts its own throwaway PostgreSQL (Debian's
 # initdb/pg_ctl, as nobody when run as root; durable defaults: fsync and synchronous_commit on;
 # autovacuum at its default wake-up, a minute, unless NAPTIME says otherwise: a group's plans
-# are index lookups whatever the statistics, so they need not follow the tables' growth)
+# are index lookups whatever the statistics, so they need not follow the tables' growth; WAL
+# segments recycled as in a database that has run a while, benches/pg_recycled_wal.sql)
 # and three colloquy nodes (echo agent): one on sled, two on the database. Measures turns/s,
 # latency, errors, and CPU per turn of each process from /proc/PID/stat (utime + stime),
 # PostgreSQL's split by process kind (client backends, WAL writer, checkpointer, ...).
@@ -57,11 +58,12 @@ mkdir "$WORK/db"
 "${AS[@]}" "$PG_BIN/pg_ctl" -D "$WORK/db/data" -l "$WORK/db/log" -w -t 60 \
   -o "-p $DB_PORT -k $WORK/db -c listen_addresses=127.0.0.1 -c max_connections=200 \
       -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_planning=on \
-      -c autovacuum_naptime=${NAPTIME:-1min} \
+      -c autovacuum_naptime=${NAPTIME:-1min} -c min_wal_size=1GB \
       ${PG_SETTINGS:-}" \
   start >/dev/null
 psql() { "$PG_BIN/psql" -h 127.0.0.1 -p "$DB_PORT" -U postgres -d postgres -qAtX "$@"; }
 psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+psql -f benches/pg_recycled_wal.sql >/dev/null
 DB_URL="postgres://postgres@127.0.0.1:$DB_PORT/postgres"
 if [ -n "${DB_DELAY_MS:-}" ]; then
   # The nodes reach the database through a proxy that delays each read by DB_DELAY_MS.

@@ -10,8 +10,9 @@
 #   NAPTIME=1s benches/pg_ab.sh OLD NEW              # autovacuum every second (default: 1min)
 #
 # Builds nothing. Starts its own PostgreSQL per run (Debian's initdb/pg_ctl, as nobody when
-# run as root; durable defaults; autovacuum at its default, as cluster_compare.sh). Keep the
-# machine otherwise idle: a compile beside it (its disk writes slow every fsync) stalls runs.
+# run as root; durable defaults; autovacuum at its default and WAL segments recycled, as
+# cluster_compare.sh). Keep the machine otherwise idle: a compile beside it (its disk writes
+# slow every fsync) stalls runs.
 set -euo pipefail
 # The servers started here serve HTTP only (gRPC on, at its default port, would clash).
 export COLLOQUY_GRPC_LISTEN="${COLLOQUY_GRPC_LISTEN-}"
@@ -39,9 +40,10 @@ one_run() { # binary label -> one result line
   "${AS[@]}" "$PG_BIN/initdb" -D "$work/db/data" -U postgres --auth=trust -E UTF8 --locale=C >/dev/null
   "${AS[@]}" "$PG_BIN/pg_ctl" -D "$work/db/data" -l "$work/db/log" -w -o "-p $PORT -k $work/db \
     -c listen_addresses=127.0.0.1 -c max_connections=200 -c autovacuum_naptime=${NAPTIME:-1min} \
-    -c shared_preload_libraries=pg_stat_statements" start >/dev/null
+    -c min_wal_size=1GB -c shared_preload_libraries=pg_stat_statements" start >/dev/null
   psql() { "$PG_BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -qAtX "$@"; }
   psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
+  psql -f benches/pg_recycled_wal.sql >/dev/null
   for i in $(seq 1 "$NODES"); do
     COLLOQUY_STORE__URL="postgres://postgres@127.0.0.1:$PORT/postgres" "$bin" serve \
       --listen "127.0.0.1:$((PORT - i))" --data "$work/node$i" --log-format json 2>"$work/node$i.log" &
