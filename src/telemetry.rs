@@ -122,7 +122,7 @@ const SERIES: &[Series] = &[
     series("colloquy_store_pool_waiting", Kind::Gauge, None, "requests waiting for a PostgreSQL connection"),
     series("colloquy_leases_taken_total", Kind::Counter, None, "conversation leases this node took in a shared database (turns started)"),
     series("colloquy_store_general_turn_steps_total", Kind::Counter, None, "turn starts and ends a shared database took several round trips for (a continued task, push configs, an expired lease)"),
-    series("colloquy_store_groups_total", Kind::Counter, None, "transactions a shared database committed turn starts or ends in, by step (start, end): each holds the steps that waited together"),
+    series("colloquy_store_groups_total", Kind::Counter, None, "group statements a shared database ran, by step (start, end): each holds the steps of that kind that waited together, and a group's transaction holds its starts' and its ends'"),
     series("colloquy_store_grouped_steps_total", Kind::Counter, None, "turn starts or ends committed in groups, by step; divided by colloquy_store_groups_total, the mean group"),
     series("colloquy_leases_expired_total", Kind::Counter, None, "expired leases of stopped nodes whose tasks this node failed"),
     series("colloquy_forwarded_requests_total", Kind::Counter, None, "requests passed on to the node that runs their task"),
