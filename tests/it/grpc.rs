@@ -318,8 +318,8 @@ async fn errors_are_grpc_statuses_with_the_error_info_and_the_server_keeps_servi
         .send_message(send_request(&"x".repeat(100 * 1024), "grpc-invalid"))
         .await
         .expect_err("over limits.body_bytes");
-    // tonic's own refusal, before anything is decoded.
-    assert_eq!(oversize.code(), Code::OutOfRange, "{oversize:?}");
+    // Refused before anything is decoded, with gRPC's code for a message over the limit.
+    assert_eq!(oversize.code(), Code::ResourceExhausted, "{oversize:?}");
     assert!(oversize.message().contains("65536"), "{oversize:?}");
     let mut old = Request::new(send_request("hi", "grpc-invalid"));
     old.metadata_mut()

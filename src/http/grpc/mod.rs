@@ -8,6 +8,7 @@
 mod deadline;
 mod forwarded;
 mod limit;
+mod oversize;
 mod service;
 mod status;
 
@@ -101,6 +102,7 @@ pub fn serve(
             .max_connection_age(CONNECTION_AGE)
             .max_connection_age_grace(CONNECTION_AGE_GRACE)
             .layer(request_deadline)
+            .layer(oversize::OversizeExhausts)
             .add_service(service)
             .serve_with_incoming_shutdown(limit::accept(listener, max_connections), async {
                 let _ = stopped.await;
