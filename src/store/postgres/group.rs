@@ -105,19 +105,22 @@ impl<S: Step, E: Step> Group<S, E> {
 
     /// Commits a turn's start with the steps waiting beside it: its row of the statement.
     pub(super) async fn start(&self, step: S) -> Result<Row, Failure> {
-        let (answer, answered) = oneshot::channel();
-        self.queue
-            .send(Pending::Start(Waiting { step, answer }))
-            .map_err(|_| closed())?;
-        answered.await.map_err(|_| closed())?
+        self.commit(|answer| Pending::Start(Waiting { step, answer }))
+            .await
     }
 
     /// Commits a turn's end with the steps waiting beside it: its row of the statement.
     pub(super) async fn end(&self, step: E) -> Result<Row, Failure> {
+        self.commit(|answer| Pending::End(Waiting { step, answer }))
+            .await
+    }
+
+    async fn commit(
+        &self,
+        pending: impl FnOnce(oneshot::Sender<Result<Row, Failure>>) -> Pending<S, E>,
+    ) -> Result<Row, Failure> {
         let (answer, answered) = oneshot::channel();
-        self.queue
-            .send(Pending::End(Waiting { step, answer }))
-            .map_err(|_| closed())?;
+        self.queue.send(pending(answer)).map_err(|_| closed())?;
         answered.await.map_err(|_| closed())?
     }
 }
