@@ -27,33 +27,49 @@ pub fn json_name(proto_name: &str) -> String {
     name
 }
 
-fn child_path(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{path}.{key}")
+/// Where a value sits, formatted only when an error names it: building every field's path as
+/// a string was most of this pass's cost on a request that has nothing to rename.
+#[derive(Clone, Copy)]
+enum Path<'a> {
+    Root(&'a str),
+    Field(&'a Path<'a>, &'a str),
+    Item(&'a Path<'a>, usize),
+}
+
+impl std::fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Path::Root(root) => f.write_str(root),
+            Path::Field(Path::Root(""), key) => f.write_str(key),
+            Path::Field(parent, key) => write!(f, "{parent}.{key}"),
+            Path::Item(parent, index) => write!(f, "{parent}[{index}]"),
+        }
     }
 }
 
 /// Rewrites every field given under its proto name to its JSON name, in `value` and the objects
 /// within it. A field given both ways is an error naming it.
 pub fn to_json_names(value: &mut Value, path: &str) -> FieldResult<()> {
+    rename_within(value, Path::Root(path))
+}
+
+/// [`to_json_names`] for a params object.
+pub fn object_to_json_names(map: &mut Map<String, Value>) -> FieldResult<()> {
+    rename_fields(map, Path::Root(""))
+}
+
+fn rename_within(value: &mut Value, path: Path<'_>) -> FieldResult<()> {
     match value {
         Value::Object(map) => rename_fields(map, path),
         Value::Array(items) => items
             .iter_mut()
             .enumerate()
-            .try_for_each(|(i, item)| to_json_names(item, &format!("{path}[{i}]"))),
+            .try_for_each(|(i, item)| rename_within(item, Path::Item(&path, i))),
         _ => Ok(()),
     }
 }
 
-/// [`to_json_names`] for a params object.
-pub fn object_to_json_names(map: &mut Map<String, Value>) -> FieldResult<()> {
-    rename_fields(map, "")
-}
-
-fn rename_fields(map: &mut Map<String, Value>, path: &str) -> FieldResult<()> {
+fn rename_fields(map: &mut Map<String, Value>, path: Path<'_>) -> FieldResult<()> {
     let proto_names: Vec<String> = map.keys().filter(|k| k.contains('_')).cloned().collect();
     for proto_name in proto_names {
         let name = json_name(&proto_name);
@@ -62,7 +78,7 @@ fn rename_fields(map: &mut Map<String, Value>, path: &str) -> FieldResult<()> {
         }
         if map.contains_key(&name) {
             return Err(field_error(
-                child_path(path, &name),
+                Path::Field(&path, &name).to_string(),
                 format!("given twice, as {name} and as {proto_name}; send one"),
             ));
         }
@@ -72,7 +88,7 @@ fn rename_fields(map: &mut Map<String, Value>, path: &str) -> FieldResult<()> {
     }
     for (key, field) in map.iter_mut() {
         if !FREE_FORM.contains(&key.as_str()) {
-            to_json_names(field, &child_path(path, key))?;
+            rename_within(field, Path::Field(&path, key))?;
         }
     }
     Ok(())
@@ -116,5 +132,15 @@ mod tests {
         let error = to_json_names(&mut value, "").unwrap_err();
         assert_eq!(error.path, "message.contextId");
         assert!(error.problem.contains("context_id"), "{error}");
+    }
+
+    #[test]
+    fn an_error_names_the_path_through_items_and_from_the_root_given() {
+        let mut value = json!({"parts": [{}, {"media_type": "a", "mediaType": "b"}]});
+        let error = to_json_names(&mut value, "result").unwrap_err();
+        assert_eq!(error.path, "result.parts[1].mediaType");
+        let mut value = json!([{}, {"context_id": "a", "contextId": "b"}]);
+        let error = to_json_names(&mut value, "").unwrap_err();
+        assert_eq!(error.path, "[1].contextId");
     }
 }
