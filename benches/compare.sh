@@ -133,24 +133,24 @@ print(f"{'conv':>6} {'server':<9} {'turns/s':>9} {'ratio':>6} {'p50 ms':>8} {'p9
 by = {}
 for r in rows:
     by.setdefault(r['conversations'], []).append(r)
+def runs_of(rs, name):
+    """One server's runs at one level, in round order."""
+    return [r for r in rs if r['name'] == name]
 for c, rs in sorted(by.items()):
-    base = [r for r in rs if r['name'] == 'baseline']
+    base = runs_of(rs, 'baseline')
     for r in rs:
         # Ratio against the baseline run next to it (same round).
-        idx = [x for x in rs if x['name'] == r['name']].index(r)
+        idx = runs_of(rs, r['name']).index(r)
         b = base[idx] if idx < len(base) else None
         ratio = r['turns_per_s'] / b['turns_per_s'] if b and b['turns_per_s'] else float('nan')
         l = r['latency_ms']
         errs = ",".join(f"{k}={v}" for k, v in r['errors'].items()) or "0"
         print(f"{c:>6} {r['name']:<9} {r['turns_per_s']:>9.0f} {ratio:>6.2f} {l['p50']:>8.2f} {l['p90']:>7.2f} {l['p99']:>7.2f} {l['p999']:>7.2f} {l['max']:>7.1f} {1e6 * r['server_cpu_s'] / max(r['turns_ok'], 1):>11.0f} {str(r['turns_ok'])+'/'+str(r['turns_sent']):>13} {errs}")
 # colloquy's turns/s over the SDK peer's, each pair from the same round; the median when several.
-def nth(rs, name, i):
-    xs = [r for r in rs if r['name'] == name]
-    return xs[i] if i < len(xs) else None
 lines = []
 for c, rs in sorted(by.items()):
-    pairs = [(nth(rs, 'colloquy', i), nth(rs, 'rust-sdk', i)) for i in range(len(rs))]
-    ratios = [a['turns_per_s'] / b['turns_per_s'] for a, b in pairs if a and b and b['turns_per_s']]
+    pairs = zip(runs_of(rs, 'colloquy'), runs_of(rs, 'rust-sdk'))
+    ratios = [a['turns_per_s'] / b['turns_per_s'] for a, b in pairs if b['turns_per_s']]
     if ratios:
         line = f"{c:>6} colloquy / rust-sdk: {statistics.median(ratios):.2f}x"
         if len(ratios) > 1:

@@ -90,6 +90,11 @@ impl AgentExecutor for Echo {
     }
 }
 
+fn usage() -> ! {
+    eprintln!("usage: sdk_echo --listen HOST:PORT [--workers N]");
+    std::process::exit(2);
+}
+
 fn main() -> std::io::Result<()> {
     let mut listen = String::from("127.0.0.1:18092");
     let mut workers = 2;
@@ -97,13 +102,11 @@ fn main() -> std::io::Result<()> {
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
             ("--listen", Some(addr)) => listen = addr,
-            ("--workers", Some(n)) if n.parse::<usize>().is_ok_and(|n| n > 0) => {
-                workers = n.parse().unwrap_or(workers)
-            }
-            _ => {
-                eprintln!("usage: sdk_echo --listen HOST:PORT [--workers N]");
-                std::process::exit(2);
-            }
+            ("--workers", Some(n)) => match n.parse::<usize>() {
+                Ok(n) if n > 0 => workers = n,
+                _ => usage(),
+            },
+            _ => usage(),
         }
     }
     tokio::runtime::Builder::new_multi_thread()
