@@ -6,7 +6,7 @@
 use crate::agent::{A2aAgent, AgentBuildError, EchoAgent, ExecAgent, OpenAiAgent, SharedAgent};
 use crate::config::{Config, StoreConfig};
 use crate::engine::MessageLimits;
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::{Engine, EngineConfig, WindowLimits};
 use crate::error::chain;
 use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
@@ -439,6 +439,10 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         max_resident: resident_limit(&config.contexts, crate::container::memory_limit()),
         response_bytes: config.limits.response_bytes,
         lease: lease_duration(config),
+        window: WindowLimits {
+            keep: Duration::from_secs(config.contexts.history_cache_secs),
+            bytes: usize::try_from(config.contexts.history_cache_bytes).unwrap_or(usize::MAX),
+        },
     }
 }
 
@@ -597,6 +601,7 @@ mod tests {
         let mapped = engine_config(&Config::default());
         let defaults = EngineConfig::default();
         assert_eq!(mapped.response_bytes, defaults.response_bytes);
+        assert_eq!(mapped.window, defaults.window);
         assert_eq!(mapped.history.limit, defaults.history.limit);
         assert_eq!(mapped.history.max_chars, defaults.history.max_chars);
         assert_eq!(mapped.idle_timeout, defaults.idle_timeout);

@@ -223,15 +223,23 @@ pub struct ContextsConfig {
     /// Memory for resident conversations, in bytes (about 4 KiB each); 0 = a quarter of the
     /// container's memory limit when there is one (cgroup), else no bound but `max_resident`.
     pub max_resident_bytes: u64,
+    /// A conversation's actor keeps the history window of its last turn this many seconds, so
+    /// that a next turn in a conversation no one else wrote to reads no history from the store.
+    pub history_cache_secs: u64,
+    /// Memory for those windows, all together, in bytes (estimated); 0 keeps none.
+    pub history_cache_bytes: u64,
 }
 
 impl Default for ContextsConfig {
     fn default() -> Self {
+        // The engine's defaults too (`engine::WindowLimits`; `app`'s tests hold them equal).
         ContextsConfig {
             idle_timeout_secs: 30,
             arbiters: 0,
             max_resident: 1_000_000,
             max_resident_bytes: 0,
+            history_cache_secs: 10,
+            history_cache_bytes: 64 * 1024 * 1024,
         }
     }
 }

@@ -83,6 +83,7 @@ const TASKS: &str = "colloquy_tasks_total";
 const AGENT_SECONDS: &str = "colloquy_agent_seconds";
 const AGENT_ERRORS: &str = "colloquy_agent_errors_total";
 const PUSH_REFUSED: &str = "colloquy_push_refused_total";
+const HISTORY_WINDOWS: &str = "colloquy_history_windows_total";
 
 /// Series with labels; [`register_series`] registers their label values known at start.
 const LABELLED: &[&str] = &[
@@ -92,6 +93,7 @@ const LABELLED: &[&str] = &[
     AGENT_SECONDS,
     AGENT_ERRORS,
     PUSH_REFUSED,
+    HISTORY_WINDOWS,
 ];
 
 const SECONDS: Option<Unit> = Some(Unit::Seconds);
@@ -129,6 +131,8 @@ const SERIES: &[Series] = &[
     series("colloquy_leases_lost_total", Kind::Counter, None, "turns stopped because their lease could not be renewed"),
     series("colloquy_history_render_seconds", Kind::Histogram, SECONDS, "history load and render latency"),
     series("colloquy_history_messages_rendered_total", Kind::Counter, None, "earlier messages rendered into prompts"),
+    series(HISTORY_WINDOWS, Kind::Counter, None, "turns by where their history window came from: memory (the window the conversation's actor kept) or store"),
+    series("colloquy_history_cache_bytes", Kind::Gauge, BYTES, "history windows kept by conversation actors between turns (estimated)"),
     series("colloquy_sse_streams", Kind::Gauge, None, "live SSE streams"),
     series("colloquy_grpc_streams", Kind::Gauge, None, "live gRPC streams (SendStreamingMessage, SubscribeToTask)"),
     series("colloquy_auth_failures_total", Kind::Counter, None, "requests refused for a missing or wrong token"),
@@ -185,5 +189,8 @@ pub fn register_series(backend: &'static str) {
     }
     metrics::counter!(AGENT_ERRORS, "backend" => backend).increment(0);
     metrics::counter!(PUSH_REFUSED, "reason" => "pending_limit").increment(0);
+    for source in ["memory", "store"] {
+        metrics::counter!(HISTORY_WINDOWS, "source" => source).increment(0);
+    }
     drop(metrics::histogram!(AGENT_SECONDS, "backend" => backend));
 }

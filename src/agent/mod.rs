@@ -29,7 +29,7 @@ pub struct AgentRequest {
     pub task_id: String,
     pub message: Message,
     /// Earlier messages of this conversation, oldest first, within the history limit.
-    pub history: Vec<HistoryEntry>,
+    pub history: Arc<Vec<HistoryEntry>>,
     /// The guarded history block followed by the current text.
     pub prompt: String,
     /// This message's turn number in the conversation (1 for the first).

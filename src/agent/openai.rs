@@ -243,7 +243,7 @@ pub fn chat_messages(
     if !request.history.is_empty() {
         messages.push(json!({"role": "system", "content": HISTORY_NOTE}));
     }
-    for entry in &request.history {
+    for entry in request.history.iter() {
         let role = match entry.role {
             Role::User => "user",
             Role::Agent => "assistant",

@@ -1,6 +1,7 @@
 //! `ContextActor`: one per live conversation. Its mailbox orders what happens to the
 //! conversation: a turn claims it (a second is refused while one runs), a cancel reaches the
-//! running turn, a delete waits for none to run. It stops when idle (its state lives on disk).
+//! running turn, a delete waits for none to run. It stops when idle (its state lives on disk;
+//! the history window it keeps between turns, `window.rs`, only spares the store a read).
 //!
 //! The turn itself runs in a task of its own on the actor's arbiter ([`turn::run`]), holding the
 //! conversation's [`Slot`] until it ends, so the mailbox stays free for cancels meanwhile.
@@ -9,6 +10,7 @@ use super::drive::StopReason;
 use super::error::{EngineError, EngineResult};
 use super::shared::{Permit, Shared};
 use super::turn::{self, Answer, AnswerWhen, Slot, Stopping, Turn, TurnRequest};
+use super::window::KeptWindow;
 use crate::model::{Message, Task};
 use crate::store::ConversationKey;
 use actix::prelude::*;
@@ -78,6 +80,10 @@ pub struct ContextActor {
     slot: Slot,
     on_stop: Option<OnStop>,
     last_activity: Instant,
+    /// The history window the last turn left (see `window.rs`).
+    window: KeptWindow,
+    /// A check that drops the window once unused is scheduled.
+    window_check: bool,
 }
 
 impl ContextActor {
@@ -96,7 +102,24 @@ impl ContextActor {
             slot: Slot::default(),
             on_stop: Some(on_stop),
             last_activity: Instant::now(),
+            window: KeptWindow::default(),
+            window_check: false,
         }
+    }
+
+    /// Drops the kept window once unused for `contexts.history_cache_secs`: checks again while
+    /// a turn runs (it leaves a new one) or the window is younger.
+    fn schedule_window_check(&mut self, ctx: &mut Context<Self>, after: Duration) {
+        self.window_check = true;
+        ctx.run_later(after, |act, ctx| {
+            act.window_check = false;
+            let keep = act.shared.config.window.keep;
+            match act.window.expire(keep) {
+                Some(left) => act.schedule_window_check(ctx, left),
+                None if act.slot.occupant().is_some() => act.schedule_window_check(ctx, keep),
+                None => {}
+            }
+        });
     }
 
     fn schedule_idle_check(&self, ctx: &mut Context<Self>, after: Duration) {
@@ -165,6 +188,7 @@ impl ContextActor {
                 When::Finished => AnswerWhen::Finished,
             },
             answer,
+            window: self.window.clone(),
         };
         let turn = Turn::new(self.shared.clone(), claim, permit);
         actix_rt::spawn(turn::run(turn, request).instrument(span));
@@ -191,9 +215,12 @@ impl Actor for ContextActor {
 impl Handler<StartTurn> for ContextActor {
     type Result = ResponseFuture<EngineResult<Answer>>;
 
-    fn handle(&mut self, start: StartTurn, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, start: StartTurn, ctx: &mut Context<Self>) -> Self::Result {
         self.last_activity = Instant::now();
         let started = self.start(start);
+        if started.is_ok() && !self.window_check && self.shared.config.window.bytes > 0 {
+            self.schedule_window_check(ctx, self.shared.config.window.keep);
+        }
         Box::pin(async move {
             started?
                 .await
@@ -227,6 +254,7 @@ impl Handler<DeleteConversation> for ContextActor {
         }
         // Hold the conversation so no turn starts while the delete runs.
         let claim = self.slot.claim("(deleting)", None);
+        self.window.forget();
         let deleted = self.shared.store.delete_conversation(self.key);
         Box::pin(async move {
             let deleted = deleted.await;

@@ -14,12 +14,14 @@ mod readiness;
 mod shared;
 mod turn;
 mod validate;
+mod window;
 
 pub use drive::StopReason;
 pub use error::{EngineError, EngineResult};
 pub use hub::{StreamItem, Subscription, TaskHub};
 pub use shared::{DEFAULT_RESPONSE_BYTES, EngineConfig, Shared, TaskRegistry};
 pub use validate::{MessageLimits, ValidMessage, check_context_id, check_sizes};
+pub use window::WindowLimits;
 
 use crate::agent::SharedAgent;
 use crate::error::chain;
@@ -53,6 +55,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             store,
             agent,
+            windows: window::WindowBudget::new(config.window.bytes),
             config,
             live: TaskRegistry::default(),
             running: AtomicUsize::new(0),

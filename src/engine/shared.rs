@@ -4,6 +4,7 @@
 use super::error::{EngineError, EngineResult};
 use super::hub::TaskHub;
 use super::validate::MessageLimits;
+use super::window::{WindowBudget, WindowLimits};
 use crate::agent::SharedAgent;
 use crate::history::HistoryLimits;
 use crate::store::SharedStore;
@@ -36,6 +37,8 @@ pub struct EngineConfig {
     /// How long a turn's lease on its conversation lasts unless renewed: the turn renews it
     /// every third of this, and stops its agent if it cannot for this long.
     pub lease: Duration,
+    /// How the history windows actors keep between turns are bounded.
+    pub window: WindowLimits,
 }
 
 /// The default of [`EngineConfig::response_bytes`].
@@ -54,6 +57,7 @@ impl Default for EngineConfig {
             max_resident: 1_000_000,
             response_bytes: DEFAULT_RESPONSE_BYTES,
             lease: Duration::from_secs(30),
+            window: WindowLimits::default(),
         }
     }
 }
@@ -100,6 +104,8 @@ pub struct Shared {
     pub(super) running: AtomicUsize,
     pub(super) shutting_down: AtomicBool,
     pub(super) readiness: super::readiness::Readiness,
+    /// What the actors' kept history windows hold together.
+    pub(super) windows: Arc<WindowBudget>,
 }
 
 impl Shared {

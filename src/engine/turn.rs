@@ -9,11 +9,12 @@ use super::drive::{Drive, StopReason, TurnOutcome, drive};
 use super::error::{EngineError, EngineResult};
 use super::hub::{Subscription, TaskHub};
 use super::shared::{Permit, Shared};
+use super::window::{KeptWindow, Window};
 use crate::agent::AgentRequest;
 use crate::error::chain;
 use crate::history::{HistoryEntry, render_prompt};
 use crate::model::{Artifact, Message, Role, SendResult, Task, TaskState, TaskStatus, now};
-use crate::store::{BeginTurn, FinishTurn, Lease, TurnBegun};
+use crate::store::{BeginTurn, ConversationMark, FinishTurn, Lease, TurnBegun};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Instant;
@@ -156,6 +157,8 @@ pub(super) struct TurnRequest {
     pub stop: oneshot::Receiver<StopReason>,
     pub when: AnswerWhen,
     pub answer: oneshot::Sender<EngineResult<Answer>>,
+    /// The window the conversation's actor keeps: taken at the start, left again at the end.
+    pub window: KeptWindow,
 }
 
 /// Everything about one running turn; see the module's documentation.
@@ -262,9 +265,11 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
         stop,
         when,
         answer,
+        window,
     } = request;
     let shared = turn.shared.clone();
     let limits = shared.config.history;
+    let kept = window.take();
     let begin = BeginTurn {
         principal: principal.to_string(),
         context_id: context_id.to_string(),
@@ -273,12 +278,13 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
         continuing,
         new_context,
         history_limit: limits.limit,
+        known: kept.as_ref().map(|kept| kept.mark),
         push_configs,
     };
-    let begun = match shared.store.begin_turn(begin).await {
+    let (begun, history) = match begin_turn(&shared, begin, kept).await {
         Ok(begun) => begun,
         Err(e) => {
-            let _ = answer.send(Err(e.into()));
+            let _ = answer.send(Err(e));
             return;
         }
     };
@@ -297,7 +303,7 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
         AnswerWhen::Finished => Some(answer),
     };
     let (context_id, task_id) = (begun.task.context_id.clone(), begun.task.id.clone());
-    let request = agent_request(&begun, limits);
+    let request = agent_request(&begun, history.clone(), limits);
     let outcome = drive(
         &shared.agent,
         request,
@@ -311,9 +317,21 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
         },
     )
     .await;
+    let mark = begun.mark;
+    let message = begun.task.history.last().cloned();
     let (result, end) = conclude(begun, outcome, hub.artifacts(), hub.reply_text());
+    let reply = end.reply.clone();
     let result = match shared.store.finish_turn(end).await {
-        Ok(()) => result,
+        Ok(()) => {
+            let stored = ConversationMark {
+                next_seq: mark.next_seq + u64::from(reply.is_some()),
+                ..mark
+            };
+            if let Some(message) = &message {
+                window.keep_after(&shared, history, message, reply.as_ref(), stored);
+            }
+            result
+        }
         Err(e) => {
             tracing::error!(error = %chain(&e), %context_id, %task_id, "could not store the end of a turn");
             unstored(&hub, &e.to_string())
@@ -325,14 +343,43 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
     }
 }
 
+/// Stores the turn's start; returns it with the history window, the one the actor kept when
+/// the store says it is current (then the store read none).
+async fn begin_turn(
+    shared: &Shared,
+    begin: BeginTurn,
+    kept: Option<Window>,
+) -> EngineResult<(TurnBegun, Arc<Vec<HistoryEntry>>)> {
+    let begun = shared.store.begin_turn(begin).await?;
+    let history = match (&begun.recent, kept) {
+        (Some(recent), _) => recent.iter().map(HistoryEntry::from).collect(),
+        (None, Some(kept)) => kept.entries,
+        (None, None) => {
+            return Err(EngineError::Internal(
+                "the store found a history window current that no one kept".into(),
+            ));
+        }
+    };
+    let source = if begun.recent.is_some() {
+        "store"
+    } else {
+        "memory"
+    };
+    metrics::counter!("colloquy_history_windows_total", "source" => source).increment(1);
+    Ok((begun, Arc::new(history)))
+}
+
 /// What the agent gets: the caller's message, the recent history and the guarded prompt.
-fn agent_request(begun: &TurnBegun, limits: crate::history::HistoryLimits) -> AgentRequest {
+fn agent_request(
+    begun: &TurnBegun,
+    history: Arc<Vec<HistoryEntry>>,
+    limits: crate::history::HistoryLimits,
+) -> AgentRequest {
     let render_started = Instant::now();
     let message =
         begun.task.history.last().cloned().unwrap_or_else(|| {
             Message::agent_text("", &begun.task.context_id, Some(&begun.task.id))
         });
-    let history: Vec<HistoryEntry> = begun.recent.iter().map(HistoryEntry::from).collect();
     let prompt = render_prompt(&history, &message.text(), limits);
     metrics::histogram!("colloquy_history_render_seconds").record(render_started.elapsed());
     metrics::counter!("colloquy_history_messages_rendered_total").increment(history.len() as u64);

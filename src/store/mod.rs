@@ -250,6 +250,10 @@ pub struct BeginTurn {
     pub new_context: bool,
     /// How many of the conversation's latest messages to return for the agent's history.
     pub history_limit: usize,
+    /// Where the conversation stood when the caller last saw it, if the caller kept the
+    /// history window of then: a conversation still there is read no further (see
+    /// [`TurnBegun::recent`]).
+    pub known: Option<ConversationMark>,
     /// Push-notification configs of the task, stored with the start (their task id is set
     /// here). A send registers one at most.
     pub push_configs: Vec<crate::model::PushConfig>,
@@ -275,11 +279,27 @@ pub struct TurnBegun {
     pub lease: Lease,
     /// The task as stored, working, with its history (the caller's message last).
     pub task: Task,
-    /// The conversation's latest messages before this one, oldest first.
-    pub recent: Vec<Message>,
+    /// The conversation's latest messages before this one, oldest first; None when the
+    /// conversation stood at [`BeginTurn::known`] before this take (no one wrote to it since
+    /// the caller saw it, so the caller's window is the stored one) and nothing was read.
+    pub recent: Option<Vec<Message>>,
+    /// Where the conversation stands once the caller's message is stored.
+    pub mark: ConversationMark,
     /// This message's turn number in the conversation (1 for the first).
     pub turn: u64,
     pub agent_state: Option<serde_json::Value>,
+}
+
+/// Where a conversation stands: the token of its latest take and its next sequence number.
+/// Every write to a conversation's messages moves one of them (a take moves the token, the
+/// holder's own writes `next_seq`), and a new conversation's token starts at a random value
+/// ([`ConversationMeta::new`]), so a deleted and recreated conversation does not reach a mark
+/// its predecessor had: a turn that finds its conversation at the mark its caller remembers
+/// knows no other writer came between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConversationMark {
+    pub token: u64,
+    pub next_seq: u64,
 }
 
 /// What ending a turn stores.
@@ -327,7 +347,7 @@ impl ConversationMeta {
             turns: 0,
             next_seq: 0,
             running_task: None,
-            token: 0,
+            token: first_token(),
             agent_state: None,
         }
     }
@@ -335,6 +355,20 @@ impl ConversationMeta {
     pub fn key(&self) -> ConversationKey {
         ConversationKey::new(&self.principal, &self.context_id)
     }
+
+    pub fn mark(&self) -> ConversationMark {
+        ConversationMark {
+            token: self.token,
+            next_seq: self.next_seq,
+        }
+    }
+}
+
+/// The token a new conversation starts at: random below 2^52 (so that every take's
+/// increment stays far from overflow in a signed 64-bit column), for [`ConversationMark`].
+pub fn first_token() -> u64 {
+    let random = uuid::Uuid::new_v4().as_u64_pair().0;
+    (random >> 12).max(1)
 }
 
 /// Everything stored about one conversation, to move it between stores.

@@ -4,7 +4,7 @@
 //! on the test process's throwaway PostgreSQL (`common::pg`); without PostgreSQL they skip.
 
 use crate::common;
-use crate::store_conformance::{begin_request, finish_request};
+use crate::store_conformance::{begin_request, finish_request, recent_texts};
 
 use colloquy::model::{TaskState, TaskStatus};
 use colloquy::store::postgres::{ABANDONED_TASK_TEXT, PgOptions, PgStore};
@@ -128,15 +128,15 @@ async fn expired_lease_taken_over_and_old_holder_fenced(url: &str) {
     ))
     .await
     .unwrap();
-    let recent: Vec<String> = b
+    let third = b
         .begin_turn(begin_request("p", "c", "third"))
         .await
-        .unwrap()
-        .recent
-        .iter()
-        .map(colloquy::model::Message::text)
-        .collect();
-    assert_eq!(recent, ["on a", "on b", "from b"], "no late reply from a");
+        .unwrap();
+    assert_eq!(
+        recent_texts(&third),
+        ["on a", "on b", "from b"],
+        "no late reply from a"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,6 +265,34 @@ async fn continues_across_nodes(url: &str) {
     let (listed_a, listed_b) = (task_ids(&a, "shared").await, task_ids(&b, "shared").await);
     assert_eq!(listed_a.len(), 3);
     assert_eq!(listed_a, listed_b);
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Node A keeps the history window of its turn; a conversation deleted and recreated through
+/// node B, with as many turns, is still read from the database on A's next turn.
+#[actix_rt::test]
+async fn a_conversation_recreated_on_another_node_is_read_afresh() {
+    let Some(url) = pg::database("cluster::recreated_on_another_node") else {
+        return;
+    };
+    let a = node(&url, 30).await;
+    let b = node(&url, 30).await;
+    a.send_text(V1, "one", Some("again"), None).await;
+    let deleted = b
+        .rpc(
+            V1,
+            "colloquy/deleteConversation",
+            json!({"contextId": "again"}),
+        )
+        .await;
+    assert_eq!(deleted["result"]["deleted"], json!(true), "{deleted}");
+    b.send_text(V1, "fresh", Some("again"), None).await;
+    let after = a.send_text(V1, "after", Some("again"), None).await;
+    assert_eq!(
+        reply_of(&after),
+        "echo: after (turn 2; previously: \"fresh\")"
+    );
     a.stop().await;
     b.stop().await;
 }

@@ -278,6 +278,102 @@ impl colloquy::agent::Agent for PromptEcho {
     }
 }
 
+/// Replies with its prompt; `fail` fails and `ask: Q` asks Q (input required).
+struct PromptOrScript;
+
+impl colloquy::agent::Agent for PromptOrScript {
+    fn kind(&self) -> &'static str {
+        "prompt-or-script"
+    }
+    fn description(&self) -> String {
+        String::new()
+    }
+    fn run(
+        &self,
+        request: colloquy::agent::AgentRequest,
+        sink: colloquy::agent::AgentSink,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
+        use colloquy::agent::{AgentError, AgentEvent};
+        Box::pin(async move {
+            let text = request.message.text();
+            if text == "fail" {
+                return Err(AgentError::Failed("scripted failure".into()));
+            }
+            if let Some(question) = text.strip_prefix("ask: ") {
+                let state = TaskState::InputRequired;
+                let text = Some(question.to_owned());
+                return sink.send(AgentEvent::Status { state, text }).await;
+            }
+            sink.text(request.prompt).await
+        })
+    }
+}
+
+/// The window an actor keeps between turns is exactly what the store holds: through failed
+/// turns, questions, answers by task id, a window cut to the history limit, and windows that
+/// expire between turns, every prompt is the one the stored messages make.
+#[actix_rt::test]
+async fn the_kept_history_window_is_the_stored_one() {
+    use colloquy::history::{HistoryEntry, HistoryLimits, render_prompt};
+    let dir = tempfile::tempdir().unwrap();
+    let limits = HistoryLimits {
+        limit: 3,
+        ..HistoryLimits::default()
+    };
+    let config = EngineConfig {
+        history: limits,
+        window: colloquy::engine::WindowLimits {
+            keep: Duration::from_millis(100),
+            ..Default::default()
+        },
+        ..EngineConfig::default()
+    };
+    let engine = engine_in(dir.path(), Arc::new(PromptOrScript), config);
+    let texts = [
+        "one",
+        "two",
+        "fail",
+        "three",
+        "ask: which?",
+        "answer",
+        "four",
+        "five",
+        "six",
+    ];
+    let mut asked = None;
+    for (n, text) in texts.into_iter().enumerate() {
+        if n % 4 == 3 {
+            // Past the kept window's life: this turn reads the store.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        let before: Vec<HistoryEntry> = stored(&engine, "kept")
+            .await
+            .iter()
+            .map(HistoryEntry::from)
+            .collect();
+        let mut message = user(text, Some("kept"));
+        message.task_id = if text == "answer" { asked.take() } else { None };
+        let hub = engine
+            .send(ANONYMOUS, valid(&engine, message).unwrap())
+            .await
+            .unwrap();
+        let Some(SendResult::Task(task)) = hub.wait_final().await else {
+            panic!("a task");
+        };
+        match text {
+            "fail" => assert_eq!(task.status.state, TaskState::Failed),
+            "ask: which?" => asked = Some(task.id.clone()),
+            _ => assert_eq!(
+                reply_text(&task),
+                render_prompt(&before, text, limits),
+                "turn {n}: {text}"
+            ),
+        }
+    }
+    assert_eq!(stored(&engine, "kept").await.len(), 17);
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
 #[actix_rt::test]
 async fn evicted_contexts_continue_and_racing_messages_are_served() {
     let dir = tempfile::tempdir().unwrap();

@@ -136,7 +136,30 @@ async fn metrics_count_exactly_the_workload() {
             assert!(name.ends_with("_total"), "{name}");
         }
     }
+    let windows = |scrape: &prometheus_parse::Scrape, source: &str| {
+        value_of(
+            scrape,
+            "colloquy_history_windows_total",
+            &[("source", source)],
+        )
+    };
+    assert_eq!(windows(&scrape, "store"), 6.0, "every first turn reads");
+    assert_eq!(windows(&scrape, "memory"), 0.0);
+    let kept = value_of(&scrape, "colloquy_history_cache_bytes", &[]);
+    assert!(kept > 0.0, "the windows of six conversations: {kept}");
+    server.send_text(V1, "again", Some("q0"), None).await;
+    let scrape = scrape_metrics(&server).await;
+    assert_eq!(
+        windows(&scrape, "memory"),
+        1.0,
+        "the window q0's actor kept"
+    );
+    assert_eq!(windows(&scrape, "store"), 6.0);
     server.stop().await;
+}
+
+async fn scrape_metrics(server: &TestServer) -> prometheus_parse::Scrape {
+    scrape(&server.client, &format!("{}metrics", server.url)).await
 }
 
 /// Prometheus text from `url`.

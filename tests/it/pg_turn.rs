@@ -4,7 +4,7 @@
 //! connection of its own, lets the store's statement wait on it, then commits.
 
 use crate::push_store::{pg_store, pg_store_grouping};
-use crate::store_conformance::{begin_request, finish_request, store_turn};
+use crate::store_conformance::{begin_request, finish_request, recent_texts, store_turn};
 use colloquy::model::{Message, PushConfig, TaskState};
 use colloquy::store::{ConversationKey, ConversationStore, PushStore};
 use std::time::Duration;
@@ -222,8 +222,7 @@ async fn a_start_sees_the_reply_committed_while_it_waited() {
     tokio::time::sleep(WAIT).await;
     other.batch_execute("COMMIT").await.expect("commits");
     let second = second.await.expect("no panic").expect("begins");
-    let recent: Vec<String> = second.recent.iter().map(Message::text).collect();
-    assert_eq!(recent, ["first", "committed late"]);
+    assert_eq!(recent_texts(&second), ["first", "committed late"]);
 }
 
 #[actix_rt::test]

@@ -6,8 +6,8 @@ use colloquy::model::{Message, Part, Role, TaskState, TaskStatus};
 use colloquy::store::embedded::EmbeddedStore;
 use colloquy::store::postgres::{PgOptions, PgStore};
 use colloquy::store::{
-    BeginTurn, ConversationKey, ConversationRecords, ConversationStore, FinishTurn, MessagesFrom,
-    SharedStore, StoreError, TaskQuery, TurnBegun,
+    BeginTurn, ConversationKey, ConversationMark, ConversationRecords, ConversationStore,
+    FinishTurn, MessagesFrom, SharedStore, StoreError, TaskQuery, TurnBegun,
 };
 use std::sync::Arc;
 
@@ -108,8 +108,15 @@ pub fn begin_request(principal: &str, context_id: &str, text: &str) -> BeginTurn
         continuing: false,
         new_context: false,
         history_limit: 200,
+        known: None,
         push_configs: Vec::new(),
     }
+}
+
+/// The texts of the history window a start read (it must have read one).
+pub fn recent_texts(begun: &TurnBegun) -> Vec<String> {
+    let recent = begun.recent.as_ref().expect("the window was read");
+    recent.iter().map(Message::text).collect()
 }
 
 pub fn finish_request(begun: &TurnBegun, reply: Option<&str>, state: TaskState) -> FinishTurn {
@@ -159,7 +166,10 @@ pub async fn begin_and_finish_store_exactly_their_records(f: Fixture) {
         .await
         .unwrap();
     assert_eq!(begun.turn, 1);
-    assert!(begun.recent.is_empty(), "a new conversation has no history");
+    assert!(
+        recent_texts(&begun).is_empty(),
+        "a new conversation has no history"
+    );
     assert_eq!(begun.task.status.state, TaskState::Working);
     let stored = store.task("p", &begun.task.id).await.unwrap().unwrap();
     assert_eq!(stored.status.state, TaskState::Working);
@@ -185,8 +195,11 @@ pub async fn begin_and_finish_store_exactly_their_records(f: Fixture) {
         .await
         .unwrap();
     assert_eq!(second.turn, 2);
-    let recent: Vec<String> = second.recent.iter().map(Message::text).collect();
-    assert_eq!(recent, ["hello", "hi"], "the history before this message");
+    assert_eq!(
+        recent_texts(&second),
+        ["hello", "hi"],
+        "the history before this message"
+    );
     assert!(
         second.lease.token > begun.lease.token,
         "each take moves the token"
@@ -275,6 +288,61 @@ pub async fn a_stale_token_is_refused(f: Fixture) {
     assert_eq!(first_task.status.state, TaskState::Completed, "untouched");
 }
 
+/// A start that knows where the conversation stood reads no window while it still stands
+/// there; any other writer since (a turn without the mark, a delete and a new conversation
+/// with as many turns) makes it read.
+pub async fn a_known_mark_spares_the_window_until_someone_else_writes(f: Fixture) {
+    let store = &f.store;
+    let first = store_turn(&**store, "p", "kept", "one", Some("reply one")).await;
+    let left_at = ConversationMark {
+        next_seq: first.mark.next_seq + 1,
+        ..first.mark
+    };
+    assert_eq!(left_at.token, first.lease.token);
+    let mut knowing = begin_request("p", "kept", "two");
+    knowing.known = Some(left_at);
+    let second = store.begin_turn(knowing).await.unwrap();
+    assert!(second.recent.is_none(), "nothing read at the known mark");
+    assert_eq!(second.mark.next_seq, left_at.next_seq + 1);
+    assert_eq!(second.mark.token, second.lease.token);
+    store
+        .finish_turn(finish_request(
+            &second,
+            Some("reply two"),
+            TaskState::Completed,
+        ))
+        .await
+        .unwrap();
+
+    let mut behind = begin_request("p", "kept", "three");
+    behind.known = Some(left_at);
+    let third = store.begin_turn(behind).await.unwrap();
+    assert_eq!(
+        recent_texts(&third),
+        ["one", "reply one", "two", "reply two"],
+        "another turn wrote since the mark"
+    );
+    store
+        .finish_turn(finish_request(&third, None, TaskState::Completed))
+        .await
+        .unwrap();
+
+    let key = ConversationKey::new("p", "kept");
+    assert!(store.delete_conversation(key).await.unwrap());
+    let again = store_turn(&**store, "p", "kept", "new one", Some("new reply")).await;
+    let mut recreated = begin_request("p", "kept", "after");
+    recreated.known = Some(ConversationMark {
+        next_seq: again.mark.next_seq + 1,
+        ..first.mark
+    });
+    let after = store.begin_turn(recreated).await.unwrap();
+    assert_eq!(
+        recent_texts(&after),
+        ["new one", "new reply"],
+        "a recreated conversation never reaches its predecessor's mark"
+    );
+}
+
 pub async fn history_windows_and_message_pages(f: Fixture) {
     let store = &f.store;
     for i in 0..10 {
@@ -284,8 +352,11 @@ pub async fn history_windows_and_message_pages(f: Fixture) {
     let mut request = begin_request("p", "long", "m20");
     request.history_limit = 3;
     let begun = store.begin_turn(request).await.unwrap();
-    let recent: Vec<String> = begun.recent.iter().map(Message::text).collect();
-    assert_eq!(recent, ["m17", "m18", "m19"], "the last n, oldest first");
+    assert_eq!(
+        recent_texts(&begun),
+        ["m17", "m18", "m19"],
+        "the last n, oldest first"
+    );
     store
         .finish_turn(finish_request(&begun, None, TaskState::Completed))
         .await
@@ -603,6 +674,7 @@ macro_rules! conformance {
                 a_held_conversation_refuses_a_second_turn_and_stores_nothing,
                 a_stale_token_is_refused,
                 history_windows_and_message_pages,
+                a_known_mark_spares_the_window_until_someone_else_writes,
                 listings_page_newest_first_each_once,
                 principals_and_look_alike_ids_stay_apart,
                 waiting_tasks_continue_and_cancel,

@@ -72,15 +72,17 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
         }
         fail_interrupted_task(records, &running, &mut batch)?;
     }
-    // A conversation never stored has no messages to read.
+    // A conversation never stored has no messages to read; one where the caller saw it last
+    // has the window the caller kept.
     let recent = match &stored {
-        Some(stored) => records.recent_messages(
+        Some(stored) if turn.known == Some(stored.meta.mark()) => None,
+        Some(stored) => Some(records.recent_messages(
             &place,
             &turn.context_id,
             stored.meta.next_seq,
             turn.history_limit,
-        )?,
-        None => Vec::new(),
+        )?),
+        None => Some(Vec::new()),
     };
     let (mut record, previous) = if turn.continuing {
         let record = owned_task(records, &turn.principal, &turn.task_id)?;
@@ -118,7 +120,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
         &turn.principal,
         &turn.push_configs,
     )?;
-    let token = meta.token;
+    let mark = meta.mark();
     let turns = meta.turns;
     let agent_state = meta.agent_state.clone();
     batch.put_conversation(&keys, &conversation, stored.as_ref().map(|s| &s.meta));
@@ -129,7 +131,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     task.history.push(turn.message);
     records.apply(batch)?;
     let live_turn = LiveTurn {
-        token,
+        token: mark.token,
         keys,
         conversation,
         record,
@@ -139,10 +141,11 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
         lease: Lease {
             key,
             task_id: turn.task_id,
-            token,
+            token: mark.token,
         },
         task,
-        recent: recent.into_iter().map(|(_, m)| m).collect(),
+        recent: recent.map(|recent| recent.into_iter().map(|(_, m)| m).collect()),
+        mark,
         turn: turns,
         agent_state,
     })

@@ -45,7 +45,7 @@ pub(super) use take_sql;
 
 /// The general path's take: a free conversation, or one whose holder's lease expired.
 const TAKE_SQL: &str = take_sql!(
-    "VALUES ($1, $2, $3, $4, $5, $5, $6, 1, 1, 1, $7, \
+    "VALUES ($1, $2, $3, $4, $5, $5, $6, 1, 1, $10, $7, \
          now() + $8::FLOAT8 * INTERVAL '1 second', $9, NULL)",
     "colloquy_conversations.running_task IS NULL \
      OR colloquy_conversations.lease_expires <= now()"
@@ -258,7 +258,7 @@ impl Ops {
             }
             return Err(e.into());
         }
-        Ok(self.begun(turn, key, taken, stored, task, recent))
+        Ok(self.begun(turn, key, taken, stored, task, Some(recent)))
     }
 
     /// The lease itself ([`TAKE_SQL`]).
@@ -865,7 +865,7 @@ impl Taken {
     }
 }
 
-/// The values of `take_sql!`'s `$1`-`$9` for a turn.
+/// The values of `take_sql!`'s `$1`-`$10` for a turn.
 pub(super) struct TakeValues {
     pub(super) key: Vec<u8>,
     pub(super) principal_key: Vec<u8>,
@@ -876,6 +876,8 @@ pub(super) struct TakeValues {
     pub(super) task_id: Vec<u8>,
     pub(super) lease_secs: f64,
     pub(super) holder: String,
+    /// The token if the take creates the conversation ([`crate::store::first_token`]).
+    pub(super) first_token: i64,
 }
 
 impl TakeValues {
@@ -891,6 +893,7 @@ impl TakeValues {
             task_id: turn.task_id.as_bytes().to_vec(),
             lease_secs: ops.lease_secs,
             holder: ops.holder.read().clone(),
+            first_token: crate::store::first_token() as i64,
         }
     }
 
@@ -905,6 +908,7 @@ impl TakeValues {
             &self.task_id,
             &self.lease_secs,
             &self.holder,
+            &self.first_token,
         ]
     }
 }

@@ -14,7 +14,9 @@ use super::group::{Column, Step, column};
 use super::ops::{StoredTask, TakeValues, Taken, decode, encode, take_sql};
 use super::{Failure, Ops, failover};
 use crate::model::{Message, Task, TaskState, TaskStatus};
-use crate::store::{BeginTurn, ConversationKey, FinishTurn, Lease, StoreError, TurnBegun};
+use crate::store::{
+    BeginTurn, ConversationKey, ConversationMark, FinishTurn, Lease, StoreError, TurnBegun,
+};
 use tokio_postgres::Row;
 
 /// Takes each free conversation of the group (no holder at all: an expired lease goes the
@@ -30,12 +32,13 @@ use tokio_postgres::Row;
 const START_SQL: &str = concat!(
     "WITH input AS (SELECT * FROM unnest($1::BYTEA[], $2::BYTEA[], $3::BYTEA[], \
          $4::BYTEA[], $5::TIMESTAMPTZ[], $6::BIGINT[], $7::BYTEA[], $8::FLOAT8[], $9::TEXT[], \
-         $10::TEXT[], $11::SMALLINT[], $12::BIGINT[], $13::TEXT[], $14::TEXT[], $15::BIGINT[]) \
+         $10::TEXT[], $11::SMALLINT[], $12::BIGINT[], $13::TEXT[], $14::TEXT[], $15::BIGINT[], $16::BIGINT[]) \
          AS i(conv_key, principal_key, principal, context_id, at, at_ms, task_id, lease_secs, \
-             holder, message, state, status_ms, record_prefix, record_suffix, window_len)), \
+             holder, message, state, status_ms, record_prefix, record_suffix, window_len, \
+             first_token)), \
      taken AS (",
     take_sql!(
-        "SELECT conv_key, principal_key, principal, context_id, at, at, at_ms, 1, 1, 1, \
+        "SELECT conv_key, principal_key, principal, context_id, at, at, at_ms, 1, 1, first_token, \
              task_id, now() + lease_secs * INTERVAL '1 second', holder, NULL::TEXT \
          FROM input ORDER BY conv_key",
         "colloquy_conversations.running_task IS NULL"
@@ -137,6 +140,7 @@ impl Step for StartStep {
             column(steps, |s| s.record_prefix.as_str()),
             column(steps, |s| s.record_suffix),
             column(steps, |s| s.window_len),
+            column(steps, |s| s.take.first_token),
         ]
     }
 }
@@ -224,6 +228,9 @@ impl Ops {
             return Ok(None);
         };
         let window_len = turn.history_limit.min(i64::MAX as usize) as i64;
+        // A caller that kept the window reads none (the usual case: an empty array), and only
+        // if the conversation moved meanwhile, after the take.
+        let read_len = if turn.known.is_some() { 0 } else { window_len };
         let status = &stored.task.status;
         let step = StartStep {
             take: TakeValues::of(self, turn, &key),
@@ -232,7 +239,7 @@ impl Ops {
             status_ms: status.timestamp.timestamp_millis().max(0),
             record_prefix,
             record_suffix,
-            window_len,
+            window_len: read_len,
         };
         let row = match self.steps.start(step).await {
             Ok(row) => row,
@@ -250,15 +257,24 @@ impl Ops {
         };
         let seq = taken.next_seq - 1;
         let seen_seq: Option<i64> = row.try_get("seen_seq")?;
-        let recent = if seen_seq.unwrap_or(0) as u64 == seq {
+        let before = ConversationMark {
+            token: taken.token.wrapping_sub(1),
+            next_seq: seq,
+        };
+        let recent = if turn.known == Some(before) {
+            None
+        } else if turn.known.is_none() && seen_seq.unwrap_or(0) as u64 == seq {
             let bodies: Vec<String> = row.try_get("recent")?;
-            bodies
-                .iter()
-                .map(|body| decode(body))
-                .collect::<Result<_, _>>()?
+            Some(
+                bodies
+                    .iter()
+                    .map(|body| decode(body))
+                    .collect::<Result<_, _>>()?,
+            )
         } else {
-            // A turn ended after the snapshot: its messages are committed, read them now.
-            window_before(&self.client().await?, &key, seq, window_len).await?
+            // A turn ended after the snapshot (its messages are committed), or the caller's
+            // window is not current: read it now.
+            Some(window_before(&self.client().await?, &key, seq, window_len).await?)
         };
         stored.history_seqs.push(seq);
         let mut task = stored.task.clone();
@@ -274,7 +290,7 @@ impl Ops {
         taken: Taken,
         stored: StoredTask,
         task: Task,
-        recent: Vec<Message>,
+        recent: Option<Vec<Message>>,
     ) -> TurnBegun {
         let started = StartedTurn {
             stored,
@@ -290,6 +306,10 @@ impl Ops {
             },
             task,
             recent,
+            mark: ConversationMark {
+                token: taken.token,
+                next_seq: taken.next_seq,
+            },
             turn: taken.turns,
             agent_state: taken.agent_state,
         }
