@@ -31,7 +31,7 @@ load() { # conversations-in-total
 stop() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
 
 PHASES=${PHASES:-"live evict"}
-START=0; AFTER=0; RESIDENT=; PER=0
+START=0; AFTER=0; WINDOWS=0; WINDOW_BYTES=; RESIDENT=; PER=0
 if [[ " $PHASES " == *" live "* ]]; then
 echo "== live idle conversations (idle timeout 3600 s)" >&2
 serve "$WORK/d1" 3600
@@ -40,6 +40,11 @@ sleep 2
 START=$(rss_kb $PID)
 R=$(load "$N"); echo "$R" | jq -c '{turns_ok, turns_per_s, error_total}' >&2
 sleep 3
+WINDOWS=$(rss_kb $PID)
+WINDOW_BYTES=$(metric $PORT colloquy_history_cache_bytes)
+# Idle: the history windows the actors kept are dropped contexts.history_cache_secs (10) after
+# their turn, and jemalloc hands freed pages back within its 10 s decay.
+sleep "${SETTLE:-20}"
 AFTER=$(rss_kb $PID)
 RESIDENT=$(metric $PORT colloquy_contexts_resident)
 stop
@@ -69,10 +74,11 @@ stop
 cat <<T
 
 memory, N=$N idle conversations (one turn each), $C in flight while creating them
-  live:    RSS before ${START} KiB, after ${AFTER} KiB, resident actors ${RESIDENT:-?}
-           per conversation: ${PER} bytes (target <= 4096)
+  live:    RSS before ${START} KiB, 3 s after the load ${WINDOWS} KiB (history windows kept:
+           ${WINDOW_BYTES:-?} bytes), idle ${SETTLE:-20} s later ${AFTER} KiB, resident actors ${RESIDENT:-?}
+           per idle conversation: ${PER} bytes (target <= 4096)
   evicted: floor ${FLOOR} KiB, right after load ${PEAK} KiB (resident ${PEAK_RES:-?}),
            $((IDLE + 10)) s later ${EVICTED} KiB (resident ${EVICTED_RES:-?});
            after malloc_trim(0) (via gdb, diagnostic only): ${TRIMMED} KiB
 T
-echo "{\"n\":$N,\"rss_before_kb\":$START,\"rss_after_kb\":$AFTER,\"bytes_per_conversation\":$PER,\"floor_kb\":$FLOOR,\"peak_kb\":$PEAK,\"evicted_kb\":$EVICTED}"
+echo "{\"n\":$N,\"rss_before_kb\":$START,\"rss_windows_kb\":$WINDOWS,\"rss_after_kb\":$AFTER,\"bytes_per_conversation\":$PER,\"floor_kb\":$FLOOR,\"peak_kb\":$PEAK,\"evicted_kb\":$EVICTED}"

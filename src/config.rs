@@ -211,8 +211,8 @@ impl Default for HistoryConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct ContextsConfig {
     /// A conversation's actor stops after this many idle seconds (its state stays on disk).
-    /// An idle actor holds nothing the store does not (every turn reads its conversation from
-    /// the store) and starting one costs microseconds, while a large idle population costs
+    /// An idle actor holds nothing the store does not (at most its last turn's history window,
+    /// which only spares a read) and starting one costs microseconds, while a large idle population costs
     /// memory and turns/s (docs/performance.md, "Design decisions": fc6df1a, 2026-12-01): hence
     /// a short default.
     pub idle_timeout_secs: u64,

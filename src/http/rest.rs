@@ -329,7 +329,7 @@ async fn serve(
                     rest03::result_to_v03(&mut result);
                 }
             }
-            HttpResponse::Ok().json(result)
+            super::json_ok(&result)
         }
         Ok(Reply::Stream(stream)) => {
             let framing = match dialect {
