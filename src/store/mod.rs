@@ -367,8 +367,7 @@ impl ConversationMeta {
 /// The token a new conversation starts at: random below 2^52 (so that every take's
 /// increment stays far from overflow in a signed 64-bit column), for [`ConversationMark`].
 pub fn first_token() -> u64 {
-    let random = uuid::Uuid::new_v4().as_u64_pair().0;
-    (random >> 12).max(1)
+    (rand::random::<u64>() >> 12).max(1)
 }
 
 /// Everything stored about one conversation, to move it between stores.
