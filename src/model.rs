@@ -23,7 +23,78 @@ pub fn now() -> DateTime<Utc> {
 
 /// ISO 8601 UTC with milliseconds and a `Z`, as A2A wants.
 pub fn format_time(t: &DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+    match rfc3339(t, SecondsFormat::Millis) {
+        Some((bytes, len)) => String::from_utf8_lossy(&bytes[..len]).into_owned(),
+        None => t.to_rfc3339_opts(SecondsFormat::Millis, true),
+    }
+}
+
+/// Serializes a timestamp as chrono does (RFC 3339, `Z`, as many fraction digits as it needs:
+/// none, 3, 6 or 9), without chrono's formatting machinery, which wrote each character through
+/// the JSON escaper (a few thousand instructions a timestamp, several timestamps a turn).
+fn serialize_time<S: serde::Serializer>(
+    t: &DateTime<Utc>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match rfc3339(t, SecondsFormat::AutoSi) {
+        Some((bytes, len)) => {
+            serializer.serialize_str(std::str::from_utf8(&bytes[..len]).unwrap_or_default())
+        }
+        None => t.serialize(serializer),
+    }
+}
+
+fn serialize_optional_time<S: serde::Serializer>(
+    t: &Option<DateTime<Utc>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => serialize_time(t, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// `t` as `to_rfc3339_opts(format, true)` writes it, for years 0 to 9999 outside leap seconds
+/// (None otherwise: the caller asks chrono). `format` is `Millis` or `AutoSi`.
+fn rfc3339(t: &DateTime<Utc>, format: SecondsFormat) -> Option<([u8; 32], usize)> {
+    use chrono::{Datelike, Timelike};
+    let (date, time) = (t.date_naive(), t.time());
+    let year = u32::try_from(date.year())
+        .ok()
+        .filter(|year| *year <= 9999)?;
+    let nanos = time.nanosecond();
+    if nanos >= 1_000_000_000 {
+        return None;
+    }
+    let mut out = *b"0000-00-00T00:00:00.000000000Z\0\0";
+    put_digits(&mut out[0..4], year);
+    put_digits(&mut out[5..7], date.month());
+    put_digits(&mut out[8..10], date.day());
+    put_digits(&mut out[11..13], time.hour());
+    put_digits(&mut out[14..16], time.minute());
+    put_digits(&mut out[17..19], time.second());
+    let fraction = match format {
+        SecondsFormat::Millis => 3,
+        _ if nanos == 0 => 0,
+        _ if nanos.is_multiple_of(1_000_000) => 3,
+        _ if nanos.is_multiple_of(1_000) => 6,
+        _ => 9,
+    };
+    let mut end = 19;
+    if fraction > 0 {
+        put_digits(&mut out[20..29], nanos);
+        end = 20 + fraction;
+    }
+    out[end] = b'Z';
+    Some((out, end + 1))
+}
+
+/// Writes the last `out.len()` decimal digits of `value` into `out`.
+fn put_digits(out: &mut [u8], mut value: u32) {
+    for digit in out.iter_mut().rev() {
+        *digit = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,7 +167,11 @@ pub struct Message {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extensions: Vec<String>,
     /// When the server received (user) or produced (agent) the message. Not on the wire.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_optional_time"
+    )]
     pub timestamp: Option<DateTime<Utc>>,
 }
 
@@ -191,6 +266,7 @@ pub struct TaskStatus {
     pub state: TaskState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<Message>,
+    #[serde(serialize_with = "serialize_time")]
     pub timestamp: DateTime<Utc>,
 }
 
@@ -310,4 +386,48 @@ pub struct PushAuth {
     pub schemes: Vec<String>,
     #[serde(default)]
     pub credentials: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    /// The hand-written format is chrono's, byte for byte, in every fraction class and at the
+    /// edges of the years it covers; outside them chrono writes it.
+    #[test]
+    fn timestamps_are_written_as_chrono_writes_them() {
+        let mut instants = vec![
+            Utc.with_ymd_and_hms(0, 1, 1, 0, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap(),
+            Utc.with_ymd_and_hms(10000, 1, 1, 0, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(-1, 6, 1, 12, 0, 0).unwrap(),
+            now(),
+        ];
+        for i in 0..4000u32 {
+            let secs = rand::random::<i64>().rem_euclid(253_402_300_800);
+            let nanos = match i % 4 {
+                0 => 0,
+                1 => rand::random::<u32>() % 1000 * 1_000_000,
+                2 => rand::random::<u32>() % 1_000_000 * 1_000,
+                _ => rand::random::<u32>() % 1_000_000_000,
+            };
+            instants.extend(DateTime::from_timestamp(secs, nanos));
+        }
+        for t in instants {
+            assert_eq!(
+                format_time(&t),
+                t.to_rfc3339_opts(SecondsFormat::Millis, true)
+            );
+            let status = TaskStatus {
+                state: TaskState::Working,
+                message: None,
+                timestamp: t,
+            };
+            let ours = serde_json::to_value(&status).unwrap();
+            assert_eq!(ours["timestamp"], serde_json::to_value(t).unwrap(), "{t:?}");
+            let back: TaskStatus = serde_json::from_value(ours).unwrap();
+            assert_eq!(back.timestamp, t);
+        }
+    }
 }
