@@ -12,7 +12,7 @@ use super::shared::{Permit, Shared};
 use super::turn::{self, Answer, AnswerWhen, Slot, Stopping, Turn, TurnRequest};
 use super::window::KeptWindow;
 use crate::model::{Message, Task};
-use crate::store::ConversationKey;
+use crate::store::{ConversationKey, PrincipalKey};
 use actix::prelude::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,6 +74,7 @@ pub type OnStop = Box<dyn FnOnce() + Send>;
 
 pub struct ContextActor {
     key: ConversationKey,
+    principal_key: PrincipalKey,
     principal: Arc<str>,
     context_id: Arc<str>,
     shared: Arc<Shared>,
@@ -96,6 +97,7 @@ impl ContextActor {
     ) -> Self {
         ContextActor {
             key,
+            principal_key: PrincipalKey::new(principal),
             principal: principal.into(),
             context_id: context_id.into(),
             shared,
@@ -177,6 +179,8 @@ impl ContextActor {
         let request = TurnRequest {
             principal: self.principal.clone(),
             context_id: self.context_id.clone(),
+            key: self.key,
+            principal_key: self.principal_key,
             message,
             task_id,
             continuing,

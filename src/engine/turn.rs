@@ -14,7 +14,9 @@ use crate::agent::AgentRequest;
 use crate::error::chain;
 use crate::history::{HistoryEntry, render_prompt};
 use crate::model::{Artifact, Message, Role, SendResult, Task, TaskState, TaskStatus, now};
-use crate::store::{BeginTurn, ConversationMark, FinishTurn, Lease, TurnBegun};
+use crate::store::{
+    BeginTurn, ConversationKey, ConversationMark, FinishTurn, Lease, PrincipalKey, TurnBegun,
+};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Instant;
@@ -148,6 +150,8 @@ pub(super) enum AnswerWhen {
 pub(super) struct TurnRequest {
     pub principal: Arc<str>,
     pub context_id: Arc<str>,
+    pub key: ConversationKey,
+    pub principal_key: PrincipalKey,
     /// Validated, its contextId and taskId set.
     pub message: Message,
     pub task_id: String,
@@ -257,6 +261,8 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
     let TurnRequest {
         principal,
         context_id,
+        key,
+        principal_key,
         message,
         task_id,
         continuing,
@@ -273,6 +279,8 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
     let begin = BeginTurn {
         principal: principal.to_string(),
         context_id: context_id.to_string(),
+        key,
+        principal_key,
         message,
         task_id,
         continuing,

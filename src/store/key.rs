@@ -79,6 +79,12 @@ impl PrincipalKey {
     }
 }
 
+impl fmt::Debug for PrincipalKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PrincipalKey({})", hex::encode(&self.0[..9]))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -240,6 +240,10 @@ pub struct Lease {
 pub struct BeginTurn {
     pub principal: String,
     pub context_id: String,
+    /// `ConversationKey::new(principal, context_id)` and `PrincipalKey::new(principal)`: the
+    /// conversation's actor has them (hashing them again was a tenth of a start's work).
+    pub key: ConversationKey,
+    pub principal_key: PrincipalKey,
     /// The caller's message, validated, with its contextId set.
     pub message: Message,
     pub task_id: String,
@@ -260,6 +264,15 @@ pub struct BeginTurn {
 }
 
 impl BeginTurn {
+    /// In debug builds (the tests), that the keys are the ids' own.
+    pub(crate) fn debug_check_keys(&self) {
+        debug_assert_eq!(
+            self.key,
+            ConversationKey::new(&self.principal, &self.context_id)
+        );
+        debug_assert!(self.principal_key == PrincipalKey::new(&self.principal));
+    }
+
     /// The task a turn starts when it continues none: submitted, with nothing in it yet.
     pub(crate) fn new_task(&self) -> Task {
         Task {

@@ -103,6 +103,8 @@ pub fn begin_request(principal: &str, context_id: &str, text: &str) -> BeginTurn
     BeginTurn {
         principal: principal.to_owned(),
         context_id: context_id.to_owned(),
+        key: ConversationKey::new(principal, context_id),
+        principal_key: colloquy::store::PrincipalKey::new(principal),
         message,
         task_id,
         continuing: false,
@@ -529,6 +531,7 @@ pub async fn waiting_tasks_continue_and_cancel(f: Fixture) {
         Err(StoreError::TaskTerminal { .. })
     ));
     answer.context_id = "elsewhere".into();
+    answer.key = ConversationKey::new("p", "elsewhere");
     assert!(matches!(
         store.begin_turn(answer).await,
         Err(StoreError::TaskNotFound(_))

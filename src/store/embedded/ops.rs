@@ -43,7 +43,11 @@ impl LiveTurns {
 /// Stores the caller's message and the task as working, in one batch, if no live turn holds
 /// the conversation.
 pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResult<TurnBegun> {
-    let keys = Keys::new(&turn.principal, &turn.context_id);
+    turn.debug_check_keys();
+    let keys = Keys {
+        conversation: turn.key,
+        principal: turn.principal_key,
+    };
     let key = keys.conversation;
     // A minted contextId is in no stored conversation: looking would page in a leaf of the
     // conversations' hashed keys, at random, on the store thread (most of what a turn's cost

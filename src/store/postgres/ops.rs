@@ -176,6 +176,7 @@ impl Ops {
     /// lease, in one transaction, unless a live lease holds it: in one round trip when it can
     /// (`turn.rs`), else in the general way.
     pub(super) async fn begin(&self, turn: &BeginTurn) -> Result<TurnBegun, Failure> {
+        turn.debug_check_keys();
         if !turn.continuing
             && turn.push_configs.is_empty()
             && let Some(begun) = self.start_in_one_trip(turn).await?
@@ -195,7 +196,7 @@ impl Ops {
     /// push configs, pipelined; `COMMIT` (a send that registers a push config stores it first,
     /// one more). Statements go in that order, so locks are still taken conversation row first.
     async fn begin_in_transaction(&self, turn: &BeginTurn) -> Result<TurnBegun, Failure> {
-        let key = ConversationKey::new(&turn.principal, &turn.context_id);
+        let key = turn.key;
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         prepared(
@@ -885,7 +886,7 @@ impl TakeValues {
         let now = crate::model::now();
         TakeValues {
             key: key.as_bytes().to_vec(),
-            principal_key: PrincipalKey::new(&turn.principal).as_bytes().to_vec(),
+            principal_key: turn.principal_key.as_bytes().to_vec(),
             principal: turn.principal.as_bytes().to_vec(),
             context_id: turn.context_id.as_bytes().to_vec(),
             now,

@@ -222,7 +222,7 @@ impl Ops {
         &self,
         turn: &BeginTurn,
     ) -> Result<Option<TurnBegun>, Failure> {
-        let key = ConversationKey::new(&turn.principal, &turn.context_id);
+        let key = turn.key;
         let mut stored = new_task(turn);
         let Some((record_prefix, record_suffix)) = record_around_seq(&stored) else {
             return Ok(None);
