@@ -259,31 +259,13 @@ async fn the_agent_sees_the_guarded_history() {
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
-/// Replies with exactly the prompt it was given (for the first turn, the bare text).
+/// Replies with exactly the prompt it was given (for the first turn, the bare text); `fail`
+/// fails and `ask: Q` asks Q (input required).
 struct PromptEcho;
 
 impl colloquy::agent::Agent for PromptEcho {
     fn kind(&self) -> &'static str {
         "prompt-echo"
-    }
-    fn description(&self) -> String {
-        String::new()
-    }
-    fn run(
-        &self,
-        request: colloquy::agent::AgentRequest,
-        sink: colloquy::agent::AgentSink,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
-        Box::pin(async move { sink.text(request.prompt).await })
-    }
-}
-
-/// Replies with its prompt; `fail` fails and `ask: Q` asks Q (input required).
-struct PromptOrScript;
-
-impl colloquy::agent::Agent for PromptOrScript {
-    fn kind(&self) -> &'static str {
-        "prompt-or-script"
     }
     fn description(&self) -> String {
         String::new()
@@ -328,7 +310,7 @@ async fn the_kept_history_window_is_the_stored_one() {
         },
         ..EngineConfig::default()
     };
-    let engine = engine_in(dir.path(), Arc::new(PromptOrScript), config);
+    let engine = engine_in(dir.path(), Arc::new(PromptEcho), config);
     let texts = [
         "one",
         "two",
