@@ -222,7 +222,7 @@ impl Handler<StartTurn> for ContextActor {
     fn handle(&mut self, start: StartTurn, ctx: &mut Context<Self>) -> Self::Result {
         self.last_activity = Instant::now();
         let started = self.start(start);
-        if started.is_ok() && !self.window_check && self.shared.config.window.bytes > 0 {
+        if started.is_ok() && !self.window_check && self.shared.config.window.enabled() {
             self.schedule_window_check(ctx, self.shared.config.window.keep);
         }
         Box::pin(async move {

@@ -352,21 +352,20 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
 }
 
 /// Stores the turn's start; returns it with the history window, the one the actor kept when
-/// the store says it is current (then the store read none).
+/// the store says it is current (then the store read none). Once the start is stored this
+/// fails no more: the turn holds the conversation and must run to its end.
 async fn begin_turn(
     shared: &Shared,
     begin: BeginTurn,
     kept: Option<Window>,
 ) -> EngineResult<(TurnBegun, Arc<Vec<HistoryEntry>>)> {
+    let limit = begin.history_limit;
     let begun = shared.store.begin_turn(begin).await?;
     let history = match (&begun.recent, kept) {
         (Some(recent), _) => recent.iter().map(HistoryEntry::from).collect(),
         (None, Some(kept)) => kept.entries,
-        (None, None) => {
-            return Err(EngineError::Internal(
-                "the store found a history window current that no one kept".into(),
-            ));
-        }
+        // The stores answer None only to a start that named a kept window's mark.
+        (None, None) => stored_window(shared, &begun, limit).await,
     };
     let source = if begun.recent.is_some() {
         "store"
@@ -375,6 +374,30 @@ async fn begin_turn(
     };
     metrics::counter!("colloquy_history_windows_total", "source" => source).increment(1);
     Ok((begun, Arc::new(history)))
+}
+
+/// The window read afresh: the latest `limit` messages before the caller's (the last stored).
+async fn stored_window(shared: &Shared, begun: &TurnBegun, limit: usize) -> Vec<HistoryEntry> {
+    debug_assert!(false, "a history window found current that no one kept");
+    let from = crate::store::MessagesFrom::Latest(limit.saturating_add(1));
+    match shared
+        .store
+        .conversation_page(begun.lease.key, from, usize::MAX)
+        .await
+    {
+        Ok(Some(page)) => {
+            let before_caller = page.messages.len().saturating_sub(1);
+            page.messages[..before_caller]
+                .iter()
+                .map(HistoryEntry::from)
+                .collect()
+        }
+        Ok(None) => Vec::new(),
+        Err(e) => {
+            tracing::error!(error = %chain(&e), task_id = %begun.task.id, "could not read the history window; the agent gets none");
+            Vec::new()
+        }
+    }
 }
 
 /// What the agent gets: the caller's message, the recent history and the guarded prompt.

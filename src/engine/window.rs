@@ -30,6 +30,13 @@ pub struct WindowLimits {
     pub bytes: usize,
 }
 
+impl WindowLimits {
+    /// Windows are kept at all (a zero budget or a zero keep turns them off).
+    pub fn enabled(&self) -> bool {
+        self.bytes > 0 && !self.keep.is_zero()
+    }
+}
+
 impl Default for WindowLimits {
     fn default() -> Self {
         WindowLimits {
@@ -152,7 +159,7 @@ impl KeptWindow {
         reply: Option<&Message>,
         mark: ConversationMark,
     ) {
-        if shared.config.window.bytes == 0 {
+        if !shared.config.window.enabled() {
             return;
         }
         let limit = shared.config.history.limit;

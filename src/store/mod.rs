@@ -304,11 +304,11 @@ pub struct TurnBegun {
 }
 
 /// Where a conversation stands: the token of its latest take and its next sequence number.
-/// Every write to a conversation's messages moves one of them (a take moves the token, the
-/// holder's own writes `next_seq`), and a new conversation's token starts at a random value
-/// ([`ConversationMeta::new`]), so a deleted and recreated conversation does not reach a mark
-/// its predecessor had: a turn that finds its conversation at the mark its caller remembers
-/// knows no other writer came between.
+/// Every write to a conversation's messages moves one of them (a take draws a new token, the
+/// holder's own writes move `next_seq`), and tokens are drawn at random ([`new_token`]), so no
+/// other take, a recreated conversation's or one after a database was restored to an earlier
+/// state, reaches a mark an earlier take left: a turn that finds its conversation at the mark
+/// its caller remembers knows no other writer came between.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConversationMark {
     pub token: u64,
@@ -360,7 +360,7 @@ impl ConversationMeta {
             turns: 0,
             next_seq: 0,
             running_task: None,
-            token: first_token(),
+            token: 0,
             agent_state: None,
         }
     }
@@ -377,9 +377,10 @@ impl ConversationMeta {
     }
 }
 
-/// The token a new conversation starts at: random below 2^52 (so that every take's
-/// increment stays far from overflow in a signed 64-bit column), for [`ConversationMark`].
-pub fn first_token() -> u64 {
+/// A take's token: random, nonzero, below 2^52 (far from overflow when a fencing step adds one,
+/// in a signed 64-bit column), for [`ConversationMark`]. Fencing compares tokens for equality
+/// only.
+pub fn new_token() -> u64 {
     (rand::random::<u64>() >> 12).max(1)
 }
 

@@ -101,7 +101,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     let seq = meta.next_seq;
     meta.next_seq += 1;
     meta.turns += 1;
-    meta.token += 1;
+    meta.token = crate::store::new_token();
     meta.updated_at = crate::model::now();
     meta.running_task = Some(turn.task_id.clone());
     batch.append_message(&place, &turn.context_id, seq, &turn.message);

@@ -31,7 +31,7 @@ macro_rules! take_sql {
                  updated_at = excluded.updated_at, updated_ms = excluded.updated_ms, \
                  turns = colloquy_conversations.turns + 1, \
                  next_seq = colloquy_conversations.next_seq + 1, \
-                 token = colloquy_conversations.token + 1, \
+                 token = excluded.token, \
                  running_task = excluded.running_task, \
                  lease_expires = excluded.lease_expires, \
                  lease_holder = excluded.lease_holder \
@@ -877,8 +877,8 @@ pub(super) struct TakeValues {
     pub(super) task_id: Vec<u8>,
     pub(super) lease_secs: f64,
     pub(super) holder: String,
-    /// The token if the take creates the conversation ([`crate::store::first_token`]).
-    pub(super) first_token: i64,
+    /// The take's token ([`crate::store::new_token`]).
+    pub(super) token: i64,
 }
 
 impl TakeValues {
@@ -894,7 +894,7 @@ impl TakeValues {
             task_id: turn.task_id.as_bytes().to_vec(),
             lease_secs: ops.lease_secs,
             holder: ops.holder.read().clone(),
-            first_token: crate::store::first_token() as i64,
+            token: crate::store::new_token() as i64,
         }
     }
 
@@ -909,7 +909,7 @@ impl TakeValues {
             &self.task_id,
             &self.lease_secs,
             &self.holder,
-            &self.first_token,
+            &self.token,
         ]
     }
 }

@@ -35,10 +35,10 @@ const START_SQL: &str = concat!(
          $10::TEXT[], $11::SMALLINT[], $12::BIGINT[], $13::TEXT[], $14::TEXT[], $15::BIGINT[], $16::BIGINT[]) \
          AS i(conv_key, principal_key, principal, context_id, at, at_ms, task_id, lease_secs, \
              holder, message, state, status_ms, record_prefix, record_suffix, window_len, \
-             first_token)), \
+             token)), \
      taken AS (",
     take_sql!(
-        "SELECT conv_key, principal_key, principal, context_id, at, at, at_ms, 1, 1, first_token, \
+        "SELECT conv_key, principal_key, principal, context_id, at, at, at_ms, 1, 1, token, \
              task_id, now() + lease_secs * INTERVAL '1 second', holder, NULL::TEXT \
          FROM input ORDER BY conv_key",
         "colloquy_conversations.running_task IS NULL"
@@ -54,12 +54,13 @@ const START_SQL: &str = concat!(
              input.record_prefix || (taken.next_seq - 1)::TEXT || input.record_suffix, FALSE \
          FROM taken JOIN input ON input.conv_key = taken.conv_key) \
      SELECT input.conv_key, taken.turns, taken.next_seq, taken.token, taken.agent_state, \
-         seen.next_seq AS seen_seq, seen.running_task, seen.lease_expires <= now() AS expired, \
+         seen.next_seq AS seen_seq, seen.token AS seen_token, seen.running_task, \
+         seen.lease_expires <= now() AS expired, \
          ARRAY(SELECT body FROM colloquy_messages \
              WHERE conv_key = input.conv_key \
                  AND seq >= taken.next_seq - 1 - input.window_len ORDER BY seq) AS recent \
      FROM input LEFT JOIN taken ON taken.conv_key = input.conv_key \
-         LEFT JOIN LATERAL (SELECT next_seq, running_task, lease_expires \
+         LEFT JOIN LATERAL (SELECT next_seq, token, running_task, lease_expires \
              FROM colloquy_conversations WHERE conv_key = input.conv_key) AS seen ON TRUE"
 );
 
@@ -140,7 +141,7 @@ impl Step for StartStep {
             column(steps, |s| s.record_prefix.as_str()),
             column(steps, |s| s.record_suffix),
             column(steps, |s| s.window_len),
-            column(steps, |s| s.take.first_token),
+            column(steps, |s| s.take.token),
         ]
     }
 }
@@ -256,14 +257,18 @@ impl Ops {
             return busy_or_general(turn, &row);
         };
         let seq = taken.next_seq - 1;
+        // The snapshot is the conversation as the take found it unless a turn ended between
+        // them (it moved `next_seq`; a fencing step that moved only the token changed no message).
         let seen_seq: Option<i64> = row.try_get("seen_seq")?;
-        let before = ConversationMark {
-            token: taken.token.wrapping_sub(1),
+        let seen_token: Option<i64> = row.try_get("seen_token")?;
+        let snapshot_current = seen_seq.unwrap_or(0) as u64 == seq;
+        let before = seen_token.map(|token| ConversationMark {
+            token: token as u64,
             next_seq: seq,
-        };
-        let recent = if turn.known == Some(before) {
+        });
+        let recent = if snapshot_current && turn.known.is_some() && turn.known == before {
             None
-        } else if turn.known.is_none() && seen_seq.unwrap_or(0) as u64 == seq {
+        } else if snapshot_current && turn.known.is_none() {
             let bodies: Vec<String> = row.try_get("recent")?;
             Some(
                 bodies
