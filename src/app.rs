@@ -6,7 +6,7 @@
 use crate::agent::{A2aAgent, AgentBuildError, EchoAgent, ExecAgent, OpenAiAgent, SharedAgent};
 use crate::config::{Config, StoreConfig};
 use crate::engine::MessageLimits;
-use crate::engine::{Engine, EngineConfig, WindowLimits};
+use crate::engine::{Engine, EngineConfig, ResumeLimits, WindowLimits};
 use crate::error::chain;
 use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
@@ -442,6 +442,11 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         window: WindowLimits {
             keep: Duration::from_secs(config.contexts.history_cache_secs),
             bytes: usize::try_from(config.contexts.history_cache_bytes).unwrap_or(usize::MAX),
+        },
+        resume: ResumeLimits {
+            events: config.streaming.resume_events,
+            keep: Duration::from_secs(config.streaming.resume_secs),
+            bytes: usize::try_from(config.streaming.resume_bytes).unwrap_or(usize::MAX),
         },
     }
 }

@@ -346,12 +346,23 @@ pub struct SkillConfig {
 pub struct StreamingConfig {
     /// Events a stream may fall behind before it is closed with an error.
     pub subscriber_buffer: usize,
+    /// Events kept per task for streams that resume with `Last-Event-ID` (0: none; every
+    /// resume then starts from the task as it stands).
+    pub resume_events: usize,
+    /// How long a task's kept events stay after its last one.
+    pub resume_secs: u64,
+    /// What the kept events of all tasks may hold together, estimated; past it the oldest
+    /// tasks' events go first.
+    pub resume_bytes: u64,
 }
 
 impl Default for StreamingConfig {
     fn default() -> Self {
         StreamingConfig {
             subscriber_buffer: 1024,
+            resume_events: 1024,
+            resume_secs: 300,
+            resume_bytes: 64 * 1024 * 1024,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use super::Engine;
 use super::hub::{StreamItem, Subscription};
+use super::resume::Sequenced;
 use crate::model::{TaskEvent, TaskState};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -30,20 +31,28 @@ fn seen(item: &StreamItem) -> Option<TaskState> {
 }
 
 /// `first` (the current turn's subscription, or the waiting task alone), then the turns that
-/// continue the task, as one subscription.
+/// continue the task, as one subscription; `waiting`: the task waits for input even if `first`
+/// says nothing of its state (a resume with nothing left to replay).
 pub(super) fn follow(
     engine: Engine,
     principal: String,
     task_id: String,
     first: Subscription,
+    waiting: bool,
 ) -> Subscription {
     let (forwarder, subscription) =
-        Subscription::forwarding(engine.shared().config.subscriber_buffer);
+        Subscription::forwarding(engine.shared().config.subscriber_buffer, first.resumed);
     tokio::spawn(async move {
         let tx = &forwarder.tx;
         let mut current = first;
+        let mut before = if waiting {
+            Seen::Waiting
+        } else {
+            Seen::Running
+        };
         loop {
-            let last = forward(&mut current, tx).await;
+            let last = forward(&mut current, tx, before).await;
+            before = Seen::Running;
             if current.overflowed() {
                 forwarder.overflowed();
                 return;
@@ -61,20 +70,21 @@ pub(super) fn follow(
 }
 
 /// Forwards one turn's items; an interrupted status is not the stream's last event any more.
-async fn forward(current: &mut Subscription, tx: &mpsc::Sender<StreamItem>) -> Seen {
-    let mut last = Seen::Running;
-    while let Some(mut item) = current.items.recv().await {
-        if let Some(state) = seen(&item) {
+async fn forward(current: &mut Subscription, tx: &mpsc::Sender<Sequenced>, before: Seen) -> Seen {
+    let mut last = before;
+    while let Some(mut sequenced) = current.items.recv().await {
+        let item = &mut sequenced.item;
+        if let Some(state) = seen(item) {
             last = match state {
                 s if s.is_terminal() => Seen::Ended,
                 s if s.is_interrupted() => Seen::Waiting,
                 _ => Seen::Running,
             };
         }
-        if let StreamItem::Event(TaskEvent::Status { is_final, .. }) = &mut item {
+        if let StreamItem::Event(TaskEvent::Status { is_final, .. }) = item {
             *is_final = last == Seen::Ended;
         }
-        if tx.send(item).await.is_err() {
+        if tx.send(sequenced).await.is_err() {
             return Seen::Ended;
         }
     }
@@ -87,7 +97,7 @@ async fn next_turn(
     engine: &Engine,
     principal: &str,
     task_id: &str,
-    tx: &mpsc::Sender<StreamItem>,
+    tx: &mpsc::Sender<Sequenced>,
 ) -> Option<Subscription> {
     let mut next_read = Instant::now() + STORE_POLL;
     // When the store says running but no turn is live here yet: a turn registers its hub just
@@ -110,7 +120,11 @@ async fn next_turn(
                     status: task.status,
                     is_final: true,
                 };
-                let _ = tx.send(StreamItem::Event(end)).await;
+                let end = Sequenced {
+                    id: None,
+                    item: StreamItem::Event(end),
+                };
+                let _ = tx.send(end).await;
                 return None;
             }
             if !task.status.state.is_interrupted() {

@@ -3,9 +3,13 @@
 //! The hub keeps a snapshot of the task (status and every artifact with all content so far) and
 //! updates it under the same lock that publishes each event, so a subscriber joining at any point
 //! gets the snapshot and then exactly the events after it: no prefix lost, none doubled.
+//! Every event gets its id (`resume`) under that lock too, and once a stream watches the turn
+//! each event is also written to the task's resume log, so a stream that resumes after an id gets
+//! the logged events after it and then the live ones, again with nothing lost or doubled.
 //! Each subscriber has a bounded buffer; one that falls behind is dropped and told so, never
 //! silently skipped ahead, and never slows the agent or the other subscribers.
 
+use super::resume::{EventId, Replay, ResumeLogs, Resumed, Sequenced, TaskLog};
 use crate::model::{Artifact, Part, SendResult, Task, TaskEvent, TaskStatus};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,6 +23,9 @@ pub const REPLY_ARTIFACT_NAME: &str = "reply";
 pub struct TaskHub {
     pub principal: String,
     pub task_id: String,
+    /// The conversation's number of this turn: the first half of its events' ids.
+    turn: u64,
+    logs: Arc<ResumeLogs>,
     state: Mutex<HubState>,
     done: watch::Sender<Option<SendResult>>,
     buffer: usize,
@@ -31,18 +38,24 @@ struct HubState {
     /// with a plain message instead.
     open: bool,
     finished: bool,
+    /// Events published so far: the second half of the last one's id.
+    published: u32,
+    /// The task's resume log, once a stream watches this turn.
+    log: Option<Arc<TaskLog>>,
     subscribers: Vec<Subscriber>,
 }
 
 struct Subscriber {
-    tx: mpsc::Sender<StreamItem>,
+    tx: mpsc::Sender<Sequenced>,
     overflowed: Arc<AtomicBool>,
 }
 
 /// One stream's view of a task.
 pub struct Subscription {
-    pub items: mpsc::Receiver<StreamItem>,
+    pub items: mpsc::Receiver<Sequenced>,
     overflowed: Arc<AtomicBool>,
+    /// How it started, when it resumed after an id.
+    pub resumed: Option<Resumed>,
 }
 
 impl Subscription {
@@ -51,20 +64,28 @@ impl Subscription {
         self.overflowed.load(Ordering::Acquire)
     }
 
-    /// A subscription that yields just `item` and ends.
-    pub fn single(item: StreamItem) -> Self {
-        let (tx, rx) = mpsc::channel(1);
-        let _ = tx.try_send(item);
+    /// A subscription that yields `items` and ends.
+    pub fn fixed(items: Vec<Sequenced>, resumed: Option<Resumed>) -> Self {
+        let (tx, rx) = mpsc::channel(items.len().max(1));
+        for item in items {
+            let _ = tx.try_send(item);
+        }
         Subscription {
             items: rx,
             overflowed: Arc::new(AtomicBool::new(false)),
+            resumed,
         }
+    }
+
+    /// A subscription that yields just `item`, without an id, and ends.
+    pub fn single(item: StreamItem) -> Self {
+        Self::fixed(vec![Sequenced { id: None, item }], None)
     }
 }
 
 /// The sending side of a subscription fed from elsewhere (one that follows several turns).
 pub struct Forwarder {
-    pub tx: mpsc::Sender<StreamItem>,
+    pub tx: mpsc::Sender<Sequenced>,
     overflowed: Arc<AtomicBool>,
 }
 
@@ -77,16 +98,25 @@ impl Forwarder {
 
 impl Subscription {
     /// An empty subscription with `buffer` items of room, and its sending side.
-    pub fn forwarding(buffer: usize) -> (Forwarder, Subscription) {
+    pub fn forwarding(buffer: usize, resumed: Option<Resumed>) -> (Forwarder, Subscription) {
         let (tx, items) = mpsc::channel(buffer);
         let overflowed = Arc::new(AtomicBool::new(false));
         let forwarder = Forwarder {
             tx,
             overflowed: overflowed.clone(),
         };
-        (forwarder, Subscription { items, overflowed })
+        let subscription = Subscription {
+            items,
+            overflowed,
+            resumed,
+        };
+        (forwarder, subscription)
     }
 }
+
+/// A resume after an id this task never reached.
+#[derive(Debug)]
+pub struct UnknownEventId;
 
 /// An update of the reply artifact carrying one chunk of text.
 fn reply_chunk(
@@ -112,16 +142,27 @@ fn reply_chunk(
 }
 
 impl TaskHub {
-    pub fn new(principal: String, task: Task, open: bool, buffer: usize) -> Arc<Self> {
+    pub fn new(
+        principal: String,
+        task: Task,
+        turn: u64,
+        open: bool,
+        buffer: usize,
+        logs: Arc<ResumeLogs>,
+    ) -> Arc<Self> {
         let (done, _) = watch::channel(None);
         Arc::new(TaskHub {
             principal,
             task_id: task.id.clone(),
+            turn,
+            logs,
             state: Mutex::new(HubState {
                 task,
                 reply_artifact: None,
                 open,
                 finished: false,
+                published: u32::from(open),
+                log: None,
                 subscribers: Vec::new(),
             }),
             done,
@@ -138,19 +179,88 @@ impl TaskHub {
         self.lock().task.clone()
     }
 
+    /// The id of the last event published (`n` 0 before the first).
+    fn newest(&self, state: &HubState) -> EventId {
+        EventId {
+            turn: self.turn,
+            n: state.published,
+        }
+    }
+
+    /// A stream of the task from now: the task so far, then every later event.
     pub fn subscribe(&self) -> Subscription {
         let mut state = self.lock();
-        let (tx, rx) = mpsc::channel(self.buffer);
-        let overflowed = Arc::new(AtomicBool::new(false));
-        if state.finished {
-            let final_item = match self.done.borrow().clone() {
-                Some(SendResult::Message(message)) => StreamItem::Message(message),
-                _ => StreamItem::Task(state.task.clone()),
-            };
-            let _ = tx.try_send(final_item);
+        self.log_from_now(&mut state);
+        self.attach(&mut state, Vec::new(), true, None)
+    }
+
+    /// A stream that goes on right after `after`: the logged events after it, then the live
+    /// ones; the task so far when `after` is older than the log.
+    pub fn resume(&self, after: EventId) -> Result<Subscription, UnknownEventId> {
+        let mut state = self.lock();
+        let newest = self.newest(&state);
+        if after > newest {
+            return Err(UnknownEventId);
+        }
+        let log = self.log_from_now(&mut state);
+        let replay = if after == newest {
+            Replay::After(Vec::new())
         } else {
-            if state.open {
-                let _ = tx.try_send(StreamItem::Task(state.task.clone()));
+            log.replay_after(after, Some(newest))
+        };
+        match replay {
+            Replay::After(items) => {
+                Ok(self.attach(&mut state, items, false, Some(Resumed::Replayed)))
+            }
+            Replay::TooOld => {
+                Ok(self.attach(&mut state, Vec::new(), true, Some(Resumed::Snapshot)))
+            }
+            Replay::Unknown => Err(UnknownEventId),
+        }
+    }
+
+    /// The task's log, recording this turn's events from now on. A log that starts after the
+    /// turn's first event gets the task so far as its entry for what came before.
+    fn log_from_now(&self, state: &mut HubState) -> Arc<TaskLog> {
+        if let Some(log) = &state.log {
+            return log.clone();
+        }
+        let log = self.logs.open(&self.principal, &self.task_id);
+        let newest = self.newest(state);
+        if state.open && newest.n > 0 && log.newest() < Some(newest) {
+            log.record(newest, &StreamItem::Task(state.task.clone()));
+        }
+        state.log = Some(log.clone());
+        log
+    }
+
+    /// A new subscriber: `replay` first, then (with `snapshot`) the task so far, then the live
+    /// events; on a finished turn, the replay or the outcome, and the end.
+    fn attach(
+        &self,
+        state: &mut HubState,
+        replay: Vec<Sequenced>,
+        snapshot: bool,
+        resumed: Option<Resumed>,
+    ) -> Subscription {
+        let (tx, rx) = mpsc::channel(self.buffer + replay.len());
+        let overflowed = Arc::new(AtomicBool::new(false));
+        for item in replay {
+            let _ = tx.try_send(item);
+        }
+        let id = Some(self.newest(state));
+        if state.finished {
+            if snapshot {
+                let item = match self.done.borrow().clone() {
+                    Some(SendResult::Message(message)) => StreamItem::Message(message),
+                    _ => StreamItem::Task(state.task.clone()),
+                };
+                let _ = tx.try_send(Sequenced { id, item });
+            }
+        } else {
+            if snapshot && state.open {
+                let item = StreamItem::Task(state.task.clone());
+                let _ = tx.try_send(Sequenced { id, item });
             }
             state.subscribers.push(Subscriber {
                 tx,
@@ -160,24 +270,32 @@ impl TaskHub {
         Subscription {
             items: rx,
             overflowed,
+            resumed,
         }
     }
 
     /// Lets streams see the task (sending each waiting subscriber the snapshot).
     pub fn open(&self) {
         let mut state = self.lock();
-        Self::open_locked(&mut state);
+        self.open_locked(&mut state);
     }
 
-    fn open_locked(state: &mut HubState) {
+    fn open_locked(&self, state: &mut HubState) {
         if !state.open {
             state.open = true;
             let item = StreamItem::Task(state.task.clone());
-            Self::broadcast(state, item);
+            self.broadcast(state, item);
         }
     }
 
-    fn broadcast(state: &mut HubState, item: StreamItem) {
+    /// Publishes the next event: its id, the log, every subscriber.
+    fn broadcast(&self, state: &mut HubState, item: StreamItem) {
+        state.published += 1;
+        let id = self.newest(state);
+        if let Some(log) = &state.log {
+            log.record(id, &item);
+        }
+        let item = Sequenced { id: Some(id), item };
         state
             .subscribers
             .retain(|sub| match sub.tx.try_send(item.clone()) {
@@ -193,7 +311,7 @@ impl TaskHub {
     /// Appends a chunk to the reply artifact and streams it (`append` after the first chunk).
     pub fn append_text(&self, chunk: &str) {
         let mut state = self.lock();
-        Self::open_locked(&mut state);
+        self.open_locked(&mut state);
         let (index, append) = match state.reply_artifact {
             Some(index) => (index, true),
             None => {
@@ -219,7 +337,7 @@ impl TaskHub {
             text.push_str(chunk);
         }
         let event = reply_chunk(task, &task.artifacts[index], chunk, append, false);
-        Self::broadcast(&mut state, StreamItem::Event(event));
+        self.broadcast(&mut state, StreamItem::Event(event));
     }
 
     /// The reply text so far.
@@ -236,7 +354,7 @@ impl TaskHub {
     /// Adds a whole artifact besides the reply.
     pub fn add_artifact(&self, artifact: Artifact) {
         let mut state = self.lock();
-        Self::open_locked(&mut state);
+        self.open_locked(&mut state);
         state.task.artifacts.push(artifact.clone());
         let event = TaskEvent::Artifact {
             task_id: state.task.id.clone(),
@@ -245,13 +363,13 @@ impl TaskHub {
             append: false,
             last_chunk: true,
         };
-        Self::broadcast(&mut state, StreamItem::Event(event));
+        self.broadcast(&mut state, StreamItem::Event(event));
     }
 
     /// A status change that does not end the stream.
     pub fn status(&self, status: TaskStatus) {
         let mut state = self.lock();
-        Self::open_locked(&mut state);
+        self.open_locked(&mut state);
         state.task.status = status.clone();
         let event = TaskEvent::Status {
             task_id: state.task.id.clone(),
@@ -259,7 +377,7 @@ impl TaskHub {
             status,
             is_final: false,
         };
-        Self::broadcast(&mut state, StreamItem::Event(event));
+        self.broadcast(&mut state, StreamItem::Event(event));
     }
 
     /// Ends the turn: closes the reply artifact, sends the final status, closes every stream and
@@ -271,16 +389,16 @@ impl TaskHub {
         }
         match &result {
             SendResult::Message(message) if !state.open => {
-                Self::broadcast(&mut state, StreamItem::Message(message.clone()));
+                self.broadcast(&mut state, StreamItem::Message(message.clone()));
             }
             SendResult::Message(_) => {}
             SendResult::Task(task) => {
-                Self::open_locked(&mut state);
+                self.open_locked(&mut state);
                 if let Some(index) = state.reply_artifact {
                     // The closing chunk is empty: chunks are sent as they come, before the end is known.
                     let event =
                         reply_chunk(&state.task, &state.task.artifacts[index], "", true, true);
-                    Self::broadcast(&mut state, StreamItem::Event(event));
+                    self.broadcast(&mut state, StreamItem::Event(event));
                 }
                 let event = TaskEvent::Status {
                     task_id: task.id.clone(),
@@ -288,7 +406,7 @@ impl TaskHub {
                     status: task.status.clone(),
                     is_final: true,
                 };
-                Self::broadcast(&mut state, StreamItem::Event(event));
+                self.broadcast(&mut state, StreamItem::Event(event));
                 state.task = task.clone();
             }
         }

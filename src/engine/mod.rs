@@ -11,6 +11,7 @@ mod error;
 mod follow;
 pub mod hub;
 mod readiness;
+pub mod resume;
 mod shared;
 mod turn;
 mod validate;
@@ -19,6 +20,7 @@ mod window;
 pub use drive::StopReason;
 pub use error::{EngineError, EngineResult};
 pub use hub::{StreamItem, Subscription, TaskHub};
+pub use resume::{EventId, ResumeLimits, Sequenced};
 pub use shared::{DEFAULT_RESPONSE_BYTES, EngineConfig, Shared, TaskRegistry};
 pub use validate::{MessageLimits, ValidMessage, check_context_id, check_sizes};
 pub use window::WindowLimits;
@@ -43,6 +45,12 @@ pub fn new_context_id() -> String {
     format!("ctx-{:032x}", rand::random::<u128>())
 }
 
+fn unknown_event(after: EventId) -> EngineError {
+    EngineError::InvalidParams(format!(
+        "lastEventId: {after} is not an event of this task (it has not reached it)"
+    ))
+}
+
 /// The engine's front door. Cheap to clone; needs a running actix System to start.
 #[derive(Clone)]
 pub struct Engine {
@@ -56,6 +64,7 @@ impl Engine {
             store,
             agent,
             windows: window::WindowBudget::new(config.window.bytes),
+            resume: Arc::new(resume::ResumeLogs::new(config.resume)),
             config,
             live: TaskRegistry::default(),
             running: AtomicUsize::new(0),
@@ -264,15 +273,25 @@ impl Engine {
         }
     }
 
-    /// Follows a task: the task with everything so far, then every later event, through waits
-    /// for input and the turns that answer them, until the task ends.
-    pub async fn subscribe(&self, principal: &str, task_id: &str) -> EngineResult<Subscription> {
-        let first = self.subscribe_turn(principal, task_id).await?;
+    /// Follows a task: the task with everything so far (or, with `after`, the events right after
+    /// that id), then every later event, through waits for input and the turns that answer
+    /// them, until the task ends.
+    pub async fn subscribe(
+        &self,
+        principal: &str,
+        task_id: &str,
+        after: Option<EventId>,
+    ) -> EngineResult<Subscription> {
+        let (first, waiting) = self.subscribe_turn(principal, task_id, after).await?;
+        if let Some(resumed) = first.resumed {
+            resumed.count();
+        }
         Ok(follow::follow(
             self.clone(),
             principal.to_owned(),
             task_id.to_owned(),
             first,
+            waiting,
         ))
     }
 
@@ -280,16 +299,32 @@ impl Engine {
         self.shared().shutting_down.load(Ordering::Acquire)
     }
 
-    /// The running turn's stream, or the waiting task alone.
-    async fn subscribe_turn(&self, principal: &str, task_id: &str) -> EngineResult<Subscription> {
+    /// The running turn's stream, or the waiting task alone (resumed: what the log holds), and
+    /// whether the task waits for input before anything of it is streamed.
+    async fn subscribe_turn(
+        &self,
+        principal: &str,
+        task_id: &str,
+        after: Option<EventId>,
+    ) -> EngineResult<(Subscription, bool)> {
         // A turn registers its hub just after storing its start; give that moment a chance.
         let deadline = Instant::now() + Duration::from_secs(1);
         loop {
             if let Some(hub) = self.shared().live.get(principal, task_id) {
-                return Ok(hub.subscribe());
+                let subscription = match after {
+                    None => hub.subscribe(),
+                    Some(after) => hub.resume(after).map_err(|_| unknown_event(after))?,
+                };
+                return Ok((subscription, false));
             }
             let task = self.get_task(principal, task_id).await?;
             let state = task.status.state;
+            if let Some(after) = after
+                && (state.is_terminal() || state.is_interrupted() || Instant::now() >= deadline)
+            {
+                let waiting = state.is_interrupted();
+                return Ok((self.resume_without_turn(principal, task, after)?, waiting));
+            }
             if state.is_terminal() {
                 return Err(EngineError::TaskTerminal {
                     task_id: task_id.to_owned(),
@@ -297,9 +332,45 @@ impl Engine {
                 });
             }
             if state.is_interrupted() || Instant::now() >= deadline {
-                return Ok(Subscription::single(StreamItem::Task(task)));
+                return Ok((Subscription::single(StreamItem::Task(task)), false));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A resume with no turn of the task running here: the logged events after `after`, or
+    /// the task as stored when the log no longer reaches back to it. A task that ended since
+    /// the last logged event (a cancel while it waited) ends the replay with its stored state.
+    fn resume_without_turn(
+        &self,
+        principal: &str,
+        task: Task,
+        after: EventId,
+    ) -> EngineResult<Subscription> {
+        let log = self.shared().resume.get(principal, &task.id);
+        let replay = match &log {
+            Some(log) => log.replay_after(after, None),
+            None => resume::Replay::TooOld,
+        };
+        match replay {
+            resume::Replay::After(mut items) => {
+                let logged_end = log.is_some_and(|log| log.ended());
+                if task.status.state.is_terminal() && !logged_end {
+                    items.push(Sequenced {
+                        id: None,
+                        item: StreamItem::Task(task),
+                    });
+                }
+                Ok(Subscription::fixed(items, Some(resume::Resumed::Replayed)))
+            }
+            resume::Replay::TooOld => Ok(Subscription::fixed(
+                vec![Sequenced {
+                    id: None,
+                    item: StreamItem::Task(task),
+                }],
+                Some(resume::Resumed::Snapshot),
+            )),
+            resume::Replay::Unknown => Err(unknown_event(after)),
         }
     }
 

@@ -3,6 +3,7 @@
 
 use super::error::{EngineError, EngineResult};
 use super::hub::TaskHub;
+use super::resume::{ResumeLimits, ResumeLogs};
 use super::validate::MessageLimits;
 use super::window::{WindowBudget, WindowLimits};
 use crate::agent::SharedAgent;
@@ -39,6 +40,8 @@ pub struct EngineConfig {
     pub lease: Duration,
     /// How the history windows actors keep between turns are bounded.
     pub window: WindowLimits,
+    /// What the logs that resumed streams replay from may hold.
+    pub resume: ResumeLimits,
 }
 
 /// The default of [`EngineConfig::response_bytes`].
@@ -58,6 +61,7 @@ impl Default for EngineConfig {
             response_bytes: DEFAULT_RESPONSE_BYTES,
             lease: Duration::from_secs(30),
             window: WindowLimits::default(),
+            resume: ResumeLimits::default(),
         }
     }
 }
@@ -106,6 +110,8 @@ pub struct Shared {
     pub(super) readiness: super::readiness::Readiness,
     /// What the actors' kept history windows hold together.
     pub(super) windows: Arc<WindowBudget>,
+    /// Each task's recent stream events, for streams that resume.
+    pub(super) resume: Arc<ResumeLogs>,
 }
 
 impl Shared {

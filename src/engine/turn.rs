@@ -195,8 +195,10 @@ impl Turn {
         let hub = TaskHub::new(
             principal.to_owned(),
             begun.task.clone(),
+            begun.turn,
             open,
             self.shared.config.subscriber_buffer,
+            self.shared.resume.clone(),
         );
         self.shared.live.insert(hub.clone());
         self.listed = Some(Listed {

@@ -117,6 +117,7 @@ async fn to_holder(
             query => format!("{path}?{query}"),
         },
         version: header_text(req, super::rpc::VERSION_HEADER),
+        last_event_id: header_text(req, super::sse::LAST_EVENT_ID),
     };
     let answer = call.send(state, body).await?;
     let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -152,6 +153,7 @@ pub async fn v1_call_to_holder(
         http_method: reqwest::Method::POST,
         path_and_query: PATH.to_owned(),
         version: Some("1.0"),
+        last_event_id: None,
     };
     let body = || {
         let request = serde_json::json!({
@@ -173,6 +175,8 @@ struct HolderCall<'a> {
     http_method: reqwest::Method,
     path_and_query: String,
     version: Option<&'a str>,
+    /// Where a resumed stream goes on from.
+    last_event_id: Option<&'a str>,
 }
 
 impl HolderCall<'_> {
@@ -216,6 +220,9 @@ impl HolderCall<'_> {
             .body(body());
         if let Some(version) = self.version {
             forward = forward.header(super::rpc::VERSION_HEADER, version);
+        }
+        if let Some(last_event_id) = self.last_event_id {
+            forward = forward.header(super::sse::LAST_EVENT_ID, last_event_id);
         }
         match forward.send().await {
             Ok(answer) => {

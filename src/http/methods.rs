@@ -3,12 +3,12 @@
 use super::errors::rpc_error;
 use super::sse;
 use super::state::AppState;
-use crate::engine::{EngineError, ValidMessage};
+use crate::engine::{EngineError, EventId, ValidMessage};
 use crate::model::{SendResult, format_time};
 use crate::protocol::codec::{self, TaskView};
 use crate::protocol::params::{
     self, ContextParams, GetConversationParams, GetTaskParams, ListConversationsParams,
-    ListTasksParams, TaskIdParams,
+    ListTasksParams, SubscribeParams, TaskIdParams,
 };
 use crate::protocol::{Method, RpcError, WireVersion, protojson};
 use crate::store::TaskQuery;
@@ -203,11 +203,19 @@ impl Call<'_> {
     }
 
     async fn subscribe(&self) -> RpcResult<sse::EventStream> {
-        let id = self.task_id()?;
+        let SubscribeParams { id, last_event_id } = self.decode()?;
+        Self::record_ids(None, Some(&id));
+        let after =
+            match last_event_id.as_deref().map(str::trim) {
+                None | Some("") => None,
+                Some(text) => Some(text.parse::<EventId>().map_err(|e| {
+                    RpcError::InvalidParams(format!("lastEventId: {text:?} is {e}"))
+                })?),
+            };
         let subscription = self
             .state
             .engine
-            .subscribe(self.principal, &id)
+            .subscribe(self.principal, &id, after)
             .await
             .map_err(|e| self.engine_error(e))?;
         Ok(sse::EventStream::new(

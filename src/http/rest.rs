@@ -143,6 +143,9 @@ async fn task_get(
         Err(error) => return error_response(&error, None),
     };
     params.insert("id".into(), Value::String(id.to_owned()));
+    if method == Method::SubscribeToTask {
+        sse::resume_point(&req, &mut params);
+    }
     serve(&req, payload, &state, method, params, Body::Unread).await
 }
 
@@ -159,7 +162,10 @@ async fn task_post(
         Some("subscribe") => Method::SubscribeToTask,
         _ => return not_found(&req),
     };
-    let params = Map::from_iter([("id".to_owned(), Value::String(id.to_owned()))]);
+    let mut params = Map::from_iter([("id".to_owned(), Value::String(id.to_owned()))]);
+    if method == Method::SubscribeToTask {
+        sse::resume_point(&req, &mut params);
+    }
     serve(&req, payload, &state, method, params, Body::Params).await
 }
 

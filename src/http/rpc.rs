@@ -214,7 +214,12 @@ async fn respond(
     }
     let id = request.id.clone();
     let base_url = super::origin::base_url(&state, &req);
-    let params = request.params;
+    let mut params = request.params;
+    if method == Method::SubscribeToTask
+        && let serde_json::Value::Object(params) = &mut params
+    {
+        sse::resume_point(&req, params);
+    }
     match call(
         &state, version, method, &principal, &base_url, params, started,
     )

@@ -1,16 +1,49 @@
 //! Server-Sent Events: each stream item is one `data:` line, holding a JSON-RPC response on the
-//! JSON-RPC binding or the bare `StreamResponse` on the HTTP+JSON binding.
+//! JSON-RPC binding or the bare `StreamResponse` on the HTTP+JSON binding, with its event id on
+//! an `id:` line (`engine::resume`), which a client sends back as `Last-Event-ID` to resume.
 
-use crate::engine::Subscription;
+use crate::engine::resume::Resumed;
+use crate::engine::{EventId, Subscription};
 use crate::model::StreamItem;
 use crate::protocol::codec::{self, TaskView};
 use crate::protocol::jsonrpc::{RequestId, failure, success};
 use crate::protocol::{RpcError, WireVersion};
-use actix_web::HttpResponse;
 use actix_web::http::header::{CacheControl, CacheDirective, ContentEncoding};
+use actix_web::{HttpRequest, HttpResponse, web};
 use actix_web_lab::sse::{self, Sse};
 use futures_util::stream;
 use std::time::Duration;
+
+/// The header a reconnecting client names the last event it saw in.
+pub const LAST_EVENT_ID: &str = "last-event-id";
+
+/// Puts where a resumed stream goes on from into `params` as `lastEventId` (unless they name
+/// it): the `Last-Event-ID` header, or the `lastEventId` query parameter for clients that
+/// cannot set headers.
+pub fn resume_point(req: &HttpRequest, params: &mut serde_json::Map<String, serde_json::Value>) {
+    if params.contains_key("lastEventId") {
+        return;
+    }
+    let from_header = req
+        .headers()
+        .get(LAST_EVENT_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let from_query = || {
+        web::Query::<std::collections::HashMap<String, String>>::from_query(req.query_string())
+            .ok()
+            .and_then(|query| query.into_inner().remove("lastEventId"))
+    };
+    if let Some(id) = from_header.or_else(from_query) {
+        params.insert("lastEventId".into(), id.into());
+    }
+}
+
+/// One event of a stream, spelled for its wire version.
+pub struct Outgoing {
+    pub id: Option<EventId>,
+    pub result: serde_json::Value,
+}
 
 /// A subscription on its way to the wire, whichever binding carries it.
 pub struct EventStream {
@@ -28,30 +61,32 @@ impl EventStream {
         }
     }
 
+    /// How the stream started, when it resumed after an id.
+    pub fn resumed(&self) -> Option<Resumed> {
+        self.subscription.resumed
+    }
+
     /// The next event as `version` spells a `StreamResponse`, or the error that ends the
     /// stream (a reader too slow for the buffer is closed, never skipped ahead); `None` once
     /// the stream is over.
-    pub async fn next(
-        &mut self,
-        version: WireVersion,
-    ) -> Option<Result<serde_json::Value, RpcError>> {
+    pub async fn next(&mut self, version: WireVersion) -> Option<Result<Outgoing, RpcError>> {
         if self.done {
             return None;
         }
         match self.subscription.items.recv().await {
-            Some(item) => {
-                self.done = match &item {
+            Some(sequenced) => {
+                let item = &sequenced.item;
+                self.done = match item {
                     // A stream that starts on an ended task has nothing more to say (one on a
                     // task waiting for input goes on: its subscription follows the task).
                     StreamItem::Task(task) => task.status.state.is_terminal(),
                     StreamItem::Message(_) => true,
                     StreamItem::Event(_) => false,
                 };
-                Some(Ok(codec::encode_stream_item(
-                    version,
-                    &item,
-                    TaskView::FULL,
-                )))
+                Some(Ok(Outgoing {
+                    id: sequenced.id,
+                    result: codec::encode_stream_item(version, item, TaskView::FULL),
+                }))
             }
             None if self.subscription.overflowed() => {
                 self.done = true;
@@ -98,7 +133,8 @@ impl Framing {
         }
     }
 
-    fn result(&self, result: serde_json::Value) -> sse::Event {
+    fn result(&self, outgoing: Outgoing) -> sse::Event {
+        let Outgoing { id, result } = outgoing;
         let value = match self {
             Framing::JsonRpc { id, .. } => success(id, result),
             Framing::Rest => result,
@@ -108,7 +144,11 @@ impl Framing {
                 result
             }
         };
-        sse::Event::Data(sse::Data::new(value.to_string()))
+        let data = sse::Data::new(value.to_string());
+        sse::Event::Data(match id {
+            Some(id) => data.id(id.to_string()),
+            None => data,
+        })
     }
 
     fn error(&self, error: &RpcError) -> sse::Event {
@@ -126,16 +166,32 @@ impl Framing {
 struct Cursor {
     events: EventStream,
     framing: Framing,
+    /// A comment to send before the first event.
+    preface: Option<&'static str>,
     _live: LiveStream,
+}
+
+/// What a resumed stream says before its first event (a comment: clients skip it).
+fn preface(resumed: Option<Resumed>) -> Option<&'static str> {
+    match resumed? {
+        Resumed::Replayed => Some("resumed: the events after Last-Event-ID follow"),
+        Resumed::Snapshot => Some(
+            "resumed from a snapshot: Last-Event-ID is older than the events kept; the task as it stands follows",
+        ),
+    }
 }
 
 pub fn respond(events: EventStream, framing: Framing) -> HttpResponse {
     let cursor = Cursor {
+        preface: preface(events.resumed()),
         events,
         framing,
         _live: LiveStream::new("colloquy_sse_streams"),
     };
     let stream = stream::unfold(cursor, |mut cursor| async move {
+        if let Some(comment) = cursor.preface.take() {
+            return Some((Ok(sse::Event::Comment(comment.into())), cursor));
+        }
         let event = match cursor.events.next(cursor.framing.version()).await? {
             Ok(result) => cursor.framing.result(result),
             Err(error) => cursor.framing.error(&error),

@@ -150,10 +150,20 @@ pub struct GetTaskParams {
     pub history_length: Option<u64>,
 }
 
-/// `CancelTask`, `SubscribeToTask` and their v0.3 names.
+/// `CancelTask` / `tasks/cancel`.
 #[derive(Debug, Deserialize)]
 pub struct TaskIdParams {
     pub id: String,
+}
+
+/// `SubscribeToTask` / `tasks/resubscribe`; `lastEventId` is colloquy's: where a stream that
+/// resumes goes on from (the HTTP bindings also take it from `Last-Event-ID`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubscribeParams {
+    pub id: String,
+    #[serde(default)]
+    pub last_event_id: Option<String>,
 }
 
 /// `ListTasks` / `tasks/list`. `status` is spelled per version; [`ListTasksParams::state`] reads it.

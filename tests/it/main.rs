@@ -33,6 +33,7 @@ mod protojson;
 mod push;
 mod push_store;
 mod rest;
+mod resume;
 mod send_cli;
 mod shutdown;
 mod store;

@@ -195,7 +195,7 @@ fn stream_responses(events: EventStream) -> EventStreamResponse {
         (events, live),
         |(mut events, live)| async move {
             let item = match events.next(WireVersion::V1).await? {
-                Ok(value) => stream_response(value),
+                Ok(outgoing) => stream_response(outgoing.result),
                 Err(error) => Err(to_status(&error)),
             };
             Some((item, (events, live)))
