@@ -84,6 +84,7 @@ const AGENT_SECONDS: &str = "colloquy_agent_seconds";
 const AGENT_ERRORS: &str = "colloquy_agent_errors_total";
 const PUSH_REFUSED: &str = "colloquy_push_refused_total";
 const HISTORY_WINDOWS: &str = "colloquy_history_windows_total";
+const STREAM_RESUMES: &str = "colloquy_stream_resumes_total";
 
 /// Series with labels; [`register_series`] registers their label values known at start.
 const LABELLED: &[&str] = &[
@@ -94,6 +95,7 @@ const LABELLED: &[&str] = &[
     AGENT_ERRORS,
     PUSH_REFUSED,
     HISTORY_WINDOWS,
+    STREAM_RESUMES,
 ];
 
 const SECONDS: Option<Unit> = Some(Unit::Seconds);
@@ -134,6 +136,9 @@ const SERIES: &[Series] = &[
     series(HISTORY_WINDOWS, Kind::Counter, None, "turns by where their history window came from: memory (the window the conversation's actor kept) or store"),
     series("colloquy_history_cache_bytes", Kind::Gauge, BYTES, "history windows kept by conversation actors between turns (estimated)"),
     series("colloquy_sse_streams", Kind::Gauge, None, "live SSE streams"),
+    series(STREAM_RESUMES, Kind::Counter, None, "streams resumed with Last-Event-ID, by outcome: replayed (the events after it) or snapshot (it was older than the events kept)"),
+    series("colloquy_stream_logs", Kind::Gauge, None, "tasks whose recent stream events are kept for resumes"),
+    series("colloquy_stream_log_bytes", Kind::Gauge, BYTES, "what the kept stream events hold (estimated)"),
     series("colloquy_grpc_streams", Kind::Gauge, None, "live gRPC streams (SendStreamingMessage, SubscribeToTask)"),
     series("colloquy_auth_failures_total", Kind::Counter, None, "requests refused for a missing or wrong token"),
     series("colloquy_push_sent_total", Kind::Counter, None, "push notifications delivered (a 2xx from the webhook)"),
@@ -191,6 +196,9 @@ pub fn register_series(backend: &'static str) {
     metrics::counter!(PUSH_REFUSED, "reason" => "pending_limit").increment(0);
     for source in ["memory", "store"] {
         metrics::counter!(HISTORY_WINDOWS, "source" => source).increment(0);
+    }
+    for outcome in ["replayed", "snapshot"] {
+        metrics::counter!(STREAM_RESUMES, "outcome" => outcome).increment(0);
     }
     drop(metrics::histogram!(AGENT_SECONDS, "backend" => backend));
 }

@@ -4,7 +4,7 @@
 
 use super::Engine;
 use super::hub::{StreamItem, Subscription};
-use super::resume::Sequenced;
+use super::resume::{EventId, Replay, Sequenced};
 use crate::model::{TaskEvent, TaskState};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -50,8 +50,9 @@ pub(super) fn follow(
         } else {
             Seen::Running
         };
+        let mut last_id = None;
         loop {
-            let last = forward(&mut current, tx, before).await;
+            let last = forward(&mut current, tx, before, &mut last_id).await;
             before = Seen::Running;
             if current.overflowed() {
                 forwarder.overflowed();
@@ -60,7 +61,7 @@ pub(super) fn follow(
             if last != Seen::Waiting {
                 return;
             }
-            match next_turn(&engine, &principal, &task_id, tx).await {
+            match next_turn(&engine, &principal, &task_id, last_id, tx).await {
                 Some(next) => current = next,
                 None => return,
             }
@@ -70,9 +71,15 @@ pub(super) fn follow(
 }
 
 /// Forwards one turn's items; an interrupted status is not the stream's last event any more.
-async fn forward(current: &mut Subscription, tx: &mpsc::Sender<Sequenced>, before: Seen) -> Seen {
+async fn forward(
+    current: &mut Subscription,
+    tx: &mpsc::Sender<Sequenced>,
+    before: Seen,
+    last_id: &mut Option<EventId>,
+) -> Seen {
     let mut last = before;
     while let Some(mut sequenced) = current.items.recv().await {
+        *last_id = sequenced.id.or(*last_id);
         let item = &mut sequenced.item;
         if let Some(state) = seen(item) {
             last = match state {
@@ -91,12 +98,16 @@ async fn forward(current: &mut Subscription, tx: &mpsc::Sender<Sequenced>, befor
     last
 }
 
-/// Waits for the turn that continues the task (on this node); on a cancel while waiting, sends
-/// the final status and returns `None`, as when the subscriber leaves or the server stops.
+/// Waits for the turn that continues the task (on this node), and goes on right after
+/// `last_id`, the last event forwarded: from that turn's hub, or from the task's log when the
+/// turn already ended (a log, once kept, records a task's later turns whole). On a cancel while
+/// waiting, sends the final status and returns `None`, as when the subscriber leaves or the
+/// server stops.
 async fn next_turn(
     engine: &Engine,
     principal: &str,
     task_id: &str,
+    last_id: Option<EventId>,
     tx: &mpsc::Sender<Sequenced>,
 ) -> Option<Subscription> {
     let mut next_read = Instant::now() + STORE_POLL;
@@ -108,7 +119,17 @@ async fn next_turn(
             return None;
         }
         if let Some(hub) = engine.shared().live.get(principal, task_id) {
-            return Some(hub.subscribe());
+            return Some(match last_id.map(|id| hub.resume(id)) {
+                Some(Ok(resumed)) => resumed,
+                _ => hub.subscribe(),
+            });
+        }
+        if let Some(after) = last_id
+            && let Some(log) = engine.shared().resume.get(principal, task_id)
+            && log.newest() > Some(after)
+            && let Replay::After(items) = log.replay_after(after, None)
+        {
+            return Some(Subscription::fixed(items, None));
         }
         if Instant::now() >= next_read {
             next_read = Instant::now() + STORE_POLL;

@@ -151,6 +151,14 @@ impl TaskHub {
         logs: Arc<ResumeLogs>,
     ) -> Arc<Self> {
         let (done, _) = watch::channel(None);
+        // A task streams have watched before on this node logs its later turns from their
+        // start, so that a stream following it misses nothing of a turn shorter than its look.
+        let log = logs.get(&principal, &task.id);
+        if let Some(log) = &log
+            && open
+        {
+            log.record(EventId { turn, n: 1 }, &StreamItem::Task(task.clone()));
+        }
         Arc::new(TaskHub {
             principal,
             task_id: task.id.clone(),
@@ -162,7 +170,7 @@ impl TaskHub {
                 open,
                 finished: false,
                 published: u32::from(open),
-                log: None,
+                log,
                 subscribers: Vec::new(),
             }),
             done,

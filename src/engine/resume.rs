@@ -224,20 +224,21 @@ impl TaskLog {
     }
 }
 
-type TaskKey = (String, String);
-
 /// Every task's log on this node.
 pub struct ResumeLogs {
     limits: ResumeLimits,
     total: Arc<AtomicUsize>,
+    /// Logs kept: `by_task`'s length, read without the lock.
+    tasks: AtomicUsize,
     logs: Mutex<Logs>,
 }
 
 #[derive(Default)]
 struct Logs {
-    by_task: HashMap<TaskKey, Arc<TaskLog>>,
+    /// By task id (unique across principals), with the principal the task belongs to.
+    by_task: HashMap<String, (String, Arc<TaskLog>)>,
     /// Oldest first, roughly: each sweep moves the logs it keeps to the back.
-    order: VecDeque<TaskKey>,
+    order: VecDeque<String>,
 }
 
 /// Logs a sweep looks at, at most, each time a log is opened: keeps opening O(1).
@@ -248,6 +249,7 @@ impl ResumeLogs {
         ResumeLogs {
             limits,
             total: Arc::new(AtomicUsize::new(0)),
+            tasks: AtomicUsize::new(0),
             logs: Mutex::new(Logs::default()),
         }
     }
@@ -258,16 +260,22 @@ impl ResumeLogs {
 
     /// The task's log, if this node keeps one.
     pub fn get(&self, principal: &str, task_id: &str) -> Option<Arc<TaskLog>> {
-        let key = (principal.to_owned(), task_id.to_owned());
-        self.lock().by_task.get(&key).cloned()
+        // Every turn asks (`TaskHub::new`): without streams there is no lock to take.
+        if self.tasks.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let logs = self.lock();
+        let (owner, log) = logs.by_task.get(task_id)?;
+        (owner == principal).then(|| log.clone())
     }
 
     /// The task's log, made if this node keeps none.
     pub fn open(&self, principal: &str, task_id: &str) -> Arc<TaskLog> {
-        let key = (principal.to_owned(), task_id.to_owned());
         let mut logs = self.lock();
         self.sweep(&mut logs);
-        if let Some(log) = logs.by_task.get(&key) {
+        if let Some((owner, log)) = logs.by_task.get(task_id)
+            && owner == principal
+        {
             return log.clone();
         }
         let log = Arc::new(TaskLog {
@@ -275,9 +283,12 @@ impl ResumeLogs {
             limits: self.limits,
             total: self.total.clone(),
         });
-        logs.by_task.insert(key.clone(), log.clone());
-        logs.order.push_back(key);
-        metrics::gauge!("colloquy_stream_logs").set(logs.by_task.len() as f64);
+        let entry = (principal.to_owned(), log.clone());
+        if let Some((_, replaced)) = logs.by_task.insert(task_id.to_owned(), entry) {
+            replaced.evict();
+        }
+        logs.order.push_back(task_id.to_owned());
+        self.count(&logs);
         log
     }
 
@@ -290,7 +301,7 @@ impl ResumeLogs {
                 break;
             };
             looked += 1;
-            let Some(log) = logs.by_task.get(&key) else {
+            let Some((_, log)) = logs.by_task.get(&key) else {
                 continue;
             };
             let over = self.total.load(Ordering::Relaxed) > self.limits.bytes;
@@ -301,6 +312,12 @@ impl ResumeLogs {
                 logs.order.push_back(key);
             }
         }
+        self.count(logs);
+    }
+
+    fn count(&self, logs: &Logs) {
+        self.tasks.store(logs.by_task.len(), Ordering::Relaxed);
+        metrics::gauge!("colloquy_stream_logs").set(logs.by_task.len() as f64);
         metrics::gauge!("colloquy_stream_log_bytes").set(self.total.load(Ordering::Relaxed) as f64);
     }
 

@@ -417,3 +417,82 @@ async fn an_id_older_than_the_log_starts_from_the_task_and_an_unreached_id_is_re
     );
     server.stop().await;
 }
+
+/// The reply a resumed stream carries, a task snapshot resetting it; and its ids in order.
+async fn read_reply(stream: &mut Events) -> (String, Vec<(u64, u32)>) {
+    let (mut reply, mut ids) = (String::new(), Vec::new());
+    while let Some(event) = next(stream).await {
+        ids.push(parse_id(&event.id));
+        match seen(&event.result) {
+            Seen::Task(task) => reply = reply_text(task),
+            Seen::Chunk(chunk) => reply.push_str(&chunk),
+            Seen::Other => {}
+        }
+    }
+    (reply, ids)
+}
+
+#[actix_rt::test]
+async fn a_resume_follows_the_task_through_a_wait_for_input_and_replays_every_turn() {
+    let server = start_with(Arc::new(Asker), |_| {}).await;
+    let mut first = events(Binding::JsonRpc(V1).stream(&server, "book a table").await);
+    let opened = next(&mut first).await.expect("the task");
+    let Seen::Task(task) = seen(&opened.result) else {
+        panic!("{:?}", opened.result)
+    };
+    let (task_id, context_id) = (
+        task["id"].as_str().unwrap().to_owned(),
+        task["contextId"].as_str().unwrap().to_owned(),
+    );
+    // The connection drops after the first event; the turn goes on and waits for input.
+    drop(first);
+    let mut state = String::new();
+    for _ in 0..100 {
+        let task = server.rpc(V1, "GetTask", json!({"id": task_id})).await;
+        state = task["result"]["status"]["state"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        if state == "TASK_STATE_INPUT_REQUIRED" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state, "TASK_STATE_INPUT_REQUIRED");
+
+    let mut resumed = events(
+        Binding::JsonRpc(V1)
+            .resume(&server, &task_id, &opened.id, false)
+            .await,
+    );
+    let missed = next(&mut resumed).await.expect("the missed status");
+    assert!(parse_id(&missed.id) > parse_id(&opened.id));
+    assert_eq!(
+        missed.result["statusUpdate"]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{:?}",
+        missed.result
+    );
+    // The stream stays open through the wait and carries the turn that answers it.
+    let answer = json!({"message": user_message(V1, "monday", Some(&context_id), Some(&task_id))});
+    let answered = server.rpc(V1, "SendMessage", answer).await;
+    assert_eq!(
+        answered["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{answered}"
+    );
+    let (reply, ids) = read_reply(&mut resumed).await;
+    assert_eq!(reply, "booked for monday");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    assert!(ids[0].0 > parse_id(&missed.id).0, "a later turn: {ids:?}");
+
+    // After the end, the same resume replays both turns' rest and closes.
+    let mut again = events(
+        Binding::JsonRpc(V1)
+            .resume(&server, &task_id, &opened.id, true)
+            .await,
+    );
+    let (reply, replayed) = read_reply(&mut again).await;
+    assert_eq!(reply, "booked for monday");
+    assert_eq!(replayed[0], parse_id(&missed.id));
+    assert_eq!(replayed[1..], ids[..], "the same events, the same ids");
+    server.stop().await;
+}
