@@ -237,6 +237,7 @@ enum Operation<'a> {
     Send,
     Stream,
     GetTask(&'a str),
+    Subscribe(&'a str),
 }
 
 impl Operation<'_> {
@@ -248,6 +249,8 @@ impl Operation<'_> {
             (Operation::Stream, WireVersion::V03) => "message/stream",
             (Operation::GetTask(_), WireVersion::V1) => "GetTask",
             (Operation::GetTask(_), WireVersion::V03) => "tasks/get",
+            (Operation::Subscribe(_), WireVersion::V1) => "SubscribeToTask",
+            (Operation::Subscribe(_), WireVersion::V03) => "tasks/resubscribe",
         }
     }
 }
@@ -528,6 +531,10 @@ impl Peer {
                     Operation::GetTask(id) => self
                         .http
                         .get(format!("{base}/tasks/{}", percent_encode_segment(id))),
+                    Operation::Subscribe(id) => self.http.get(format!(
+                        "{base}/tasks/{}:subscribe",
+                        percent_encode_segment(id)
+                    )),
                 }
             }
         };
@@ -617,12 +624,30 @@ impl Peer {
         codec::decode_task(self.version, &result, "result").map_err(|e| self.malformed(e))
     }
 
-    /// A streaming send. Each item arrives as the peer sends it; the stream ends when the peer
-    /// closes it. A silence longer than the timeout ends it with [`ClientError::Timeout`].
+    /// A streaming send. Each item arrives as the peer sends it; the stream ends when the turn
+    /// does (a message, or a final status). A connection that drops before then is resumed:
+    /// the task is subscribed to again with the last event id seen (`Last-Event-ID`), up to
+    /// [`RESUME_ATTEMPTS`] times, so the items go on where they stopped (or, from a peer that no
+    /// longer has those events, with the task as it stands). A silence longer than the timeout
+    /// ends it with [`ClientError::Timeout`].
     pub async fn stream(&self, message: &Message) -> ClientResult<EventStream> {
+        let request = self.request(Operation::Stream, self.send_params(message));
+        let first = self.open_stream(request).await?;
+        let state = Resumable {
+            peer: self.clone(),
+            current: Some(first),
+            last_id: None,
+            task_id: None,
+            finished: false,
+            attempts: 0,
+        };
+        Ok(futures_util::stream::unfold(state, Resumable::next).boxed())
+    }
+
+    /// Sends a streaming request and reads its answer as SSE events.
+    async fn open_stream(&self, request: reqwest::RequestBuilder) -> ClientResult<Frames> {
         let timeout = self.options.timeout;
-        let response = self
-            .request(Operation::Stream, self.send_params(message))
+        let response = request
             .header("Accept", "text/event-stream")
             .header("Cache-Control", "no-store")
             .send()
@@ -642,21 +667,25 @@ impl Peer {
             let result = self.result_of(value)?;
             let item =
                 codec::decode_stream_item(self.version, &result).map_err(|e| self.malformed(e))?;
-            return Ok(futures_util::stream::iter([Ok(item)]).boxed());
+            return Ok(futures_util::stream::iter([Ok((None, item))]).boxed());
         }
         let version = self.version;
         let endpoint = self.endpoint.clone();
         let events = response.bytes_stream().eventsource();
         let peer = self.clone();
-        let items = idle_timeout(events, timeout).map(move |event| {
+        let frames = idle_timeout(events, timeout).map(move |event| {
             let event = match event {
                 Err(None) => {
-                    return Err(ClientError::Timeout {
+                    return Err(Cut::Fatal(ClientError::Timeout {
                         url: endpoint.clone(),
                         secs: timeout.as_secs(),
-                    });
+                    }));
                 }
-                Err(Some(e)) => return Err(peer.malformed(format!("reading the stream: {e}"))),
+                Err(Some(e)) => {
+                    return Err(Cut::Dropped(
+                        peer.malformed(format!("reading the stream: {e}")),
+                    ));
+                }
                 Ok(event) => event,
             };
             let value: Value = serde_json::from_str(&event.data)
@@ -664,12 +693,126 @@ impl Peer {
             if event.event == "error"
                 && let Some(error) = value.get("error")
             {
-                return Err(rpc_error(error));
+                return Err(Cut::Fatal(rpc_error(error)));
             }
             let result = peer.result_of(value)?;
-            codec::decode_stream_item(version, &result).map_err(|e| peer.malformed(e))
+            let item =
+                codec::decode_stream_item(version, &result).map_err(|e| peer.malformed(e))?;
+            Ok(((!event.id.is_empty()).then_some(event.id), item))
         });
-        Ok(items.boxed())
+        Ok(frames.boxed())
+    }
+}
+
+/// How many times a stream whose connection dropped is resumed.
+pub const RESUME_ATTEMPTS: u32 = 5;
+
+/// A stream's events as they come: each with its SSE id, if it had one.
+type Frames = BoxStream<'static, Result<(Option<String>, StreamItem), Cut>>;
+
+/// Why a stream's events stopped.
+enum Cut {
+    /// The connection broke: worth resuming.
+    Dropped(ClientError),
+    /// The peer answered with an error, or was silent too long.
+    Fatal(ClientError),
+}
+
+impl From<ClientError> for Cut {
+    fn from(error: ClientError) -> Self {
+        Cut::Fatal(error)
+    }
+}
+
+/// A streamed turn that resumes after a dropped connection.
+struct Resumable {
+    peer: Peer,
+    current: Option<Frames>,
+    last_id: Option<String>,
+    task_id: Option<String>,
+    finished: bool,
+    attempts: u32,
+}
+
+/// Whether an item ends a streamed turn.
+fn ends_turn(item: &StreamItem) -> bool {
+    match item {
+        StreamItem::Message(_) => true,
+        StreamItem::Task(task) => task.status.state.ends_turn(),
+        StreamItem::Event(TaskEvent::Status {
+            status, is_final, ..
+        }) => *is_final || status.state.ends_turn(),
+        StreamItem::Event(TaskEvent::Artifact { .. }) => false,
+    }
+}
+
+fn task_id_of(item: &StreamItem) -> Option<&str> {
+    match item {
+        StreamItem::Message(message) => message.task_id.as_deref(),
+        StreamItem::Task(task) => Some(&task.id),
+        StreamItem::Event(TaskEvent::Status { task_id, .. })
+        | StreamItem::Event(TaskEvent::Artifact { task_id, .. }) => Some(task_id),
+    }
+}
+
+impl Resumable {
+    async fn next(mut self) -> Option<(ClientResult<StreamItem>, Self)> {
+        loop {
+            if self.finished {
+                return None;
+            }
+            let frame = match self.current.as_mut() {
+                Some(frames) => frames.next().await,
+                None => return None,
+            };
+            let dropped = match frame {
+                Some(Ok((id, item))) => {
+                    self.last_id = id.or(self.last_id.take());
+                    if self.task_id.is_none() {
+                        self.task_id = task_id_of(&item).map(str::to_owned);
+                    }
+                    self.finished = ends_turn(&item);
+                    return Some((Ok(item), self));
+                }
+                Some(Err(Cut::Fatal(error))) => {
+                    self.current = None;
+                    return Some((Err(error), self));
+                }
+                Some(Err(Cut::Dropped(error))) => error,
+                None => self.peer.malformed("the stream ended before the turn did"),
+            };
+            match self.resume().await {
+                Ok(frames) => self.current = Some(frames),
+                Err(error) => {
+                    self.current = None;
+                    // Nothing to resume from, or the peer would not: the drop is the error.
+                    let error = if matches!(error, ClientError::Malformed { .. }) {
+                        dropped
+                    } else {
+                        error
+                    };
+                    return Some((Err(error), self));
+                }
+            }
+        }
+    }
+
+    /// Subscribes to the task again after the last event seen.
+    async fn resume(&mut self) -> ClientResult<Frames> {
+        let (Some(task_id), Some(last_id)) = (&self.task_id, &self.last_id) else {
+            return Err(self.peer.malformed("no event id to resume from"));
+        };
+        if self.attempts >= RESUME_ATTEMPTS {
+            return Err(self.peer.malformed("resumed too many times"));
+        }
+        self.attempts += 1;
+        tokio::time::sleep(Duration::from_millis(100 << self.attempts.min(4))).await;
+        tracing::info!(%task_id, %last_id, attempt = self.attempts, "resuming a dropped stream");
+        let request = self
+            .peer
+            .request(Operation::Subscribe(task_id), json!({ "id": task_id }))
+            .header("Last-Event-ID", last_id.as_str());
+        self.peer.open_stream(request).await
     }
 }
 
@@ -749,11 +892,17 @@ impl TaskAssembler {
                 text
             }
             StreamItem::Task(task) => {
+                // A task is everything so far: after the stream's first event (a resume from a
+                // snapshot, a later turn) only what it adds is new.
                 let text = task_text(&task);
-                self.streamed_text.push_str(&text);
+                let new = match text.strip_prefix(self.streamed_text.as_str()) {
+                    Some(added) => added.to_owned(),
+                    None => text.clone(),
+                };
+                self.streamed_text = text;
                 self.finished = task.status.state.ends_turn();
                 self.task = Some(task);
-                text
+                new
             }
             StreamItem::Event(TaskEvent::Status {
                 task_id,

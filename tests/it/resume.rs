@@ -496,3 +496,90 @@ async fn a_resume_follows_the_task_through_a_wait_for_input_and_replays_every_tu
     assert_eq!(replayed[1..], ids[..], "the same events, the same ids");
     server.stop().await;
 }
+
+/// A loopback proxy to `target` that, on each connection that carries a streamed send, cuts
+/// the connection once `cut_after` bytes of the answer have passed; returns its URL and the
+/// requests it relayed.
+async fn cutting_proxy(
+    target: std::net::SocketAddr,
+    cut_after: usize,
+) -> (String, Arc<std::sync::Mutex<String>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let seen = Arc::new(std::sync::Mutex::new(String::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let upstream = tokio::net::TcpStream::connect(target).await.unwrap();
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut up_read, mut up_write) = upstream.into_split();
+            let streaming = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (flag, log) = (streaming.clone(), log.clone());
+            tokio::spawn(async move {
+                let mut buffer = vec![0; 16 * 1024];
+                while let Ok(n @ 1..) = client_read.read(&mut buffer).await {
+                    let text = String::from_utf8_lossy(&buffer[..n]).into_owned();
+                    if text.contains("SendStreamingMessage") {
+                        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    log.lock().unwrap().push_str(&text);
+                    if up_write.write_all(&buffer[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let mut buffer = vec![0; 256];
+                let mut passed = 0;
+                while let Ok(n @ 1..) = up_read.read(&mut buffer).await {
+                    if streaming.load(std::sync::atomic::Ordering::SeqCst) {
+                        passed += n;
+                        if passed > cut_after {
+                            // Cut: drop both halves mid-stream.
+                            return;
+                        }
+                    }
+                    if client_write.write_all(&buffer[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (url, seen)
+}
+
+#[actix_rt::test]
+async fn the_client_resumes_its_own_stream_after_a_dropped_connection() {
+    let agent = Arc::new(EchoAgent::new(2, Duration::from_millis(3)));
+    let server = start_with(agent, |_| {}).await;
+    let target = server
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    let (proxy_url, relayed) = cutting_proxy(target.parse().unwrap(), 1_500).await;
+    let peer = colloquy::client::connect(&proxy_url, Default::default())
+        .await
+        .expect("the card through the proxy");
+    let text = "a long question ".repeat(6);
+    let message = colloquy::client::user_text_message(&text, None, None);
+    let mut stream = peer.stream(&message).await.expect("a stream");
+    let mut assembler = colloquy::client::TaskAssembler::default();
+    let mut printed = String::new();
+    while let Some(item) = stream.next().await {
+        printed.push_str(&assembler.apply(item.expect("an item, resumed past the cut")));
+    }
+    assert!(assembler.finished);
+    let task = assembler.task.expect("a task");
+    let stored = server.rpc(V1, "GetTask", json!({"id": task.id})).await;
+    assert_eq!(stored["result"]["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(printed, reply_text(&stored["result"]), "printed once each");
+    assert!(printed.contains(text.trim()), "{printed}");
+    let relayed = relayed.lock().unwrap().to_ascii_lowercase();
+    assert!(
+        relayed.contains("last-event-id: "),
+        "the stream was cut and resumed: {relayed}"
+    );
+    server.stop().await;
+}
