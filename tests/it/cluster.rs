@@ -982,3 +982,107 @@ async fn a_partitioned_schema_keeps_each_conversation_in_one_partition() {
         "each conversation's notifications"
     );
 }
+
+/// The next SSE event with data on `events`: its id and its JSON, under `result` (the REST
+/// binding's bare `StreamResponse` wrapped as JSON-RPC's is).
+async fn next_with_id<S>(events: &mut S) -> Option<(String, Value)>
+where
+    S: futures_util::Stream<
+            Item = Result<
+                eventsource_stream::Event,
+                eventsource_stream::EventStreamError<reqwest::Error>,
+            >,
+        > + Unpin,
+{
+    while let Some(event) = futures_util::StreamExt::next(events).await {
+        let event = event.expect("SSE");
+        if event.data.is_empty() {
+            continue;
+        }
+        let value: Value = serde_json::from_str(&event.data).expect("JSON");
+        let value = if value.get("result").is_some() {
+            value
+        } else {
+            json!({ "result": value })
+        };
+        return Some((event.id, value));
+    }
+    None
+}
+
+#[actix_rt::test]
+async fn a_stream_resumed_through_another_node_goes_on_after_its_last_event() {
+    use eventsource_stream::Eventsource;
+    let Some(url) = pg::database("cluster::a_stream_resumed_through_another_node") else {
+        return;
+    };
+    let a = forwarding_node(&url).await;
+    let b = forwarding_node(&url).await;
+    let text = "resumed through the other node, every character once: é€😀 and the end";
+    let task_id = dripping_task(&a, "resumed-across", text).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    // Through B: the task so far and two more events, then the connection drops.
+    let first = b
+        .stream(V1, "SubscribeToTask", json!({"id": task_id}))
+        .await;
+    let mut events = Box::pin(first.bytes_stream().eventsource());
+    let (mut last, snapshot) = next_with_id(&mut events).await.expect("the task");
+    let mut streamed = artifact_text(&snapshot["result"]["task"]);
+    for _ in 0..2 {
+        let (id, event) = next_with_id(&mut events).await.expect("an event");
+        streamed.push_str(&streamed_text(&[event]));
+        last = id;
+    }
+    drop(events);
+
+    // Resumed through B by header (JSON-RPC), cut again, resumed by query (HTTP+JSON).
+    let body =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "SubscribeToTask", "params": {"id": task_id}});
+    let resumed = b
+        .client
+        .post(&b.url)
+        .header("A2A-Version", V1)
+        .header("Last-Event-ID", &last)
+        .json(&body)
+        .send()
+        .await
+        .expect("resumed");
+    let mut events = Box::pin(resumed.bytes_stream().eventsource());
+    for _ in 0..2 {
+        let (id, event) = next_with_id(&mut events).await.expect("an event");
+        assert!(
+            event["result"].get("task").is_none(),
+            "no snapshot: {event}"
+        );
+        streamed.push_str(&streamed_text(&[event]));
+        last = id;
+    }
+    drop(events);
+    let path = format!("/tasks/{task_id}:subscribe?lastEventId={last}");
+    let resumed = b
+        .client
+        .get(format!("{}{path}", b.url.trim_end_matches('/')))
+        .send()
+        .await
+        .expect("resumed");
+    let mut events = Box::pin(resumed.bytes_stream().eventsource());
+    let mut final_state = Value::Null;
+    while let Some((_, event)) = next_with_id(&mut events).await {
+        assert!(
+            event["result"].get("task").is_none(),
+            "no snapshot: {event}"
+        );
+        streamed.push_str(&streamed_text(std::slice::from_ref(&event)));
+        if let Some(update) = event["result"].get("statusUpdate") {
+            final_state = update["status"]["state"].clone();
+        }
+    }
+    assert_eq!(
+        streamed, text,
+        "the parts across three connections make the reply"
+    );
+    assert_eq!(final_state, "TASK_STATE_COMPLETED");
+    a.stop().await;
+    b.stop().await;
+}
