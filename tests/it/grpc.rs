@@ -693,3 +693,82 @@ async fn a_request_message_that_never_ends_gets_deadline_exceeded() {
     assert!(elapsed >= Duration::from_millis(450), "{elapsed:?}");
     server.stop().await;
 }
+
+/// The id a streamed event carries in its metadata.
+fn event_id(event: &pb::StreamResponse) -> Option<String> {
+    use pb::stream_response::Payload;
+    let metadata = match event.payload.as_ref()? {
+        Payload::Task(task) => task.metadata.as_ref(),
+        Payload::Message(message) => message.metadata.as_ref(),
+        Payload::StatusUpdate(update) => update.metadata.as_ref(),
+        Payload::ArtifactUpdate(update) => update.metadata.as_ref(),
+    }?;
+    match metadata.fields.get("colloquy/eventId")?.kind.as_ref()? {
+        prost_types::value::Kind::StringValue(id) => Some(id.clone()),
+        _ => None,
+    }
+}
+
+#[actix_rt::test]
+async fn a_stream_cut_short_resumes_after_the_last_event_id_in_its_metadata() {
+    let server = start_scripted(|_| {}).await;
+    let mut grpc = client(&server).await;
+    let mut stream = grpc
+        .send_streaming_message(send_request(
+            "drip 20 2: abcdefghijklmnopqrst",
+            "grpc-resume",
+        ))
+        .await
+        .expect("a stream")
+        .into_inner();
+    let (mut text, mut ids) = (String::new(), Vec::new());
+    for _ in 0..4 {
+        let event = stream.message().await.expect("read").expect("an event");
+        ids.push(event_id(&event).expect("every event has its id"));
+        text.push_str(&chunk_text(&event).unwrap_or_default());
+    }
+    drop(stream);
+    let mut resume = tonic::Request::new(pb::SubscribeToTaskRequest {
+        id: {
+            let listed = server
+                .rpc(V1, "ListTasks", json!({"contextId": "grpc-resume"}))
+                .await;
+            listed["result"]["tasks"][0]["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        },
+        ..Default::default()
+    });
+    let last = ids.last().unwrap().clone();
+    resume
+        .metadata_mut()
+        .insert("last-event-id", last.parse().unwrap());
+    let rest = grpc
+        .subscribe_to_task(resume)
+        .await
+        .expect("resumed")
+        .into_inner();
+    let (events, error) = drain(rest).await;
+    assert!(error.is_none(), "{error:?}");
+    for event in &events {
+        assert!(
+            !matches!(event.payload, Some(pb::stream_response::Payload::Task(_))),
+            "no snapshot after {last}: {events:?}"
+        );
+        ids.push(event_id(event).expect("an id"));
+        text.push_str(&chunk_text(event).unwrap_or_default());
+    }
+    let numbers: Vec<u32> = ids
+        .iter()
+        .map(|id| id.split_once('.').unwrap().1.parse().unwrap())
+        .collect();
+    assert_eq!(
+        numbers,
+        (1..=numbers.len() as u32).collect::<Vec<_>>(),
+        "{ids:?}"
+    );
+    assert_eq!(text, "abcdefghijklmnopqrst");
+    assert_eq!(final_state(&events), Some(pb::TaskState::Completed));
+    server.stop().await;
+}

@@ -8,6 +8,7 @@
 
 use super::forwarded;
 use super::status::to_status;
+use crate::engine::EventId;
 use crate::http::auth::AuthError;
 use crate::http::forward;
 use crate::http::methods::Reply;
@@ -110,7 +111,13 @@ impl A2aGrpc {
         let started = Instant::now();
         let prepared = check_version(request.metadata())
             .and_then(|()| principal(&self.state, request.metadata()))
-            .and_then(|principal| Ok((principal, to_json::<J>(request.get_ref())?)));
+            .and_then(|principal| Ok((principal, to_json::<J>(request.get_ref())?)))
+            .map(|(principal, mut params)| {
+                if method == Method::SubscribeToTask {
+                    resume_point(request.metadata(), &mut params);
+                }
+                (principal, params)
+            });
         let (principal, params) = match prepared {
             Ok(prepared) => prepared,
             Err(error) => {
@@ -187,15 +194,48 @@ fn stream_response(value: Value) -> Result<pb::StreamResponse, Status> {
     from_json::<pj::StreamResponse, pb::StreamResponse>(value).map_err(|error| to_status(&error))
 }
 
-/// Each event as a `StreamResponse`; the error that ends a stream (a reader too slow for the
-/// buffer) ends it as its status, as on the other bindings.
+/// The metadata key each streamed event's id goes under (the event's own `metadata`: gRPC has
+/// no metadata per message) and the request metadata a resume names the last one seen in.
+const EVENT_ID_KEY: &str = "colloquy/eventId";
+const LAST_EVENT_ID_KEY: &str = "last-event-id";
+
+/// A `SubscribeToTask` with `last-event-id` metadata resumes after it, as `Last-Event-ID` does
+/// on the HTTP bindings.
+fn resume_point(metadata: &MetadataMap, params: &mut Value) {
+    let last = metadata
+        .get(LAST_EVENT_ID_KEY)
+        .and_then(|v| v.to_str().ok());
+    if let (Some(last), Value::Object(params)) = (last, params) {
+        params
+            .entry("lastEventId")
+            .or_insert_with(|| last.to_owned().into());
+    }
+}
+
+/// Puts an event's id into the `metadata` of the task, message or update it carries.
+fn with_event_id(mut result: Value, id: Option<EventId>) -> Value {
+    if let (Some(id), Value::Object(response)) = (id, &mut result)
+        && let Some(Value::Object(payload)) = response.values_mut().next()
+    {
+        let metadata = payload
+            .entry("metadata")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Value::Object(metadata) = metadata {
+            metadata.insert(EVENT_ID_KEY.into(), id.to_string().into());
+        }
+    }
+    result
+}
+
+/// Each event as a `StreamResponse`, its id in its metadata; the error that ends a stream (a
+/// reader too slow for the buffer) ends it as its status, as on the other bindings.
 fn stream_responses(events: EventStream) -> EventStreamResponse {
     let live = LiveStream::new("colloquy_grpc_streams");
     Box::pin(futures_util::stream::unfold(
         (events, live),
         |(mut events, live)| async move {
             let item = match events.next(WireVersion::V1).await? {
-                Ok(outgoing) => stream_response(outgoing.result),
+                Ok(outgoing) => stream_response(with_event_id(outgoing.result, outgoing.id)),
                 Err(error) => Err(to_status(&error)),
             };
             Some((item, (events, live)))
