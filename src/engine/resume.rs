@@ -412,6 +412,7 @@ mod tests {
         for n in 1..=3 {
             log.record(id(2, n), &status(n));
         }
+        assert!(logs.get("another principal", "t").is_none());
         // Four kept: 1.3, 2.1, 2.2, 2.3.
         assert_eq!(
             ids(log.replay_after(id(1, 3), None)),

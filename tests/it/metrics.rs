@@ -55,15 +55,7 @@ async fn metrics_count_exactly_the_workload() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 
-    let text = server
-        .client
-        .get(format!("{}metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = server.metrics_text().await;
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
         .expect("Prometheus text");
     assert_eq!(

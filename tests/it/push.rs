@@ -818,15 +818,7 @@ async fn start_echo_with(tweak: impl FnOnce(&mut colloquy::config::Config)) -> T
 
 /// A sample's value in the server's `/metrics` text (0 when absent).
 async fn metric(server: &TestServer, name: &str) -> f64 {
-    let text = server
-        .client
-        .get(format!("{}metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = server.metrics_text().await;
     text.lines()
         .find_map(|line| {
             line.strip_prefix(name)?

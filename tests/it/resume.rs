@@ -398,15 +398,7 @@ async fn an_id_older_than_the_log_starts_from_the_task_and_an_unreached_id_is_re
     };
     assert_eq!(status, 400);
 
-    let metrics = server
-        .client
-        .get(format!("{}metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics_text().await;
     assert!(
         metrics.contains("colloquy_stream_resumes_total{outcome=\"replayed\"} 1"),
         "{metrics}"

@@ -393,6 +393,16 @@ impl TestServer {
             .expect("card JSON")
     }
 
+    /// The server's `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        let response = self.client.get(format!("{}metrics", self.url)).send().await;
+        response
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
     /// Opens a JSON-RPC SSE stream (SendStreamingMessage, SubscribeToTask ...).
     pub async fn stream(&self, version: &str, method: &str, params: Value) -> reqwest::Response {
         let body = json!({"jsonrpc": "2.0", "id": next_id(), "method": method, "params": params});
