@@ -264,7 +264,8 @@ impl ResumeLogs {
         if self.tasks.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        let logs = self.lock();
+        let mut logs = self.lock();
+        self.sweep(&mut logs);
         let (owner, log) = logs.by_task.get(task_id)?;
         (owner == principal).then(|| log.clone())
     }
@@ -292,7 +293,9 @@ impl ResumeLogs {
         log
     }
 
-    /// Drops logs past their time, and the oldest while all hold more than the byte budget.
+    /// Drops logs past their time, and the oldest while all hold more than the byte budget. Runs
+    /// whenever a log is looked up or opened (each turn does), a few logs at a time; on a server
+    /// that takes no turns expired logs wait, within the byte budget.
     fn sweep(&self, logs: &mut Logs) {
         let now = Instant::now();
         let mut looked = 0;
