@@ -86,12 +86,23 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         None => (None, serde_json::json!({"keys": []})),
     };
     let database = opened.database;
+    let relay = match (&database, config.cluster.secret()) {
+        (Some(_), Some(secret)) => Some(crate::http::NodeRelay::new(
+            secret.to_owned(),
+            store.clone(),
+            config.streaming.subscriber_buffer,
+        )),
+        _ => None,
+    };
     let engine = start_engine(store, agent, &config)
         .await
         .map_err(|source| StartError::Store {
             path: store_location(&config),
             source,
         })?;
+    if let Some(relay) = relay {
+        engine.relay_through(Arc::new(relay));
+    }
     let metrics_token = config
         .metrics
         .token

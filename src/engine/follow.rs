@@ -1,10 +1,14 @@
 //! A subscription that follows a task, not a turn: when a turn ends waiting for input
 //! (`input-required`, `auth-required`), it stays open, takes up the turn that continues the
-//! task, and closes only when the task reaches a terminal state (or the server stops).
+//! task, and closes only when the task reaches a terminal state (or the server stops). On
+//! several nodes the next turn may run on another node: its events are relayed from there
+//! (`relay`). A relayed stream that breaks off (its node died) is followed up in the store:
+//! the task's turn moves on elsewhere, or it is failed once the dead node's lease expires, and
+//! the stream ends with that state rather than a bare cut.
 
-use super::Engine;
 use super::hub::{StreamItem, Subscription};
 use super::resume::{EventId, Replay, Sequenced};
+use super::{Engine, Scope};
 use crate::model::{TaskEvent, TaskState};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -13,6 +17,9 @@ use tokio::sync::mpsc;
 const LIVE_POLL: Duration = Duration::from_millis(50);
 /// How often it reads the stored task (a cancel while waiting ends the task without a turn).
 const STORE_POLL: Duration = Duration::from_secs(1);
+/// As often on several nodes, where the next turn may run on another node: soon enough to
+/// catch all but the shortest turns live there.
+const CLUSTER_STORE_POLL: Duration = Duration::from_millis(250);
 
 /// What the last item forwarded said about the task.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -39,6 +46,7 @@ pub(super) fn follow(
     task_id: String,
     first: Subscription,
     waiting: bool,
+    scope: Scope,
 ) -> Subscription {
     let (forwarder, subscription) =
         Subscription::forwarding(engine.shared().config.subscriber_buffer, first.resumed);
@@ -58,7 +66,12 @@ pub(super) fn follow(
                 forwarder.overflowed();
                 return;
             }
-            if last != Seen::Waiting {
+            // A turn that ended, or (following the task) a stream that broke off mid-turn.
+            let follow_on = match scope {
+                Scope::Task => last != Seen::Ended,
+                Scope::Turn => false,
+            };
+            if !follow_on {
                 return;
             }
             match next_turn(&engine, &principal, &task_id, last_id, tx).await {
@@ -98,11 +111,11 @@ async fn forward(
     last
 }
 
-/// Waits for the turn that continues the task (on this node), and goes on right after
-/// `last_id`, the last event forwarded: from that turn's hub, or from the task's log when the
-/// turn already ended (a log, once kept, records a task's later turns whole). On a cancel while
-/// waiting, sends the final status and returns `None`, as when the subscriber leaves or the
-/// server stops.
+/// Waits for the turn that continues the task, and goes on right after `last_id`, the last
+/// event forwarded: from that turn's hub, or from the task's log when the turn already ended (a
+/// log, once kept, records a task's later turns whole), or relayed from the node that runs it.
+/// On a cancel while waiting, or a task failed because its node died, sends the final status
+/// and returns `None`, as when the subscriber leaves or the server stops.
 async fn next_turn(
     engine: &Engine,
     principal: &str,
@@ -110,9 +123,15 @@ async fn next_turn(
     last_id: Option<EventId>,
     tx: &mpsc::Sender<Sequenced>,
 ) -> Option<Subscription> {
-    let mut next_read = Instant::now() + STORE_POLL;
-    // When the store says running but no turn is live here yet: a turn registers its hub just
-    // after storing its start, so give it this long before deciding it runs elsewhere.
+    let relay = engine.relay(Scope::Task);
+    // How long the task may read running with its turn nowhere to be found: a turn registers
+    // its hub just after storing its start; on several nodes its node may have died, and the
+    // task reads failed once that node's lease runs out.
+    let (patience, poll) = match relay {
+        Some(_) => (engine.config().lease + 2 * STORE_POLL, CLUSTER_STORE_POLL),
+        None => (STORE_POLL, STORE_POLL),
+    };
+    let mut next_read = Instant::now() + poll;
     let mut running_seen: Option<Instant> = None;
     loop {
         if tx.is_closed() || engine.is_shutting_down() {
@@ -132,32 +151,49 @@ async fn next_turn(
             return Some(Subscription::fixed(items, None));
         }
         if Instant::now() >= next_read {
-            next_read = Instant::now() + STORE_POLL;
+            next_read = Instant::now() + poll;
             let task = engine.get_task(principal, task_id).await.ok()?;
             if task.status.state.is_terminal() {
-                let end = TaskEvent::Status {
-                    task_id: task.id,
-                    context_id: task.context_id,
-                    status: task.status,
-                    is_final: true,
-                };
                 let end = Sequenced {
                     id: None,
-                    item: StreamItem::Event(end),
+                    item: last_word(task),
                 };
                 let _ = tx.send(end).await;
                 return None;
             }
             if !task.status.state.is_interrupted() {
+                if let Some(relay) = &relay
+                    && let Some(remote) = relay.subscribe(principal, task_id, last_id).await
+                {
+                    return Some(remote);
+                }
                 let since = *running_seen.get_or_insert_with(Instant::now);
-                if since.elapsed() >= STORE_POLL {
-                    // Running, but not here: its turn is on another node, whose streams carry
-                    // it; this one ends rather than wait for ever.
+                if since.elapsed() >= patience {
+                    // Running, but nowhere this node can reach; this stream ends rather than
+                    // wait for ever.
                     return None;
                 }
-                next_read = Instant::now();
+                if relay.is_none() {
+                    next_read = Instant::now();
+                }
             }
         }
         tokio::time::sleep(LIVE_POLL).await;
+    }
+}
+
+/// What a stream that saw no turn end the task says last: a cancel while the task waited ends
+/// it with the canceled status; any other end came from a turn this stream did not see (one
+/// that ran and ended between two looks, or one whose node died), so the task as it stands.
+fn last_word(task: crate::model::Task) -> StreamItem {
+    if task.status.state == TaskState::Canceled {
+        StreamItem::Event(TaskEvent::Status {
+            task_id: task.id,
+            context_id: task.context_id,
+            status: task.status,
+            is_final: true,
+        })
+    } else {
+        StreamItem::Task(task)
     }
 }

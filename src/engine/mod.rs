@@ -11,6 +11,7 @@ mod error;
 mod follow;
 pub mod hub;
 mod readiness;
+pub mod relay;
 pub mod resume;
 mod shared;
 mod turn;
@@ -20,6 +21,7 @@ mod window;
 pub use drive::StopReason;
 pub use error::{EngineError, EngineResult};
 pub use hub::{StreamItem, Subscription, TaskHub};
+pub use relay::Relay;
 pub use resume::{EventId, ResumeLimits, Sequenced};
 pub use shared::{DEFAULT_RESPONSE_BYTES, EngineConfig, Shared, TaskRegistry};
 pub use validate::{MessageLimits, ValidMessage, check_context_id, check_sizes};
@@ -51,6 +53,15 @@ fn unknown_event(after: EventId) -> EngineError {
     ))
 }
 
+/// How far a subscription follows its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Through every turn, on whichever node runs it, until the task ends (a client's).
+    Task,
+    /// To the end of the current turn on this node (another node relaying it, see [`Relay`]).
+    Turn,
+}
+
 /// The engine's front door. Cheap to clone; needs a running actix System to start.
 #[derive(Clone)]
 pub struct Engine {
@@ -70,6 +81,7 @@ impl Engine {
             running: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
             readiness: readiness::Readiness::default(),
+            relay: std::sync::OnceLock::new(),
         });
         Engine {
             directory: Directory::start(shared, arbiters),
@@ -78,6 +90,12 @@ impl Engine {
 
     fn shared(&self) -> &Shared {
         self.directory.shared()
+    }
+
+    /// Lets subscriptions take the events of turns other nodes run (several nodes on one
+    /// database); set once, before serving.
+    pub fn relay_through(&self, relay: Arc<dyn Relay>) {
+        let _ = self.shared().relay.set(relay);
     }
 
     pub fn store(&self) -> &SharedStore {
@@ -275,15 +293,21 @@ impl Engine {
 
     /// Follows a task: the task with everything so far (or, with `after`, the events right after
     /// that id), then every later event, through waits for input and the turns that answer
-    /// them, until the task ends.
+    /// them, until the task ends; with [`Scope::Turn`], only until its current turn ends.
     pub async fn subscribe(
         &self,
         principal: &str,
         task_id: &str,
         after: Option<EventId>,
+        scope: Scope,
     ) -> EngineResult<Subscription> {
-        let (first, waiting) = self.subscribe_turn(principal, task_id, after).await?;
-        if let Some(resumed) = first.resumed {
+        let (first, waiting, relayed) = self
+            .subscribe_turn(principal, task_id, after, scope)
+            .await?;
+        // A relayed resume is counted where its events come from.
+        if let Some(resumed) = first.resumed
+            && !relayed
+        {
             resumed.count();
         }
         Ok(follow::follow(
@@ -292,6 +316,7 @@ impl Engine {
             task_id.to_owned(),
             first,
             waiting,
+            scope,
         ))
     }
 
@@ -299,31 +324,46 @@ impl Engine {
         self.shared().shutting_down.load(Ordering::Acquire)
     }
 
-    /// The running turn's stream, or the waiting task alone (resumed: what the log holds), and
-    /// whether the task waits for input before anything of it is streamed.
+    /// The running turn's stream (here, or relayed from the node that runs it), or the waiting
+    /// task alone (resumed: what the log holds); whether the task waits for input before
+    /// anything of it is streamed, and whether the stream is relayed.
     async fn subscribe_turn(
         &self,
         principal: &str,
         task_id: &str,
         after: Option<EventId>,
-    ) -> EngineResult<(Subscription, bool)> {
+        scope: Scope,
+    ) -> EngineResult<(Subscription, bool, bool)> {
         // A turn registers its hub just after storing its start; give that moment a chance.
         let deadline = Instant::now() + Duration::from_secs(1);
+        // A relayed subscription never relays again: nodes do not chain.
+        let mut relay = self.relay(scope);
         loop {
             if let Some(hub) = self.shared().live.get(principal, task_id) {
                 let subscription = match after {
                     None => hub.subscribe(),
                     Some(after) => hub.resume(after).map_err(|_| unknown_event(after))?,
                 };
-                return Ok((subscription, false));
+                return Ok((subscription, false, false));
             }
             let task = self.get_task(principal, task_id).await?;
             let state = task.status.state;
+            if !state.is_terminal()
+                && !state.is_interrupted()
+                && let Some(relay) = relay.take()
+                && let Some(remote) = relay.subscribe(principal, task_id, after).await
+            {
+                return Ok((remote, false, true));
+            }
             if let Some(after) = after
                 && (state.is_terminal() || state.is_interrupted() || Instant::now() >= deadline)
             {
                 let waiting = state.is_interrupted();
-                return Ok((self.resume_without_turn(principal, task, after)?, waiting));
+                return Ok((
+                    self.resume_without_turn(principal, task, after)?,
+                    waiting,
+                    false,
+                ));
             }
             if state.is_terminal() {
                 return Err(EngineError::TaskTerminal {
@@ -332,9 +372,17 @@ impl Engine {
                 });
             }
             if state.is_interrupted() || Instant::now() >= deadline {
-                return Ok((Subscription::single(StreamItem::Task(task)), false));
+                return Ok((Subscription::single(StreamItem::Task(task)), false, false));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Where a subscription of `scope` takes the turns other nodes run from, if anywhere.
+    fn relay(&self, scope: Scope) -> Option<Arc<dyn Relay>> {
+        match scope {
+            Scope::Task => self.shared().relay.get().cloned(),
+            Scope::Turn => None,
         }
     }
 

@@ -80,6 +80,13 @@ impl Resumed {
         }
     }
 
+    /// The outcome a [`Resumed::label`] names.
+    pub fn from_label(label: &str) -> Option<Resumed> {
+        [Resumed::Replayed, Resumed::Snapshot]
+            .into_iter()
+            .find(|resumed| resumed.label() == label)
+    }
+
     /// Counts one resume in `colloquy_stream_resumes_total`.
     pub fn count(self) {
         metrics::counter!("colloquy_stream_resumes_total", "outcome" => self.label()).increment(1);

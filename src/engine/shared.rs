@@ -112,6 +112,8 @@ pub struct Shared {
     pub(super) windows: Arc<WindowBudget>,
     /// Each task's recent stream events, for streams that resume.
     pub(super) resume: Arc<ResumeLogs>,
+    /// Where the events of turns other nodes run come from (unset on one node).
+    pub(super) relay: std::sync::OnceLock<Arc<dyn super::Relay>>,
 }
 
 impl Shared {

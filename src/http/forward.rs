@@ -1,18 +1,26 @@
-//! Requests that follow a task another node runs (`GetTask`, `CancelTask`, `SubscribeToTask`),
-//! by either binding, go to that node: its address is in the conversation's lease. The request
+//! Requests that follow a task another node runs (`GetTask`, `CancelTask`), by either binding,
+//! go to that node: its address is in the conversation's lease. The request
 //! is passed on as it came (HTTP method, path, query, body and wire version) to the holder's
 //! internal endpoints, [`PATH`] for JSON-RPC and the HTTP+JSON routes under [`REST_PREFIX`],
 //! authenticated by the shared `cluster.secret` and carrying the caller's principal; the holder's
-//! answer, an SSE stream included, is passed back byte for byte. A holder that cannot be reached
-//! is answered from the database here (its lease expires, then its task reads failed).
+//! answer is passed back byte for byte. A holder that cannot be reached is answered from the
+//! database here (its lease expires, then its task reads failed). Subscriptions stay with the
+//! node they were made on, which takes each turn's events from the node that runs it
+//! ([`NodeRelay`]) and so follows the task across nodes.
 
 use super::state::AppState;
+use crate::engine::hub::Forwarder;
+use crate::engine::resume::Resumed;
+use crate::engine::{EventId, Relay, Sequenced, Subscription};
 use crate::error::chain;
-use crate::protocol::{Method, RpcRequest};
+use crate::protocol::{Method, RpcRequest, WireVersion, codec};
+use crate::store::SharedStore;
 use actix_web::http::StatusCode;
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse};
+use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
 use std::time::Duration;
 use subtle::ConstantTimeEq;
 
@@ -117,7 +125,7 @@ async fn to_holder(
             query => format!("{path}?{query}"),
         },
         version: header_text(req, super::rpc::VERSION_HEADER),
-        last_event_id: header_text(req, super::sse::LAST_EVENT_ID),
+        last_event_id: None,
     };
     let answer = call.send(state, body).await?;
     let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -182,28 +190,31 @@ struct HolderCall<'a> {
 impl HolderCall<'_> {
     /// The holder's answer; `None` when the call is not one that follows a task, the task runs
     /// here or nowhere, or its node does not answer (then the database answers here).
+    /// Subscriptions are not passed on: the engine relays their turns (see [`NodeRelay`]).
     async fn send(
         self,
         state: &AppState,
         body: impl FnOnce() -> Vec<u8>,
     ) -> Option<reqwest::Response> {
         let secret = state.config.cluster.secret()?;
+        if !matches!(self.method, Method::GetTask | Method::CancelTask) {
+            return None;
+        }
+        if state.engine.runs_here(self.principal, self.task_id) {
+            return None;
+        }
+        self.post(secret, state.engine.store(), body).await
+    }
+
+    /// Passes the call on to the node whose lease runs the task, if another one does.
+    async fn post(
+        self,
+        secret: &str,
+        store: &SharedStore,
+        body: impl FnOnce() -> Vec<u8>,
+    ) -> Option<reqwest::Response> {
         let task_id = self.task_id;
-        if !matches!(
-            self.method,
-            Method::GetTask | Method::CancelTask | Method::SubscribeToTask
-        ) {
-            return None;
-        }
-        if state.engine.runs_here(self.principal, task_id) {
-            return None;
-        }
-        let holder = match state
-            .engine
-            .store()
-            .running_holder(self.principal, task_id)
-            .await
-        {
+        let holder = match store.running_holder(self.principal, task_id).await {
             Ok(holder) => holder?,
             Err(e) => {
                 tracing::warn!(error = %chain(&e), %task_id, "finding the node that runs a task");
@@ -233,6 +244,108 @@ impl HolderCall<'_> {
                 tracing::warn!(error = %chain(&e), %holder, %task_id, "the node running a task did not answer; answering from the database");
                 None
             }
+        }
+    }
+}
+
+/// Relays the events of a turn another node runs: a turn-only `SubscribeToTask` (JSON-RPC
+/// v1.0) to that node's internal endpoint, its SSE events decoded back into stream items with
+/// their ids. The subscribing node's engine follows the task from turn to turn.
+pub struct NodeRelay {
+    secret: String,
+    store: SharedStore,
+    buffer: usize,
+}
+
+impl NodeRelay {
+    pub fn new(secret: String, store: SharedStore, buffer: usize) -> Self {
+        NodeRelay {
+            secret,
+            store,
+            buffer,
+        }
+    }
+}
+
+impl Relay for NodeRelay {
+    fn subscribe(
+        &self,
+        principal: &str,
+        task_id: &str,
+        after: Option<EventId>,
+    ) -> BoxFuture<'static, Option<Subscription>> {
+        let (secret, store, buffer) = (self.secret.clone(), self.store.clone(), self.buffer);
+        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
+        Box::pin(async move {
+            let after = after.map(|id| id.to_string());
+            let call = HolderCall {
+                principal: &principal,
+                method: Method::SubscribeToTask,
+                task_id: &task_id,
+                http_method: reqwest::Method::POST,
+                path_and_query: PATH.to_owned(),
+                version: Some("1.0"),
+                last_event_id: after.as_deref(),
+            };
+            let body = || {
+                let params = serde_json::json!({"id": task_id, "turnOnly": true});
+                let request = serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": Method::SubscribeToTask.label(),
+                    "params": params,
+                });
+                request.to_string().into_bytes()
+            };
+            let answer = call.post(&secret, &store, body).await?;
+            let is_stream = answer
+                .headers()
+                .get(header::CONTENT_TYPE.as_str())
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+            if !answer.status().is_success() || !is_stream {
+                return None;
+            }
+            let resumed = answer
+                .headers()
+                .get(super::sse::RESUMED_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(Resumed::from_label);
+            let (forwarder, subscription) = Subscription::forwarding(buffer, resumed);
+            tokio::spawn(relay_events(answer, forwarder, task_id));
+            Some(subscription)
+        })
+    }
+}
+
+/// Passes the relayed stream's events on until it ends, breaks off, or says an error (each
+/// ends the relayed subscription; the subscribing node's engine decides what follows).
+async fn relay_events(answer: reqwest::Response, forwarder: Forwarder, task_id: String) {
+    let mut events = answer.bytes_stream().eventsource();
+    while let Some(Ok(event)) = events.next().await {
+        if event.data.is_empty() {
+            continue;
+        }
+        let value: serde_json::Value = match serde_json::from_str(&event.data) {
+            Ok(value) => value,
+            Err(e) => {
+                tracing::warn!(error = %e, %task_id, "a relayed event is not JSON");
+                return;
+            }
+        };
+        let Some(result) = value.get("result") else {
+            return;
+        };
+        let item = match codec::decode_stream_item(WireVersion::V1, result) {
+            Ok(item) => item,
+            Err(e) => {
+                tracing::warn!(error = %e, %task_id, "a relayed event does not decode");
+                return;
+            }
+        };
+        let id = event.id.parse().ok();
+        if forwarder.tx.send(Sequenced { id, item }).await.is_err() {
+            return;
         }
     }
 }

@@ -3,7 +3,7 @@
 use super::errors::rpc_error;
 use super::sse;
 use super::state::AppState;
-use crate::engine::{EngineError, EventId, ValidMessage};
+use crate::engine::{EngineError, EventId, Scope, ValidMessage};
 use crate::model::{SendResult, format_time};
 use crate::protocol::codec::{self, TaskView};
 use crate::protocol::params::{
@@ -203,7 +203,11 @@ impl Call<'_> {
     }
 
     async fn subscribe(&self) -> RpcResult<sse::EventStream> {
-        let SubscribeParams { id, last_event_id } = self.decode()?;
+        let SubscribeParams {
+            id,
+            last_event_id,
+            turn_only,
+        } = self.decode()?;
         Self::record_ids(None, Some(&id));
         let after =
             match last_event_id.as_deref().map(str::trim) {
@@ -212,10 +216,11 @@ impl Call<'_> {
                     RpcError::InvalidParams(format!("lastEventId: {text:?} is {e}"))
                 })?),
             };
+        let scope = if turn_only { Scope::Turn } else { Scope::Task };
         let subscription = self
             .state
             .engine
-            .subscribe(self.principal, &id, after)
+            .subscribe(self.principal, &id, after, scope)
             .await
             .map_err(|e| self.engine_error(e))?;
         Ok(sse::EventStream::new(

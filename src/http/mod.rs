@@ -23,6 +23,7 @@ mod state;
 mod unread_body;
 
 pub use auth::{Auth, TokenConfigError, digest as token_digest};
+pub use forward::NodeRelay;
 pub use origin::TrustedProxies;
 pub use state::AppState;
 

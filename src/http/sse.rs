@@ -16,6 +16,8 @@ use std::time::Duration;
 
 /// The header a reconnecting client names the last event it saw in.
 pub const LAST_EVENT_ID: &str = "last-event-id";
+/// How a resumed stream started ([`Resumed::label`]), for a node relaying it (`forward`).
+pub const RESUMED_HEADER: &str = "x-colloquy-resumed";
 
 /// Puts where a resumed stream goes on from into `params` as `lastEventId` (unless they name
 /// it): the `Last-Event-ID` header, or the `lastEventId` query parameter for clients that
@@ -182,8 +184,9 @@ fn preface(resumed: Option<Resumed>) -> Option<&'static str> {
 }
 
 pub fn respond(events: EventStream, framing: Framing) -> HttpResponse {
+    let resumed = events.resumed();
     let cursor = Cursor {
-        preface: preface(events.resumed()),
+        preface: preface(resumed),
         events,
         framing,
         _live: LiveStream::new("colloquy_sse_streams"),
@@ -198,7 +201,14 @@ pub fn respond(events: EventStream, framing: Framing) -> HttpResponse {
         };
         Some((Ok::<_, std::convert::Infallible>(event), cursor))
     });
-    event_stream(stream)
+    let mut response = event_stream(stream);
+    if let Some(resumed) = resumed {
+        response.headers_mut().insert(
+            actix_web::http::header::HeaderName::from_static(RESUMED_HEADER),
+            actix_web::http::header::HeaderValue::from_static(resumed.label()),
+        );
+    }
+    response
 }
 
 /// An event stream carrying only `error`: v0.3's `tasks/resubscribe` answers an error before any

@@ -157,13 +157,16 @@ pub struct TaskIdParams {
 }
 
 /// `SubscribeToTask` / `tasks/resubscribe`; `lastEventId` is colloquy's: where a stream that
-/// resumes goes on from (the HTTP bindings also take it from `Last-Event-ID`).
+/// resumes goes on from (the HTTP bindings also take it from `Last-Event-ID`). `turnOnly` is
+/// colloquy's too, sent between nodes: a stream relayed to another node ends with its turn.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SubscribeParams {
     pub id: String,
     #[serde(default)]
     pub last_event_id: Option<String>,
+    #[serde(default)]
+    pub turn_only: bool,
 }
 
 /// `ListTasks` / `tasks/list`. `status` is spelled per version; [`ListTasksParams::state`] reads it.

@@ -1086,3 +1086,210 @@ async fn a_stream_resumed_through_another_node_goes_on_after_its_last_event() {
     a.stop().await;
     b.stop().await;
 }
+
+/// What a client assembles from a v1.0 stream: each artifact's text by id (a task replaces
+/// them, an update appends to or replaces one) and the last state.
+#[derive(Default, Debug)]
+struct Assembled {
+    artifacts: std::collections::BTreeMap<String, String>,
+    state: String,
+}
+
+impl Assembled {
+    fn of_task(task: &Value) -> Assembled {
+        let mut assembled = Assembled::default();
+        assembled.apply(&json!({ "task": task }));
+        assembled
+    }
+
+    fn apply(&mut self, result: &Value) {
+        let text = |artifact: &Value| artifact_text(&json!({ "artifacts": [artifact] }));
+        if let Some(task) = result.get("task") {
+            self.artifacts = task["artifacts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|a| (a["artifactId"].as_str().unwrap_or("").to_owned(), text(a)))
+                .collect();
+            self.state = state_of(task);
+        } else if let Some(update) = result.get("artifactUpdate") {
+            let artifact = &update["artifact"];
+            let id = artifact["artifactId"].as_str().unwrap_or("").to_owned();
+            let so_far = self.artifacts.entry(id).or_default();
+            if update["append"] != json!(true) {
+                so_far.clear();
+            }
+            so_far.push_str(&text(artifact));
+        } else if let Some(update) = result.get("statusUpdate") {
+            self.state = update["status"]["state"].as_str().unwrap_or("").to_owned();
+        }
+    }
+}
+
+/// `<turn>.<n>` as numbers, to compare.
+fn event_number(id: &str) -> (u64, u64) {
+    let (turn, n) = id.split_once('.').expect("an event id");
+    (turn.parse().expect("turn"), n.parse().expect("n"))
+}
+
+#[actix_rt::test]
+async fn a_subscription_follows_its_task_through_turns_other_nodes_run() {
+    use eventsource_stream::Eventsource;
+    let Some(url) = pg::database("cluster::a_subscription_follows_its_task") else {
+        return;
+    };
+    let a = forwarding_node(&url).await;
+    let b = forwarding_node(&url).await;
+    let c = forwarding_node(&url).await;
+    let context_id = "followed-everywhere";
+    let asked = "drip 60 4: the first turn, which A runs, ends with a question?";
+    let task_id = started_task(&a, context_id, asked).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    // On B, while A runs the first turn: its events, relayed, up to the question.
+    let subscribed = b
+        .stream(V1, "SubscribeToTask", json!({"id": task_id}))
+        .await;
+    let mut events = Box::pin(subscribed.bytes_stream().eventsource());
+    let mut seen = Assembled::default();
+    let mut ids = Vec::new();
+    while seen.state != "TASK_STATE_INPUT_REQUIRED" {
+        let (id, event) = tokio::time::timeout(Duration::from_secs(10), next_with_id(&mut events))
+            .await
+            .expect("the first turn in time")
+            .expect("an event of the first turn");
+        ids.push(id);
+        seen.apply(&event["result"]);
+    }
+
+    // C answers it: the same stream goes on with C's turn, to the task's end.
+    let answer = user_message(
+        V1,
+        "drip 60 4: the second turn, which C runs to the end",
+        Some(context_id),
+        Some(&task_id),
+    );
+    let sent = c
+        .rpc(
+            V1,
+            "SendMessage",
+            json!({"message": answer, "configuration": {"returnImmediately": true}}),
+        )
+        .await;
+    assert!(sent.get("error").is_none(), "{sent}");
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(20), next_with_id(&mut events))
+            .await
+            .expect("the stream goes on and ends in time");
+        let Some((id, event)) = next else { break };
+        ids.push(id);
+        seen.apply(&event["result"]);
+    }
+    assert_eq!(seen.state, "TASK_STATE_COMPLETED");
+    let stored = c.rpc(V1, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(
+        seen.artifacts,
+        Assembled::of_task(&stored["result"]).artifacts,
+        "what the stream on B carried assembles to the stored task"
+    );
+    assert!(
+        seen.artifacts.values().any(|t| t.contains("which C runs")),
+        "{seen:?}"
+    );
+    let numbers: Vec<(u64, u64)> = ids
+        .iter()
+        .filter(|id| !id.is_empty())
+        .map(|id| event_number(id))
+        .collect();
+    assert!(
+        numbers.windows(2).all(|pair| pair[0] < pair[1]),
+        "ids increase across the turns: {ids:?}"
+    );
+    let turns: std::collections::BTreeSet<u64> = numbers.iter().map(|(turn, _)| *turn).collect();
+    assert!(turns.len() >= 2, "events of both turns: {ids:?}");
+    a.stop().await;
+    b.stop().await;
+    c.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_stream_relayed_from_a_node_that_dies_ends_with_its_task_failed() {
+    use eventsource_stream::Eventsource;
+    let Some(url) = pg::database("cluster::a_stream_relayed_from_a_node_that_dies") else {
+        return;
+    };
+    let secret = "shared between the nodes, 32 bytes or more";
+    let mut doomed = ChildNode::start_with_env(
+        &url,
+        3,
+        150,
+        &[
+            ("COLLOQUY_CLUSTER__SECRET", secret),
+            ("COLLOQUY_AGENT__ECHO__CHUNK_CHARS", "4"),
+        ],
+    )
+    .await;
+    let b = forwarding_node(&url).await;
+    let task_id = doomed
+        .send_immediately("a reply its node never finishes", "doomed-stream")
+        .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let subscribed = b
+        .stream(V1, "SubscribeToTask", json!({"id": task_id}))
+        .await;
+    let mut events = Box::pin(subscribed.bytes_stream().eventsource());
+    let mut seen = Assembled::default();
+    let mut last = String::new();
+    for _ in 0..2 {
+        let (id, event) = next_with_id(&mut events).await.expect("a relayed event");
+        seen.apply(&event["result"]);
+        last = id;
+    }
+    let partial: String = seen.artifacts.values().cloned().collect();
+    assert!(
+        "echo: a reply its node never finishes".starts_with(&partial),
+        "a prefix of the reply so far: {partial:?}"
+    );
+    doomed.signal(libc::SIGKILL);
+    let _ = doomed.child.wait();
+
+    // The stream on B ends, not cut bare: with the task failed once the lease runs out.
+    let rest = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some((id, event)) = next_with_id(&mut events).await {
+            seen.apply(&event["result"]);
+            if !id.is_empty() {
+                last = id;
+            }
+        }
+    })
+    .await;
+    assert!(rest.is_ok(), "the stream ended");
+    assert_eq!(seen.state, "TASK_STATE_FAILED", "{seen:?}");
+    let stored = b.rpc(V1, "GetTask", json!({"id": task_id})).await;
+    assert_eq!(
+        seen.artifacts,
+        Assembled::of_task(&stored["result"]).artifacts
+    );
+
+    // A client resuming on B after the last id it saw gets the task as it stands.
+    let body =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "SubscribeToTask", "params": {"id": task_id}});
+    let resumed = b
+        .client
+        .post(&b.url)
+        .header("A2A-Version", V1)
+        .header("Last-Event-ID", &last)
+        .json(&body)
+        .send()
+        .await
+        .expect("resumed");
+    let mut events = Box::pin(resumed.bytes_stream().eventsource());
+    let (_, event) = next_with_id(&mut events).await.expect("the task");
+    assert_eq!(
+        state_of(&event["result"]["task"]),
+        "TASK_STATE_FAILED",
+        "{event}"
+    );
+    assert!(next_with_id(&mut events).await.is_none());
+    b.stop().await;
+}

@@ -182,9 +182,8 @@ impl A2aGrpc {
             Answer::Here(Reply::Json(_)) => {
                 Err(Status::internal("a streaming method answered one message"))
             }
-            Answer::Forwarded(answer) => forwarded::stream(answer, stream_response)
-                .await
-                .map(Response::new),
+            // Subscriptions are relayed by the engine, never passed on whole (`forward`).
+            Answer::Forwarded(_) => Err(Status::internal("a stream was forwarded")),
         }
     }
 }

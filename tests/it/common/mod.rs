@@ -216,7 +216,7 @@ pub fn artifact_text(task: &Value) -> String {
 /// `ask: Q` ends input-required asking Q; `fail` fails; `reject` is rejected; `panic` panics;
 /// `slow N` waits N ms then echoes; `chunks N: TEXT` streams TEXT as raw bytes in N random cuts
 /// (cuts may fall inside UTF-8 characters); `drip MS N: TEXT` streams TEXT in N-character chunks
-/// MS apart; `flood COUNT SIZE` streams COUNT chunks of SIZE bytes; anything else echoes.
+/// MS apart (then waits for input if TEXT ends in `?`); `flood COUNT SIZE` streams COUNT chunks of SIZE bytes; anything else echoes.
 pub struct ScriptedAgent;
 
 impl colloquy::agent::Agent for ScriptedAgent {
@@ -279,6 +279,14 @@ impl colloquy::agent::Agent for ScriptedAgent {
                 for chunk in chars.chunks(n) {
                     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
                     sink.text(chunk.iter().collect::<String>()).await?;
+                }
+                if body.ends_with('?') {
+                    return sink
+                        .send(AgentEvent::Status {
+                            state: TaskState::InputRequired,
+                            text: None,
+                        })
+                        .await;
                 }
                 return Ok(());
             }
