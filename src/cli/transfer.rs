@@ -335,7 +335,11 @@ fn read_lines(
             } => {
                 let item = of_current(&mut current, &principal, &context_id).map_err(at(n))?;
                 limits.check_task(&task).map_err(at(n))?;
-                item.tasks.push(TaskRecords { task, history_seqs });
+                item.tasks.push(TaskRecords {
+                    task,
+                    stream: None,
+                    history_seqs,
+                });
             }
         }
     }

@@ -66,9 +66,13 @@ pub(super) fn follow(
                 forwarder.overflowed();
                 return;
             }
-            // A turn that ended, or (following the task) a stream that broke off mid-turn.
+            // A turn that ended waiting, or a relayed stream that broke off mid-turn.
             let follow_on = match scope {
-                Scope::Task => last != Seen::Ended,
+                Scope::Task => match last {
+                    Seen::Waiting => true,
+                    Seen::Running => current.relayed,
+                    Seen::Ended => false,
+                },
                 Scope::Turn => false,
             };
             if !follow_on {
@@ -154,11 +158,11 @@ async fn next_turn(
             next_read = Instant::now() + poll;
             let task = engine.get_task(principal, task_id).await.ok()?;
             if task.status.state.is_terminal() {
-                let end = Sequenced {
-                    id: None,
-                    item: last_word(task),
-                };
-                let _ = tx.send(end).await;
+                for item in last_words(task) {
+                    if tx.send(Sequenced { id: None, item }).await.is_err() {
+                        break;
+                    }
+                }
                 return None;
             }
             if !task.status.state.is_interrupted() {
@@ -184,16 +188,18 @@ async fn next_turn(
 
 /// What a stream that saw no turn end the task says last: a cancel while the task waited ends
 /// it with the canceled status; any other end came from a turn this stream did not see (one
-/// that ran and ended between two looks, or one whose node died), so the task as it stands.
-fn last_word(task: crate::model::Task) -> StreamItem {
+/// that ran and ended between two looks, or one whose node died), so the task as it stands
+/// comes first.
+fn last_words(task: crate::model::Task) -> Vec<StreamItem> {
+    let end = StreamItem::Event(TaskEvent::Status {
+        task_id: task.id.clone(),
+        context_id: task.context_id.clone(),
+        status: task.status.clone(),
+        is_final: true,
+    });
     if task.status.state == TaskState::Canceled {
-        StreamItem::Event(TaskEvent::Status {
-            task_id: task.id,
-            context_id: task.context_id,
-            status: task.status,
-            is_final: true,
-        })
+        vec![end]
     } else {
-        StreamItem::Task(task)
+        vec![StreamItem::Task(task), end]
     }
 }

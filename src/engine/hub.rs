@@ -11,6 +11,7 @@
 
 use super::resume::{EventId, Replay, ResumeLogs, Resumed, Sequenced, TaskLog};
 use crate::model::{Artifact, Part, SendResult, Task, TaskEvent, TaskStatus};
+use crate::store::{OutlinedEvent, StreamOutline};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, watch};
@@ -42,6 +43,9 @@ struct HubState {
     published: u32,
     /// The task's resume log, once a stream watches this turn.
     log: Option<Arc<TaskLog>>,
+    /// What each event so far was, for the store (None once it cannot be outlined: a plain
+    /// message, or more events than a log keeps).
+    outline: Option<Vec<OutlinedEvent>>,
     subscribers: Vec<Subscriber>,
 }
 
@@ -56,6 +60,8 @@ pub struct Subscription {
     overflowed: Arc<AtomicBool>,
     /// How it started, when it resumed after an id.
     pub resumed: Option<Resumed>,
+    /// Its events come from another node (`relay`): an end without the turn's is a cut.
+    pub relayed: bool,
 }
 
 impl Subscription {
@@ -74,6 +80,7 @@ impl Subscription {
             items: rx,
             overflowed: Arc::new(AtomicBool::new(false)),
             resumed,
+            relayed: false,
         }
     }
 
@@ -109,6 +116,7 @@ impl Subscription {
             items,
             overflowed,
             resumed,
+            relayed: false,
         };
         (forwarder, subscription)
     }
@@ -118,8 +126,41 @@ impl Subscription {
 #[derive(Debug)]
 pub struct UnknownEventId;
 
+/// What `item`, about to be published, is in the turn's outline (the task's state already
+/// includes it).
+fn outlined(state: &HubState, item: &StreamItem) -> Option<OutlinedEvent> {
+    Some(match item {
+        StreamItem::Message(_) => return None,
+        StreamItem::Task(_) => OutlinedEvent::Opened,
+        StreamItem::Event(TaskEvent::Status { is_final: true, .. }) => OutlinedEvent::Final,
+        StreamItem::Event(TaskEvent::Status { status, .. }) => {
+            OutlinedEvent::Status(Box::new(status.clone()))
+        }
+        StreamItem::Event(TaskEvent::Artifact {
+            artifact,
+            last_chunk,
+            ..
+        }) => {
+            let reply = state
+                .reply_artifact
+                .and_then(|i| state.task.artifacts.get(i));
+            match reply {
+                Some(reply) if reply.artifact_id == artifact.artifact_id => match last_chunk {
+                    true => OutlinedEvent::Closed,
+                    false => {
+                        let text = reply.parts.first().and_then(Part::as_text);
+                        OutlinedEvent::Chunk(u32::try_from(text.map_or(0, str::len)).ok()?)
+                    }
+                },
+                // Whole artifacts are published right after they are added.
+                _ => OutlinedEvent::Artifact(state.task.artifacts.len().checked_sub(1)? as u32),
+            }
+        }
+    })
+}
+
 /// An update of the reply artifact carrying one chunk of text.
-fn reply_chunk(
+pub(super) fn reply_chunk(
     task: &Task,
     reply: &Artifact,
     chunk: &str,
@@ -154,6 +195,10 @@ impl TaskHub {
         // A task streams have watched before on this node logs its later turns from their
         // start, so that a stream following it misses nothing of a turn shorter than its look.
         let log = logs.get(&principal, &task.id);
+        let outline = (logs.events_per_task() > 0).then(|| match open {
+            true => vec![OutlinedEvent::Opened],
+            false => Vec::new(),
+        });
         if let Some(log) = &log
             && open
         {
@@ -171,6 +216,7 @@ impl TaskHub {
                 finished: false,
                 published: u32::from(open),
                 log,
+                outline,
                 subscribers: Vec::new(),
             }),
             done,
@@ -279,6 +325,7 @@ impl TaskHub {
             items: rx,
             overflowed,
             resumed,
+            relayed: false,
         }
     }
 
@@ -296,9 +343,16 @@ impl TaskHub {
         }
     }
 
-    /// Publishes the next event: its id, the log, every subscriber.
+    /// Publishes the next event: its id, the outline, the log, every subscriber.
     fn broadcast(&self, state: &mut HubState, item: StreamItem) {
         state.published += 1;
+        let outlined = outlined(state, &item);
+        if let Some(events) = &mut state.outline {
+            match outlined {
+                Some(event) if events.len() < self.logs.events_per_task() => events.push(event),
+                _ => state.outline = None,
+            }
+        }
         let id = self.newest(state);
         if let Some(log) = &state.log {
             log.record(id, &item);
@@ -422,6 +476,28 @@ impl TaskHub {
         state.subscribers.clear();
         drop(state);
         self.done.send_replace(Some(result));
+    }
+
+    /// The outline of this turn as [`TaskHub::finish`] will end it with `result`, for its final
+    /// write: only for a turn a stream watched (no other can be resumed).
+    pub fn outline_at_end(&self, result: &SendResult) -> Option<StreamOutline> {
+        let state = self.lock();
+        if state.log.is_none() || !matches!(result, SendResult::Task(_)) {
+            return None;
+        }
+        let mut events = state.outline.clone()?;
+        if !state.open {
+            events.push(OutlinedEvent::Opened);
+        }
+        if state.reply_artifact.is_some() {
+            events.push(OutlinedEvent::Closed);
+        }
+        events.push(OutlinedEvent::Final);
+        (events.len() <= self.logs.events_per_task()).then(|| StreamOutline {
+            turn: self.turn,
+            reply: state.reply_artifact.map(|i| i as u32),
+            events,
+        })
     }
 
     /// Resolves with the turn's outcome once [`TaskHub::finish`] ran.

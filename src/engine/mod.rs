@@ -360,7 +360,7 @@ impl Engine {
             {
                 let waiting = state.is_interrupted();
                 return Ok((
-                    self.resume_without_turn(principal, task, after)?,
+                    self.resume_without_turn(principal, task, after).await?,
                     waiting,
                     false,
                 ));
@@ -387,22 +387,29 @@ impl Engine {
     }
 
     /// A resume with no turn of the task running here: the logged events after `after`, or
-    /// the task as stored when the log no longer reaches back to it. A task that ended since
-    /// the last logged event (a cancel while it waited) ends the replay with its stored state.
-    fn resume_without_turn(
+    /// those its last turn's stored outline rebuilds, or the task as stored when neither
+    /// reaches back to it. A task that ended since the last logged event (a cancel while it
+    /// waited) ends the replay with its stored state.
+    async fn resume_without_turn(
         &self,
         principal: &str,
         task: Task,
         after: EventId,
     ) -> EngineResult<Subscription> {
         let log = self.shared().resume.get(principal, &task.id);
-        let replay = match &log {
+        let mut replay = match &log {
             Some(log) => log.replay_after(after, None),
             None => resume::Replay::TooOld,
         };
+        let mut logged_end = log.is_some_and(|log| log.ended());
+        if let resume::Replay::TooOld = replay
+            && let Some(outline) = self.store().stream_outline(principal, &task.id).await?
+        {
+            replay = resume::replay_outline(&outline, &task, after);
+            logged_end = true;
+        }
         match replay {
             resume::Replay::After(mut items) => {
-                let logged_end = log.is_some_and(|log| log.ended());
                 if task.status.state.is_terminal() && !logged_end {
                     items.push(Sequenced {
                         id: None,

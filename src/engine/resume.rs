@@ -8,8 +8,15 @@
 //! it (a turn no stream watches logs nothing, so blocking sends pay nothing), in memory, bounded
 //! per task ([`ResumeLimits::events`]), in time after the last event ([`ResumeLimits::keep`]) and
 //! in bytes across all tasks ([`ResumeLimits::bytes`], oldest logs dropped first).
+//!
+//! Each watched turn is also outlined ([`StreamOutline`]: what each event was, a few bytes
+//! apiece) and the outline stored with the task in the turn's final write, so once the turn's
+//! end is durable any node can rebuild its events from the store ([`replay_outline`]) with no
+//! write per event.
 
-use crate::model::{Part, StreamItem, TaskEvent};
+use super::hub::reply_chunk;
+use crate::model::{Part, StreamItem, Task, TaskEvent, TaskStatus};
+use crate::store::{OutlinedEvent, StreamOutline};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::str::FromStr;
@@ -331,10 +338,92 @@ impl ResumeLogs {
         metrics::gauge!("colloquy_stream_log_bytes").set(self.total.load(Ordering::Relaxed) as f64);
     }
 
+    /// Events kept per task (and outlined per turn: see [`replay_outline`]).
+    pub fn events_per_task(&self) -> usize {
+        self.limits.events
+    }
+
     /// What the logs hold together, estimated.
     pub fn bytes(&self) -> usize {
         self.total.load(Ordering::Relaxed)
     }
+}
+
+/// The events after `after` rebuilt from a turn's stored outline and the task as stored at that
+/// turn's end, each as it was streamed (a chunk is the same slice of the reply's text): how a
+/// node that did not run the turn, or no longer logs it, serves a resume. Only while the task
+/// still stands where that turn left it (not running again).
+pub fn replay_outline(outline: &StreamOutline, task: &Task, after: EventId) -> Replay {
+    if after.turn != outline.turn || !task.status.state.ends_turn() {
+        return Replay::TooOld;
+    }
+    let skip = after.n as usize;
+    if skip > outline.events.len() {
+        return Replay::Unknown;
+    }
+    let reply = outline.reply.and_then(|i| task.artifacts.get(i as usize));
+    let reply_text = reply
+        .and_then(|a| a.parts.first())
+        .and_then(Part::as_text)
+        .unwrap_or_default();
+    let mut start = 0;
+    let mut chunked = false;
+    for event in &outline.events[..skip] {
+        if let OutlinedEvent::Chunk(end) = event {
+            start = *end as usize;
+            chunked = true;
+        }
+    }
+    let mut items = Vec::with_capacity(outline.events.len() - skip);
+    for (i, event) in outline.events.iter().enumerate().skip(skip) {
+        let event = match (event, reply) {
+            (OutlinedEvent::Opened, _) => StreamItem::Task(task.clone()),
+            (OutlinedEvent::Chunk(end), Some(reply)) => {
+                let Some(text) = reply_text.get(start..*end as usize) else {
+                    return Replay::TooOld;
+                };
+                start = *end as usize;
+                let append = std::mem::replace(&mut chunked, true);
+                StreamItem::Event(reply_chunk(task, reply, text, append, false))
+            }
+            (OutlinedEvent::Closed, Some(reply)) => {
+                StreamItem::Event(reply_chunk(task, reply, "", true, true))
+            }
+            (OutlinedEvent::Chunk(_) | OutlinedEvent::Closed, None) => return Replay::TooOld,
+            (OutlinedEvent::Artifact(index), _) => {
+                let Some(artifact) = task.artifacts.get(*index as usize) else {
+                    return Replay::TooOld;
+                };
+                StreamItem::Event(TaskEvent::Artifact {
+                    task_id: task.id.clone(),
+                    context_id: task.context_id.clone(),
+                    artifact: artifact.clone(),
+                    append: false,
+                    last_chunk: true,
+                })
+            }
+            (OutlinedEvent::Status(status), _) => status_event(task, (**status).clone(), false),
+            (OutlinedEvent::Final, _) => status_event(task, task.status.clone(), true),
+        };
+        let id = EventId {
+            turn: outline.turn,
+            n: i as u32 + 1,
+        };
+        items.push(Sequenced {
+            id: Some(id),
+            item: event,
+        });
+    }
+    Replay::After(items)
+}
+
+fn status_event(task: &Task, status: TaskStatus, is_final: bool) -> StreamItem {
+    StreamItem::Event(TaskEvent::Status {
+        task_id: task.id.clone(),
+        context_id: task.context_id.clone(),
+        status,
+        is_final,
+    })
 }
 
 /// Roughly what an item holds in memory: its texts and a fixed share for the rest.

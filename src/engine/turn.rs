@@ -244,6 +244,7 @@ impl Drop for Turn {
             status: task.status.clone(),
             artifacts: task.artifacts.clone(),
             agent_state: None,
+            stream: None,
         };
         let write = self.shared.store.finish_turn(end);
         let (context_id, task_id) = (task.context_id.clone(), task.id.clone());
@@ -329,7 +330,8 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
     .await;
     let mark = begun.mark;
     let message = begun.task.history.last().cloned();
-    let (result, end) = conclude(begun, outcome, hub.artifacts(), hub.reply_text());
+    let (result, mut end) = conclude(begun, outcome, hub.artifacts(), hub.reply_text());
+    end.stream = hub.outline_at_end(&result);
     let reply = end.reply.clone();
     let result = match shared.store.finish_turn(end).await {
         Ok(()) => {
@@ -467,6 +469,7 @@ fn conclude(
         status: final_task.status.clone(),
         artifacts: final_task.artifacts.clone(),
         agent_state: outcome.agent_state,
+        stream: None,
     };
     let result = match outcome.message {
         Some(mut message) => {

@@ -311,7 +311,8 @@ impl Relay for NodeRelay {
                 .get(super::sse::RESUMED_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .and_then(Resumed::from_label);
-            let (forwarder, subscription) = Subscription::forwarding(buffer, resumed);
+            let (forwarder, mut subscription) = Subscription::forwarding(buffer, resumed);
+            subscription.relayed = true;
             tokio::spawn(relay_events(answer, forwarder, task_id));
             Some(subscription)
         })

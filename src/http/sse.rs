@@ -51,6 +51,7 @@ pub struct Outgoing {
 pub struct EventStream {
     subscription: Subscription,
     buffer: usize,
+    started: bool,
     done: bool,
 }
 
@@ -59,6 +60,7 @@ impl EventStream {
         EventStream {
             subscription,
             buffer,
+            started: false,
             done: false,
         }
     }
@@ -78,10 +80,11 @@ impl EventStream {
         match self.subscription.items.recv().await {
             Some(sequenced) => {
                 let item = &sequenced.item;
+                let started = std::mem::replace(&mut self.started, true);
                 self.done = match item {
                     // A stream that starts on an ended task has nothing more to say (one on a
                     // task waiting for input goes on: its subscription follows the task).
-                    StreamItem::Task(task) => task.status.state.is_terminal(),
+                    StreamItem::Task(task) => !started && task.status.state.is_terminal(),
                     StreamItem::Message(_) => true,
                     StreamItem::Event(_) => false,
                 };

@@ -168,6 +168,13 @@ pub trait ConversationStore: Send + Sync + 'static {
     fn task(&self, principal: &str, task_id: &str)
     -> BoxFuture<'static, StoreResult<Option<Task>>>;
 
+    /// The outline of the task's latest streamed turn, if its end stored one.
+    fn stream_outline(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, StoreResult<Option<StreamOutline>>>;
+
     /// The principal's tasks (or one conversation's), newest status first, within the query's
     /// byte budget.
     fn list_tasks(
@@ -325,6 +332,8 @@ pub struct FinishTurn {
     pub artifacts: Vec<Artifact>,
     /// Replaces the conversation's agent state when set.
     pub agent_state: Option<serde_json::Value>,
+    /// The turn's stream, for resumes served from the store (None: none is kept).
+    pub stream: Option<StreamOutline>,
 }
 
 /// What is kept about a conversation besides its messages.
@@ -400,7 +409,69 @@ pub struct ConversationRecords {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskRecords {
     pub task: Task,
+    /// Its latest turn's stream, when one was outlined (never exported).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "stream")]
+    pub stream: Option<StreamOutline>,
+    /// Last: the PostgreSQL store writes the record around it (`postgres::turn`).
     pub history_seqs: Vec<u64>,
+}
+
+/// What each event of a task's latest streamed turn was, by number: with the task as stored
+/// at the turn's end, any node rebuilds the events after an id exactly as they were streamed
+/// (`engine::resume`). Kept with the task and replaced each turn, a few bytes per event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamOutline {
+    /// The conversation's number of the turn (the first half of its events' ids).
+    #[serde(rename = "t")]
+    pub turn: u64,
+    /// Where the turn's streamed reply is among the task's artifacts, if it streamed one.
+    /// (Never left out when absent: the embedded store's records are positional.)
+    #[serde(rename = "r", default)]
+    pub reply: Option<u32>,
+    /// Event `n` is `events[n - 1]`.
+    #[serde(rename = "e")]
+    pub events: Vec<OutlinedEvent>,
+}
+
+/// A value kept as its JSON text.
+mod json_text {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer, de::DeserializeOwned};
+
+    pub fn serialize<T: Serialize, S: Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+        let text = serde_json::to_string(value).map_err(serde::ser::Error::custom)?;
+        s.serialize_str(&text)
+    }
+
+    pub fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<T, D::Error> {
+        let text = String::deserialize(d)?;
+        serde_json::from_str(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// One streamed event, by what it carried.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum OutlinedEvent {
+    /// The task as it stood when the turn opened to streams (always event 1).
+    #[serde(rename = "o")]
+    Opened,
+    /// A chunk of the reply: its text ends at this byte of the reply artifact's text.
+    #[serde(rename = "c")]
+    Chunk(u32),
+    /// A whole artifact besides the reply, at this index.
+    #[serde(rename = "a")]
+    Artifact(u32),
+    /// A status the task passed through (as JSON text: the embedded store's compact records
+    /// are positional, and a status leaves out its absent fields).
+    #[serde(rename = "s", with = "json_text")]
+    Status(Box<TaskStatus>),
+    /// The reply's closing chunk (empty, the last).
+    #[serde(rename = "z")]
+    Closed,
+    /// The final status: the stored task's.
+    #[serde(rename = "f")]
+    Final,
 }
 
 /// What an import stored.

@@ -1293,3 +1293,71 @@ async fn a_stream_relayed_from_a_node_that_dies_ends_with_its_task_failed() {
     assert!(next_with_id(&mut events).await.is_none());
     b.stop().await;
 }
+
+#[actix_rt::test]
+async fn a_finished_turn_resumes_on_another_node_from_the_database() {
+    use eventsource_stream::Eventsource;
+    let Some(url) = pg::database("cluster::a_finished_turn_resumes_on_another_node") else {
+        return;
+    };
+    let a = forwarding_node(&url).await;
+    let b = forwarding_node(&url).await;
+    let text = "replayed by the other node from the database, every character once: é€😀";
+    let message = user_message(V1, &format!("drip 5 3: {text}"), Some("outlined"), None);
+    let streamed_on_a = a
+        .stream(V1, "SendStreamingMessage", json!({"message": message}))
+        .await;
+    let mut events = Box::pin(streamed_on_a.bytes_stream().eventsource());
+    let (mut last, first) = next_with_id(&mut events).await.expect("the task");
+    let task = &first["result"]["task"];
+    let task_id = task["id"].as_str().expect("a task").to_owned();
+    let mut streamed = artifact_text(task);
+    for _ in 0..3 {
+        let (id, event) = next_with_id(&mut events).await.expect("an event");
+        streamed.push_str(&streamed_text(&[event]));
+        last = id;
+    }
+    drop(events);
+    let mut stored = Value::Null;
+    for _ in 0..200 {
+        stored = b.rpc(V1, "GetTask", json!({"id": task_id})).await;
+        if state_of(&stored["result"]) == "TASK_STATE_COMPLETED" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(state_of(&stored["result"]), "TASK_STATE_COMPLETED");
+
+    // B never ran or watched the turn: it rebuilds the rest from the stored outline.
+    let body =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "SubscribeToTask", "params": {"id": task_id}});
+    let resumed = b
+        .client
+        .post(&b.url)
+        .header("A2A-Version", V1)
+        .header("Last-Event-ID", &last)
+        .json(&body)
+        .send()
+        .await
+        .expect("resumed");
+    assert_eq!(resumed.headers()["x-colloquy-resumed"], "replayed");
+    let mut events = Box::pin(resumed.bytes_stream().eventsource());
+    let mut final_state = Value::Null;
+    while let Some((id, event)) = next_with_id(&mut events).await {
+        assert!(event_number(&id) > event_number(&last), "{id} after {last}");
+        assert!(
+            event["result"].get("task").is_none(),
+            "no snapshot: {event}"
+        );
+        streamed.push_str(&streamed_text(std::slice::from_ref(&event)));
+        if let Some(update) = event["result"].get("statusUpdate") {
+            final_state = update["status"]["state"].clone();
+        }
+        last = id;
+    }
+    assert_eq!(final_state, "TASK_STATE_COMPLETED");
+    assert_eq!(streamed, text);
+    assert_eq!(artifact_text(&stored["result"]), text);
+    a.stop().await;
+    b.stop().await;
+}

@@ -443,7 +443,7 @@ async fn a_resume_follows_the_task_through_a_wait_for_input_and_replays_every_tu
         let task = server.rpc(V1, "GetTask", json!({"id": task_id})).await;
         state = task["result"]["status"]["state"]
             .as_str()
-            .unwrap()
+            .unwrap_or_else(|| panic!("{task}"))
             .to_owned();
         if state == "TASK_STATE_INPUT_REQUIRED" {
             break;
@@ -574,4 +574,88 @@ async fn the_client_resumes_its_own_stream_after_a_dropped_connection() {
         "the stream was cut and resumed: {relayed}"
     );
     server.stop().await;
+}
+
+/// Once no node logs a finished turn any more (here: the server restarted on its data), a
+/// resume is served from the outline the turn's end stored with the task: the events after the
+/// id exactly, no snapshot, on both versions and both HTTP bindings.
+#[actix_rt::test]
+async fn a_finished_turn_resumes_from_the_store_after_a_restart() {
+    let echo = || Arc::new(EchoAgent::new(3, Duration::from_millis(1)));
+    let server = start_with(echo(), |_| {}).await;
+    let bindings = [
+        Binding::JsonRpc(V1),
+        Binding::JsonRpc(V03),
+        Binding::Rest(V1),
+        Binding::Rest(V03),
+    ];
+    let mut cut = Vec::new();
+    for (i, binding) in bindings.into_iter().enumerate() {
+        let text = format!("resumed from the store {i}: é€😀 {}", "xyz".repeat(5));
+        let mut stream = events(binding.stream(&server, &text).await);
+        let first = next(&mut stream).await.expect("the task first");
+        let Seen::Task(task) = seen(&first.result) else {
+            panic!("a stream starts with the task: {:?}", first.result);
+        };
+        let task_id = task["id"].as_str().expect("task id").to_owned();
+        let mut reply = reply_text(task);
+        let mut last = first.id.clone();
+        for _ in 0..3 + i {
+            let event = next(&mut stream).await.expect("an event");
+            if let Seen::Chunk(chunk) = seen(&event.result) {
+                reply.push_str(&chunk);
+            }
+            last = event.id;
+        }
+        drop(stream);
+        cut.push((binding, task_id, reply, last));
+    }
+    for (_, task_id, _, _) in &cut {
+        wait_for_state(&server, task_id, "TASK_STATE_COMPLETED").await;
+    }
+    let dir = server.stop().await;
+    let server = common::start_in(dir, echo(), |_| {}).await;
+
+    for (binding, task_id, mut reply, last) in cut {
+        let response = binding.resume(&server, &task_id, &last, false).await;
+        assert_eq!(
+            response.headers()["x-colloquy-resumed"],
+            "replayed",
+            "{binding:?}"
+        );
+        let mut stream = events(response);
+        let mut previous = last.clone();
+        while let Some(event) = next(&mut stream).await {
+            assert!(
+                parse_id(&event.id) > parse_id(&previous),
+                "{binding:?}: ids go on: {} after {previous}",
+                event.id
+            );
+            match seen(&event.result) {
+                Seen::Chunk(chunk) => reply.push_str(&chunk),
+                Seen::Task(task) => panic!("{binding:?}: a snapshot after {last}: {task}"),
+                Seen::Other => {}
+            }
+            previous = event.id;
+        }
+        let stored = server.rpc(V1, "GetTask", json!({"id": task_id})).await;
+        assert_eq!(
+            reply,
+            reply_text(&stored["result"]),
+            "{binding:?}: the chunks before the restart and after make the stored reply"
+        );
+    }
+    server.stop().await;
+}
+
+/// Waits until the task reads `state` (v1.0 spelling).
+async fn wait_for_state(server: &TestServer, task_id: &str, state: &str) {
+    for _ in 0..200 {
+        let task = server.rpc(V1, "GetTask", json!({"id": task_id})).await;
+        if task["result"]["status"]["state"] == state {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("task {task_id} never reached {state}");
 }

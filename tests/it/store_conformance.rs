@@ -129,6 +129,7 @@ pub fn finish_request(begun: &TurnBegun, reply: Option<&str>, state: TaskState) 
         status: TaskStatus::new(state, None),
         artifacts: Vec::new(),
         agent_state: None,
+        stream: None,
     }
 }
 
@@ -206,6 +207,57 @@ pub async fn begin_and_finish_store_exactly_their_records(f: Fixture) {
         second.lease.token, begun.lease.token,
         "each take draws a new token"
     );
+}
+
+/// A turn's end stores its stream's outline with the task, for its principal only; the next
+/// turn's end replaces it (with none, when that turn was not streamed).
+pub async fn a_turn_end_keeps_its_stream_outline(f: Fixture) {
+    use colloquy::store::{OutlinedEvent, StreamOutline};
+    let store = &f.store;
+    let begun = store
+        .begin_turn(begin_request("p", "outlined", "ask: more?"))
+        .await
+        .unwrap();
+    let task_id = begun.task.id.clone();
+    let outline = StreamOutline {
+        turn: begun.turn,
+        reply: Some(0),
+        events: vec![
+            OutlinedEvent::Opened,
+            OutlinedEvent::Chunk(5),
+            OutlinedEvent::Status(Box::new(TaskStatus::new(TaskState::Working, None))),
+            OutlinedEvent::Artifact(1),
+            OutlinedEvent::Closed,
+            OutlinedEvent::Final,
+        ],
+    };
+    store
+        .finish_turn(FinishTurn {
+            stream: Some(outline.clone()),
+            ..finish_request(&begun, Some("more?"), TaskState::InputRequired)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        store.stream_outline("p", &task_id).await.unwrap(),
+        Some(outline)
+    );
+    assert_eq!(store.stream_outline("q", &task_id).await.unwrap(), None);
+    assert_eq!(
+        store.stream_outline("p", "no such task").await.unwrap(),
+        None
+    );
+
+    let mut again = begin_request("p", "outlined", "yes");
+    again.task_id = task_id.clone();
+    again.message.task_id = Some(task_id.clone());
+    again.continuing = true;
+    let second = store.begin_turn(again).await.unwrap();
+    store
+        .finish_turn(finish_request(&second, Some("done"), TaskState::Completed))
+        .await
+        .unwrap();
+    assert_eq!(store.stream_outline("p", &task_id).await.unwrap(), None);
 }
 
 pub async fn a_held_conversation_refuses_a_second_turn_and_stores_nothing(f: Fixture) {
@@ -709,6 +761,7 @@ macro_rules! conformance {
 
             conformance!(@cases $make;
                 begin_and_finish_store_exactly_their_records,
+                a_turn_end_keeps_its_stream_outline,
                 a_held_conversation_refuses_a_second_turn_and_stores_nothing,
                 a_stale_token_is_refused,
                 history_windows_and_message_pages,

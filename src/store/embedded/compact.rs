@@ -16,7 +16,7 @@ use super::records::{ReplyRef, TaskRecord};
 use crate::model::{
     Artifact, Message, Metadata, Part, PartContent, Role, Task, TaskState, TaskStatus,
 };
-use crate::store::ConversationMeta;
+use crate::store::{ConversationMeta, StreamOutline};
 use chrono::{DateTime, Utc};
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -439,6 +439,10 @@ struct StoredTask<'a> {
     /// Added after the first records of version 2: those end before it.
     #[serde(default)]
     conversation_number: Option<u64>,
+    /// Added later still: records before it end without it, as do those without an outline
+    /// (left out when absent: it is the last field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stream: Option<Cow<'a, StreamOutline>>,
 }
 
 impl<'a> StoredTask<'a> {
@@ -459,6 +463,7 @@ impl<'a> StoredTask<'a> {
             history_seqs: Cow::Borrowed(&record.history_seqs),
             reply_in: record.reply_in.map(|r| (r.artifact, r.seq)),
             conversation_number: record.conversation_number,
+            stream: record.stream.as_ref().map(Cow::Borrowed),
         }
     }
 
@@ -489,6 +494,7 @@ impl<'a> StoredTask<'a> {
                 .reply_in
                 .map(|(artifact, seq)| ReplyRef { artifact, seq }),
             conversation_number: self.conversation_number,
+            stream: self.stream.map(Cow::into_owned),
         }
     }
 }
@@ -544,6 +550,7 @@ impl<'a> StoredConversation<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::OutlinedEvent;
     use serde_json::json;
 
     const CONTEXT: &str = "5f0c6f4e-3b1a-4c55-9d7e-2a8b1c0d9e7f";
@@ -733,6 +740,19 @@ mod tests {
                 seq: 300,
             }),
             conversation_number: Some(u64::MAX),
+            stream: Some(StreamOutline {
+                turn: 7,
+                reply: Some(0),
+                events: vec![
+                    OutlinedEvent::Opened,
+                    OutlinedEvent::Status(Box::new(TaskStatus::new(TaskState::Working, None))),
+                    OutlinedEvent::Chunk(3),
+                    OutlinedEvent::Chunk(u32::MAX),
+                    OutlinedEvent::Artifact(1),
+                    OutlinedEvent::Closed,
+                    OutlinedEvent::Final,
+                ],
+            }),
         }
     }
 
@@ -751,6 +771,10 @@ mod tests {
             record.task.context_id = "a context that is not a uuid".into();
             record.reply_in = None;
             record.conversation_number = None;
+            assert_eq!(task_round_trip(&record), record);
+            if let Some(outline) = &mut record.stream {
+                outline.reply = None;
+            }
             assert_eq!(task_round_trip(&record), record);
         }
     }
@@ -798,6 +822,7 @@ mod tests {
 
         let mut record = full_task();
         record.conversation_number = Some(5);
+        record.stream = None;
         let mut bytes = Vec::new();
         write_task(&mut bytes, &record);
         assert_eq!((bytes[0], bytes.last()), (0x9C, Some(&5)));

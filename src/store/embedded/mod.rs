@@ -26,7 +26,7 @@ pub use wal::{DEFAULT_CHECKPOINT_EVERY, DEFAULT_MEMTABLE_BYTES, WalLimits};
 use super::{
     BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationRecords,
     ConversationStore, FinishTurn, Imported, Lease, MessagesFrom, Page, StoreError, StoreResult,
-    TaskQuery, TurnBegun,
+    StreamOutline, TaskQuery, TurnBegun,
 };
 use crate::model::{Message, Task, TaskStatus};
 use futures_util::future::BoxFuture;
@@ -271,6 +271,15 @@ impl ConversationStore for EmbeddedStore {
     ) -> BoxFuture<'static, StoreResult<Option<Task>>> {
         let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
         self.read(move |records| ops::task(records, &principal, &task_id))
+    }
+
+    fn stream_outline(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, StoreResult<Option<StreamOutline>>> {
+        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
+        self.read(move |records| ops::stream_outline(records, &principal, &task_id))
     }
 
     fn list_tasks(

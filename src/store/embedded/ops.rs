@@ -13,7 +13,8 @@ use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
     BeginTurn, BudgetedPage, ConversationKey, ConversationMeta, ConversationPage,
     ConversationRecords, FinishTurn, Imported, Lease, MessagesFrom, Page, ResponseBudget,
-    StoreError, StoreResult, TaskQuery, TaskRecords, TurnBegun, as_listed, shown_history,
+    StoreError, StoreResult, StreamOutline, TaskQuery, TaskRecords, TurnBegun, as_listed,
+    shown_history,
 };
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -162,6 +163,7 @@ fn new_task_record(turn: &BeginTurn, place: &Place) -> TaskRecord {
         history_seqs: Vec::new(),
         reply_in: None,
         conversation_number: place.number(),
+        stream: None,
     }
 }
 
@@ -213,6 +215,7 @@ pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResu
     let mut batch = WriteBatch::new();
     record.task.status = end.status;
     record.task.artifacts = end.artifacts;
+    record.stream = end.stream;
     record.reply_in = None;
     if let Some(reply) = &end.reply {
         batch.append_message(&conversation.place, &meta.context_id, meta.next_seq, reply);
@@ -409,6 +412,7 @@ pub fn import(
                 history_seqs: task.history_seqs,
                 reply_in: None,
                 conversation_number: place.number(),
+                stream: None,
             };
             batch.put_task(&keys, &record, None);
         }
@@ -467,6 +471,7 @@ fn export_one(records: &Records, stored: Conversation) -> StoreResult<Conversati
             task.history.clear();
             tasks.push(TaskRecords {
                 task,
+                stream: None,
                 history_seqs: record.history_seqs,
             });
         }
@@ -507,6 +512,17 @@ pub fn task(records: &Records, principal: &str, task_id: &str) -> StoreResult<Op
     let mut task = record.task.clone();
     task.history = records.messages(&record.place(), &task.context_id, &record.history_seqs)?;
     Ok(Some(task))
+}
+
+pub fn stream_outline(
+    records: &Records,
+    principal: &str,
+    task_id: &str,
+) -> StoreResult<Option<StreamOutline>> {
+    Ok(records
+        .task(task_id)?
+        .filter(|r| r.principal == principal)
+        .and_then(|r| r.stream))
 }
 
 pub fn list_tasks(records: &Records, principal: &str, query: TaskQuery) -> StoreResult<Page<Task>> {

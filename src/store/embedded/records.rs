@@ -48,6 +48,9 @@ pub struct TaskRecord {
     /// Its conversation's number (None: a conversation stored before numbers; see [`Place`]).
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "n")]
     pub conversation_number: Option<u64>,
+    /// Its latest turn's stream, when one was outlined.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "o")]
+    pub stream: Option<crate::store::StreamOutline>,
 }
 
 /// Which artifact's text is the reply message at `seq`.
@@ -918,6 +921,7 @@ mod tests {
             history_seqs: vec![0, 1],
             reply_in: None,
             conversation_number: None,
+            stream: None,
         };
         let mut stored = whole.clone();
         stored.elide_reply(&reply, 1);
@@ -979,6 +983,7 @@ mod tests {
             history_seqs: vec![0, 1],
             reply_in: None,
             conversation_number: None,
+            stream: None,
         };
         record.elide_reply(&reply, 1);
         let mut meta = ConversationMeta::new(crate::model::ANONYMOUS, &context_id);

@@ -23,7 +23,7 @@ pub use schema::{Migrated, SCHEMA_VERSION};
 use super::{
     BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationRecords,
     ConversationStore, FinishTurn, Imported, Lease, MessagesFrom, Page, StoreError, StoreResult,
-    TaskQuery, TurnBegun,
+    StreamOutline, TaskQuery, TurnBegun,
 };
 use crate::error::{Cause, chain};
 use crate::model::{Task, TaskStatus};
@@ -480,6 +480,15 @@ impl ConversationStore for PgStore {
     ) -> BoxFuture<'static, StoreResult<Option<Task>>> {
         let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
         self.run(|ops| async move { retrying(|| ops.task(&principal, &task_id)).await })
+    }
+
+    fn stream_outline(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, StoreResult<Option<StreamOutline>>> {
+        let (principal, task_id) = (principal.to_owned(), task_id.to_owned());
+        self.run(|ops| async move { retrying(|| ops.stream_outline(&principal, &task_id)).await })
     }
 
     fn list_tasks(

@@ -8,8 +8,8 @@ use super::{ABANDONED_TASK_TEXT, Failure, Ops};
 use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
     BeginTurn, BudgetedPage, ConversationKey, ConversationMeta, ConversationPage, FinishTurn,
-    Lease, MessagesFrom, Page, PrincipalKey, ResponseBudget, StoreError, TaskQuery, TurnBegun,
-    as_listed, page_token, shown_history,
+    Lease, MessagesFrom, Page, PrincipalKey, ResponseBudget, StoreError, StreamOutline, TaskQuery,
+    TurnBegun, as_listed, page_token, shown_history,
 };
 use deadpool_postgres::{GenericClient, Object};
 use serde::{Deserialize, Serialize};
@@ -596,6 +596,15 @@ impl Ops {
         Ok(Some(task))
     }
 
+    pub(super) async fn stream_outline(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> Result<Option<StreamOutline>, Failure> {
+        let row = self.owned_task(principal, task_id).await?;
+        Ok(row.and_then(|row| row.stored.stream))
+    }
+
     async fn owned_task(&self, principal: &str, task_id: &str) -> Result<Option<TaskRow>, Failure> {
         let client = self.client().await?;
         Ok(load_task(&client, task_id, false)
@@ -1013,6 +1022,7 @@ fn task_to_run(
     if !turn.continuing {
         return Ok(StoredTask {
             task: turn.new_task(),
+            stream: None,
             history_seqs: Vec::new(),
         });
     }

@@ -212,6 +212,7 @@ fn new_task(turn: &BeginTurn) -> StoredTask {
     task.status = TaskStatus::new(TaskState::Working, None);
     StoredTask {
         task,
+        stream: None,
         history_seqs: Vec::new(),
     }
 }
@@ -340,6 +341,7 @@ impl Ops {
         };
         stored.task.status = end.status.clone();
         stored.task.artifacts = end.artifacts.clone();
+        stored.stream = end.stream.clone();
         let now = crate::model::now();
         let status = &stored.task.status;
         let step = EndStep {
@@ -428,6 +430,7 @@ mod tests {
                     .as_object()
                     .cloned(),
             },
+            stream: None,
             history_seqs: Vec::new(),
         };
         let (prefix, suffix) = record_around_seq(&stored).expect("history_seqs is last");
