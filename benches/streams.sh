@@ -6,8 +6,10 @@
 # Starts colloquy with the echo agent streaming its reply in CHUNK-character chunks DELAY ms
 # apart (~10 chunks for a 60-byte reply), then for each C in CONVS runs
 # `colloquy loadgen --stream --conversations C --turns TURNS --text-bytes TEXT` (C streams open at
-# once, C conversations in all) and prints one table row per run. Loopback only; every step is
-# bounded by `timeout`.
+# once, C conversations in all) and prints one table row per run, then the bytes one streamed turn
+# of TEXT bytes puts on the wire (a JSON-RPC v1.0 `SendStreamingMessage` read whole with curl: the
+# HTTP body, SSE framing and event ids included). Loopback only; every step is bounded by
+# `timeout`.
 source "$(dirname "$0")/common.sh"
 CONVS=${CONVS:-"64 1000"}
 TURNS=${TURNS:-3}
@@ -51,3 +53,10 @@ echo "streams: echo chunks of $CHUNK chars, $DELAY ms apart; $TURNS turns x $TEX
 echo "| streams | turns ok/sent | turns/s | first chunk p50 ms | p90 | p99 | max | turn p50 ms | p99 | chunks | chunks/s | errors | load avg (1 min) |"
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 jq -r '"| \(.conversations) | \(.turns_ok)/\(.turns_sent) | \(.turns_per_s | floor) | \(.ttfc_ms.p50) | \(.ttfc_ms.p90) | \(.ttfc_ms.p99) | \(.ttfc_ms.max) | \(.latency_ms.p50) | \(.latency_ms.p99) | \(.chunks) | \(.chunks_per_s | floor) | \(.error_total) \(.errors | tostring) | \(.load) |"' "$RES"
+message=$(head -c "$TEXT" /dev/zero | tr '\0' x)
+body='{"jsonrpc":"2.0","id":1,"method":"SendStreamingMessage","params":{"message":{"messageId":"m-bytes","role":"ROLE_USER","parts":[{"text":"'"$message"'"}]}}}'
+streamed=$(timeout 60 curl -sN "http://127.0.0.1:$PORT/" -H 'A2A-Version: 1.0' \
+  -H 'content-type: application/json' -d "$body")
+echo
+echo "one streamed turn of $TEXT B: $(printf %s "$streamed" | wc -c) bytes of body, \
+$(grep -c '^data:' <<<"$streamed") events, $(grep '^id:' <<<"$streamed" | wc -c) bytes of id lines"
