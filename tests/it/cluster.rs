@@ -1037,17 +1037,7 @@ async fn a_stream_resumed_through_another_node_goes_on_after_its_last_event() {
     drop(events);
 
     // Resumed through B by header (JSON-RPC), cut again, resumed by query (HTTP+JSON).
-    let body =
-        json!({"jsonrpc": "2.0", "id": 1, "method": "SubscribeToTask", "params": {"id": task_id}});
-    let resumed = b
-        .client
-        .post(&b.url)
-        .header("A2A-Version", V1)
-        .header("Last-Event-ID", &last)
-        .json(&body)
-        .send()
-        .await
-        .expect("resumed");
+    let resumed = resume_on(&b, &task_id, &last).await;
     let mut events = Box::pin(resumed.bytes_stream().eventsource());
     for _ in 0..2 {
         let (id, event) = next_with_id(&mut events).await.expect("an event");
@@ -1124,6 +1114,20 @@ impl Assembled {
             self.state = update["status"]["state"].as_str().unwrap_or("").to_owned();
         }
     }
+}
+
+/// `SubscribeToTask` (JSON-RPC v1.0) on `node`, resuming after `last` by `Last-Event-ID`.
+async fn resume_on(node: &TestServer, task_id: &str, last: &str) -> reqwest::Response {
+    let body =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "SubscribeToTask", "params": {"id": task_id}});
+    node.client
+        .post(&node.url)
+        .header("A2A-Version", V1)
+        .header("Last-Event-ID", last)
+        .json(&body)
+        .send()
+        .await
+        .expect("resumed")
 }
 
 /// `<turn>.<n>` as numbers, to compare.
@@ -1272,17 +1276,7 @@ async fn a_stream_relayed_from_a_node_that_dies_ends_with_its_task_failed() {
     );
 
     // A client resuming on B after the last id it saw gets the task as it stands.
-    let body =
-        json!({"jsonrpc": "2.0", "id": 1, "method": "SubscribeToTask", "params": {"id": task_id}});
-    let resumed = b
-        .client
-        .post(&b.url)
-        .header("A2A-Version", V1)
-        .header("Last-Event-ID", &last)
-        .json(&body)
-        .send()
-        .await
-        .expect("resumed");
+    let resumed = resume_on(&b, &task_id, &last).await;
     let mut events = Box::pin(resumed.bytes_stream().eventsource());
     let (_, event) = next_with_id(&mut events).await.expect("the task");
     assert_eq!(
@@ -1329,17 +1323,7 @@ async fn a_finished_turn_resumes_on_another_node_from_the_database() {
     assert_eq!(state_of(&stored["result"]), "TASK_STATE_COMPLETED");
 
     // B never ran or watched the turn: it rebuilds the rest from the stored outline.
-    let body =
-        json!({"jsonrpc": "2.0", "id": 1, "method": "SubscribeToTask", "params": {"id": task_id}});
-    let resumed = b
-        .client
-        .post(&b.url)
-        .header("A2A-Version", V1)
-        .header("Last-Event-ID", &last)
-        .json(&body)
-        .send()
-        .await
-        .expect("resumed");
+    let resumed = resume_on(&b, &task_id, &last).await;
     assert_eq!(resumed.headers()["x-colloquy-resumed"], "replayed");
     let mut events = Box::pin(resumed.bytes_stream().eventsource());
     let mut final_state = Value::Null;

@@ -185,6 +185,22 @@ fn parse_id(id: &str) -> (u64, u32) {
     (turn.parse().expect("turn"), n.parse().expect("n"))
 }
 
+/// One event after `last` of a stream that must not restart: its id goes on from `last`, it is
+/// no snapshot, and a chunk of the reply is added to `reply`. Returns its id.
+fn take_replayed(binding: Binding, event: Event, last: &str, reply: &mut String) -> String {
+    assert!(
+        parse_id(&event.id) > parse_id(last),
+        "{binding:?}: ids increase: {} after {last}",
+        event.id
+    );
+    match seen(&event.result) {
+        Seen::Chunk(chunk) => reply.push_str(&chunk),
+        Seen::Task(task) => panic!("{binding:?}: a snapshot after {last}: {task}"),
+        Seen::Other => {}
+    }
+    event.id
+}
+
 /// Streams one reply, dropping the connection after a random number of events each time and
 /// resuming after the last id seen, until the stream ends by itself; returns the task's id,
 /// the text the chunks made and how many times it resumed.
@@ -210,17 +226,7 @@ async fn stream_with_cuts(
             let Some(event) = next(&mut stream).await else {
                 break true;
             };
-            assert!(
-                parse_id(&event.id) > parse_id(&last),
-                "{binding:?}: ids increase: {} after {last}",
-                event.id
-            );
-            match seen(&event.result) {
-                Seen::Chunk(chunk) => reply.push_str(&chunk),
-                Seen::Task(task) => panic!("{binding:?}: a snapshot after {last}: {task}"),
-                Seen::Other => {}
-            }
-            last = event.id;
+            last = take_replayed(binding, event, &last, &mut reply);
             read += 1;
             if read == cut_after {
                 break false;
@@ -616,7 +622,7 @@ async fn a_finished_turn_resumes_from_the_store_after_a_restart() {
     let dir = server.stop().await;
     let server = common::start_in(dir, echo(), |_| {}).await;
 
-    for (binding, task_id, mut reply, last) in cut {
+    for (binding, task_id, mut reply, mut last) in cut {
         let response = binding.resume(&server, &task_id, &last, false).await;
         assert_eq!(
             response.headers()["x-colloquy-resumed"],
@@ -624,19 +630,8 @@ async fn a_finished_turn_resumes_from_the_store_after_a_restart() {
             "{binding:?}"
         );
         let mut stream = events(response);
-        let mut previous = last.clone();
         while let Some(event) = next(&mut stream).await {
-            assert!(
-                parse_id(&event.id) > parse_id(&previous),
-                "{binding:?}: ids go on: {} after {previous}",
-                event.id
-            );
-            match seen(&event.result) {
-                Seen::Chunk(chunk) => reply.push_str(&chunk),
-                Seen::Task(task) => panic!("{binding:?}: a snapshot after {last}: {task}"),
-                Seen::Other => {}
-            }
-            previous = event.id;
+            last = take_replayed(binding, event, &last, &mut reply);
         }
         let stored = server.rpc(V1, "GetTask", json!({"id": task_id})).await;
         assert_eq!(
