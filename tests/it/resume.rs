@@ -185,6 +185,22 @@ fn parse_id(id: &str) -> (u64, u32) {
     (turn.parse().expect("turn"), n.parse().expect("n"))
 }
 
+/// Starts a streamed turn and reads its first event, the task: the stream, the task's id, the
+/// reply so far and the first event's id.
+async fn open_stream(
+    server: &TestServer,
+    binding: Binding,
+    text: &str,
+) -> (Events, String, String, String) {
+    let mut stream = events(binding.stream(server, text).await);
+    let first = next(&mut stream).await.expect("the task first");
+    let Seen::Task(task) = seen(&first.result) else {
+        panic!("a stream starts with the task: {:?}", first.result);
+    };
+    let task_id = task["id"].as_str().expect("task id").to_owned();
+    (stream, task_id, reply_text(task), first.id)
+}
+
 /// One event after `last` of a stream that must not restart: its id goes on from `last`, it is
 /// no snapshot, and a chunk of the reply is added to `reply`. Returns its id.
 fn take_replayed(binding: Binding, event: Event, last: &str, reply: &mut String) -> String {
@@ -210,14 +226,7 @@ async fn stream_with_cuts(
     text: &str,
     rng: &mut StdRng,
 ) -> (String, String, usize) {
-    let mut stream = events(binding.stream(server, text).await);
-    let first = next(&mut stream).await.expect("the task first");
-    let Seen::Task(task) = seen(&first.result) else {
-        panic!("a stream starts with the task: {:?}", first.result);
-    };
-    let task_id = task["id"].as_str().expect("task id").to_owned();
-    let mut reply = reply_text(task);
-    let mut last = first.id.clone();
+    let (mut stream, task_id, mut reply, mut last) = open_stream(server, binding, text).await;
     let mut resumes = 0;
     loop {
         let cut_after = rng.gen_range(1..12);
@@ -598,14 +607,7 @@ async fn a_finished_turn_resumes_from_the_store_after_a_restart() {
     let mut cut = Vec::new();
     for (i, binding) in bindings.into_iter().enumerate() {
         let text = format!("resumed from the store {i}: é€😀 {}", "xyz".repeat(5));
-        let mut stream = events(binding.stream(&server, &text).await);
-        let first = next(&mut stream).await.expect("the task first");
-        let Seen::Task(task) = seen(&first.result) else {
-            panic!("a stream starts with the task: {:?}", first.result);
-        };
-        let task_id = task["id"].as_str().expect("task id").to_owned();
-        let mut reply = reply_text(task);
-        let mut last = first.id.clone();
+        let (mut stream, task_id, mut reply, mut last) = open_stream(&server, binding, &text).await;
         for _ in 0..3 + i {
             let event = next(&mut stream).await.expect("an event");
             if let Seen::Chunk(chunk) = seen(&event.result) {
