@@ -9,7 +9,7 @@ use crate::engine::MessageLimits;
 use crate::engine::{Engine, EngineConfig, ResumeLimits, WindowLimits};
 use crate::error::chain;
 use crate::history::HistoryLimits;
-use crate::http::{AppState, Auth, RunningServer, ServeError, TokenConfigError, token_digest};
+use crate::http::{AppState, Auth, AuthConfigError, RunningServer, ServeError, token_digest};
 use crate::push::deliver::DeliveryOptions;
 use crate::push::sign::{DEFAULT_KEY_FILE, SignError, Signer};
 use crate::push::{ConfigLimits, PushConfigs, TargetPolicy};
@@ -24,8 +24,8 @@ use std::time::Duration;
 pub enum StartError {
     #[error("{0}")]
     Config(String),
-    #[error("tokens: {0}")]
-    Tokens(#[from] TokenConfigError),
+    #[error("authentication: {0}")]
+    Auth(#[from] AuthConfigError),
     #[error("opening the store at {path}: {source}")]
     Store {
         path: String,
@@ -60,6 +60,10 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let metrics = crate::telemetry::recorder();
     crate::telemetry::register_series(agent.kind());
     let auth = load_auth(&config)?;
+    actix_rt::spawn(crate::http::watch_credentials(
+        auth.clone(),
+        Duration::from_secs(config.auth.reload_check_secs),
+    ));
     check_cluster_secret(&config)?;
     let proxies = crate::http::TrustedProxies::new(config.trusted_proxies()?);
     let opened = open_store_async(&config).await?;
@@ -160,7 +164,8 @@ fn load_auth(config: &Config) -> Result<Auth, StartError> {
     {
         return Err(StartError::Config(format!(
             "refusing to listen on {listen} without authentication: configure tokens \
-             ([auth.tokens], auth.tokens_file or COLLOQUY_TOKENS) or pass --allow-unauthenticated"
+             ([auth.tokens], auth.tokens_file or COLLOQUY_TOKENS) or JWTs ([auth.jwt]), or pass \
+             --allow-unauthenticated"
         )));
     }
     if !auth.enabled() && config.card.extended.configured() {

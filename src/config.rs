@@ -298,6 +298,9 @@ pub struct CardConfig {
     pub max_age_secs: u64,
     /// What only authenticated callers see (`GetExtendedAgentCard`); unset: no extended card.
     pub extended: ExtendedCardConfig,
+    /// PKCS#8 (PEM or DER) EC P-256 or Ed25519 key the card is signed with (`signatures`, JWS
+    /// over its RFC 8785 form); unset: the card is not signed.
+    pub signing_key_file: Option<PathBuf>,
 }
 
 /// The extended agent card: the public card, with this description and these skills added.
@@ -327,6 +330,7 @@ impl Default for CardConfig {
             skills: Vec::new(),
             max_age_secs: 300,
             extended: ExtendedCardConfig::default(),
+            signing_key_file: None,
         }
     }
 }
@@ -473,13 +477,116 @@ impl Default for ShutdownConfig {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     /// principal -> bearer token.
     pub tokens: BTreeMap<String, String>,
-    /// A file of `principal:sha256-hex-of-token` lines.
+    /// A file of `principal:sha256-hex-of-token` lines, read again on SIGHUP and when it changes.
     pub tokens_file: Option<PathBuf>,
+    /// Seconds between looks at `tokens_file` (and `auth.jwt.jwks_file`) for a change; 0: on
+    /// SIGHUP only.
+    pub reload_check_secs: u64,
+    /// JWT bearer tokens from an OpenID Connect / OAuth2 issuer, beside the static tokens; off
+    /// while `auth.jwt.issuer` is empty.
+    pub jwt: JwtConfig,
+    /// principal -> the tenants it may use (v1.0's `tenant`); with none, only the default tenant.
+    pub tenants: BTreeMap<String, Vec<String>>,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            tokens: BTreeMap::new(),
+            tokens_file: None,
+            reload_check_secs: 5,
+            jwt: JwtConfig::default(),
+            tenants: BTreeMap::new(),
+        }
+    }
+}
+
+/// Where JWTs come from and what they must say (`[auth.jwt]`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct JwtConfig {
+    /// The `iss` every token must carry.
+    pub issuer: String,
+    /// The `aud` a token must carry (one of these); a string or a list.
+    #[serde(deserialize_with = "one_or_many")]
+    pub audience: Vec<String>,
+    /// The issuer's key set, fetched and cached (one of `jwks_url`, `jwks_file`).
+    pub jwks_url: Option<String>,
+    /// A key set on disk, read at start and on reload.
+    pub jwks_file: Option<PathBuf>,
+    /// At most one fetch of `jwks_url` this often, when a token names a key not in the set.
+    pub jwks_refresh_secs: u64,
+    /// Slack on `exp` and `nbf`, for clocks that differ.
+    pub leeway_secs: u64,
+    /// The claim naming the caller; with `iss` it makes the principal `ISS#CLAIM`.
+    pub principal_claim: String,
+    /// Scopes every token must hold (`scope` or `scp`).
+    pub required_scopes: Vec<String>,
+    /// A claim listing the tenants the caller may use (a list, or a space-separated string).
+    pub tenants_claim: Option<String>,
+    /// The issuer's OpenID Connect discovery document, named on the agent card; default
+    /// `ISSUER/.well-known/openid-configuration`.
+    pub discovery_url: Option<String>,
+}
+
+impl JwtConfig {
+    pub fn enabled(&self) -> bool {
+        !self.issuer.trim().is_empty()
+    }
+
+    /// What makes the section unusable, if anything.
+    fn problem(&self) -> Option<String> {
+        if !self.enabled() {
+            return None;
+        }
+        if self.audience.iter().all(|aud| aud.trim().is_empty()) {
+            return Some("auth.jwt.audience is required with auth.jwt.issuer".into());
+        }
+        match (&self.jwks_url, &self.jwks_file) {
+            (None, None) => Some("auth.jwt needs jwks_url or jwks_file".into()),
+            (Some(_), Some(_)) => Some("auth.jwt: set jwks_url or jwks_file, not both".into()),
+            _ if self.principal_claim.trim().is_empty() => {
+                Some("auth.jwt.principal_claim is empty".into())
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Default for JwtConfig {
+    fn default() -> Self {
+        JwtConfig {
+            issuer: String::new(),
+            audience: Vec::new(),
+            jwks_url: None,
+            jwks_file: None,
+            jwks_refresh_secs: 60,
+            leeway_secs: 30,
+            principal_claim: "sub".into(),
+            required_scopes: Vec::new(),
+            tenants_claim: None,
+            discovery_url: None,
+        }
+    }
+}
+
+/// A string or a list of strings, read as a list.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(deserializer)? {
+        OneOrMany::One(one) => vec![one],
+        OneOrMany::Many(many) => many,
+    })
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -495,6 +602,10 @@ pub struct PeerConfig {
     pub url: String,
     #[serde(default)]
     pub token_env: Option<String>,
+    /// The key set the peer's agent card must be signed by; set, an unsigned card or one
+    /// whose signature fails is refused.
+    #[serde(default)]
+    pub card_jwks_url: Option<String>,
 }
 
 /// Push notifications: limits, where webhooks may point, retries and the signing key.
@@ -595,6 +706,9 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(problem) = self.auth.jwt.problem() {
+            return Err(ConfigError::Invalid(problem));
+        }
         if self.history.limit > MAX_LIMIT {
             return Err(ConfigError::Invalid(format!(
                 "history.limit is {}, at most {MAX_LIMIT} is allowed",

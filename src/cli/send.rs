@@ -734,6 +734,7 @@ mod tests {
         config.peers.insert(
             "alpha".into(),
             crate::config::PeerConfig {
+                card_jwks_url: None,
                 url: "http://127.0.0.1:1/".into(),
                 token_env: None,
             },

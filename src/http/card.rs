@@ -111,13 +111,45 @@ pub fn card(state: &AppState, url: &str) -> Value {
         );
     }
     if state.auth.enabled() {
-        card.insert(
-            "securitySchemes".into(),
-            json!({"bearer": {"type": "http", "scheme": "bearer"}}),
-        );
-        card.insert("security".into(), json!([{"bearer": []}]));
+        add_security(&mut card, &state.auth, config.versions == "1.0");
     }
     Value::Object(card)
+}
+
+/// The schemes a caller may authenticate with, any one of them: static bearer tokens, and
+/// JWTs from the OpenID Connect issuer (with the scopes they must hold). v1.0's card spells
+/// each scheme as its kind's object and the requirements as `securityRequirements`; v0.3's
+/// (and the card serving both) as `type`d objects and `security`.
+fn add_security(card: &mut Map<String, Value>, auth: &crate::http::Auth, v1_only: bool) {
+    let mut schemes = Map::new();
+    let mut any_of = Vec::new();
+    if auth.has_static_tokens() {
+        let scheme = match v1_only {
+            true => json!({"httpAuthSecurityScheme": {"scheme": "Bearer"}}),
+            false => json!({"type": "http", "scheme": "bearer"}),
+        };
+        schemes.insert("bearer".into(), scheme);
+        any_of.push(("bearer", Vec::new()));
+    }
+    if let Some(jwt) = auth.jwt() {
+        let url = jwt.discovery_url();
+        let scheme = match v1_only {
+            true => json!({"openIdConnectSecurityScheme": {"openIdConnectUrl": url}}),
+            false => json!({"type": "openIdConnect", "openIdConnectUrl": url}),
+        };
+        schemes.insert("oidc".into(), scheme);
+        any_of.push(("oidc", jwt.required_scopes().to_vec()));
+    }
+    card.insert("securitySchemes".into(), Value::Object(schemes));
+    let requirements: Vec<Value> = any_of
+        .into_iter()
+        .map(|(name, scopes)| match v1_only {
+            true => json!({"schemes": {name: {"list": scopes}}}),
+            false => json!({name: scopes}),
+        })
+        .collect();
+    let field = if v1_only { "securityRequirements" } else { "security" };
+    card.insert(field.into(), Value::Array(requirements));
 }
 
 /// The card, with `Cache-Control` and a strong `ETag` (over the bytes served); a request whose

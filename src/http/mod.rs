@@ -22,7 +22,7 @@ mod sse;
 mod state;
 mod unread_body;
 
-pub use auth::{Auth, TokenConfigError, digest as token_digest};
+pub use auth::{Auth, AuthConfigError, digest as token_digest, watch_credentials};
 pub use forward::NodeRelay;
 pub use origin::TrustedProxies;
 pub use state::AppState;
@@ -182,6 +182,7 @@ pub fn serve(mut state: AppState) -> Result<RunningServer, ServeError> {
         if public_metrics {
             metrics_route(cfg);
         }
+        rest::tenant_routes(cfg);
     };
     let server = HttpServer::new(move || {
         App::new()
@@ -301,7 +302,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     .service(
         web::scope(forward::REST_PREFIX)
             .app_data(rpc::Caller::Node)
-            .configure(rest::routes),
+            .configure(rest::routes)
+            .configure(rest::tenant_routes),
     )
     .route(
         "/.well-known/agent-card.json",

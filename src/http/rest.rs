@@ -18,15 +18,25 @@ use serde_json::{Map, Value};
 use std::time::Instant;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
+    v1_routes(cfg);
+    cfg.service(
+        web::scope(V03_PREFIX)
+            .app_data(Dialect::V03)
+            .configure(shared_routes)
+            .route("/card", web::get().to(extended_card)),
+    );
+}
+
+/// v1.0's routes under a tenant (`/{tenant}/message:send`, ...): registered after every other
+/// route of the server, so that a path another route serves never reaches them.
+pub fn tenant_routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(web::scope("/{tenant}").configure(v1_routes));
+}
+
+fn v1_routes(cfg: &mut web::ServiceConfig) {
     shared_routes(cfg);
     cfg.route("/tasks", web::get().to(list_tasks))
-        .route("/extendedAgentCard", web::get().to(extended_card))
-        .service(
-            web::scope(V03_PREFIX)
-                .app_data(Dialect::V03)
-                .configure(shared_routes)
-                .route("/card", web::get().to(extended_card)),
-        );
+        .route("/extendedAgentCard", web::get().to(extended_card));
 }
 
 /// The routes both versions serve at the same paths (v0.3's under [`V03_PREFIX`]).
@@ -275,8 +285,8 @@ async fn serve(
         .app_data::<rpc::Caller>()
         .copied()
         .unwrap_or(rpc::Caller::Client);
-    let principal = match rpc::principal_of(req, state, caller) {
-        Ok(principal) => principal,
+    let identity = match rpc::identity_of(req, state, caller).await {
+        Ok(identity) => identity,
         Err(error) => return error_response(&error, None),
     };
     let mut params = match body {
@@ -299,6 +309,15 @@ async fn serve(
         rpc::record("invalid", error.code(), started);
         return error_response(&error, None);
     }
+    let principal = match tenant_from_path(req, &mut params)
+        .and_then(|()| rpc::principal_in_tenant(state, caller, &identity, params.get("tenant")))
+    {
+        Ok(principal) => principal,
+        Err(error) => {
+            rpc::record(method.label(), error.code(), started);
+            return error_response(&error, None);
+        }
+    };
     // A task another node runs is served by that node (its lease names it).
     if caller == rpc::Caller::Client
         && let Some(response) = to_holder(req, state, &principal, method, &params, body).await
@@ -366,6 +385,22 @@ async fn to_holder(
     super::forward::rest_to_holder(state, req, principal, method, task_id, forwarded_body).await
 }
 
+/// The `/{tenant}/…` path's tenant, as the params' `tenant` (a body naming another is refused).
+fn tenant_from_path(req: &HttpRequest, params: &mut Map<String, Value>) -> Result<(), RpcError> {
+    let Some(tenant) = req.match_info().get("tenant") else {
+        return Ok(());
+    };
+    match params.get("tenant") {
+        Some(Value::String(given)) if given != tenant => Err(RpcError::InvalidParams(format!(
+            "the body's tenant {given:?} is not the path's {tenant:?}"
+        ))),
+        _ => {
+            params.insert("tenant".into(), Value::from(tenant));
+            Ok(())
+        }
+    }
+}
+
 /// The body's JSON object, with the path's params laid over it (the path names the resource).
 async fn read_params(
     req: &HttpRequest,
@@ -406,10 +441,10 @@ pub fn error_response(error: &RpcError, status: Option<StatusCode>) -> HttpRespo
     body["error"]["code"] = Value::from(status.as_u16());
     let mut response = HttpResponse::build(status).json(body);
     let headers = response.headers_mut();
+    if let Some(challenge) = error.www_authenticate() {
+        headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    }
     match error {
-        RpcError::Unauthenticated(_) => {
-            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
         RpcError::Overloaded { retry_after_ms }
         | RpcError::StoreUnavailable { retry_after_ms, .. } => {
             headers.insert(

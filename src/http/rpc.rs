@@ -1,6 +1,6 @@
 //! `POST /`: read and check the envelope, authenticate, pick the wire version, dispatch.
 
-use super::auth::AuthError;
+use super::auth::{AuthError, Identity};
 use super::forward;
 use super::methods::{self, Reply};
 use super::sse;
@@ -33,10 +33,10 @@ pub fn error_response(
     version: WireVersion,
 ) -> HttpResponse {
     let mut response = HttpResponse::build(status).json(failure(id, error, version));
-    if status == StatusCode::UNAUTHORIZED {
+    if let Some(challenge) = error.www_authenticate() {
         response
             .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
     }
     response
 }
@@ -132,18 +132,41 @@ pub async fn handle_forwarded(
     respond(req, payload, state, Caller::Node).await
 }
 
-pub(super) fn principal_of(
+/// Who a request acts as: the client its bearer token names, or the principal another node
+/// passed on with it (already in its tenant).
+pub(super) async fn identity_of(
     req: &HttpRequest,
     state: &AppState,
     caller: Caller,
-) -> Result<String, RpcError> {
+) -> Result<Identity, RpcError> {
     match caller {
-        Caller::Client => authenticate(req, state),
-        Caller::Node => forward::forwarded_principal(state, req).map_err(|e| {
-            metrics::counter!("colloquy_auth_failures_total").increment(1);
-            RpcError::Unauthenticated(e.to_string())
-        }),
+        Caller::Client => authenticate(req.headers(), state).await,
+        Caller::Node => forward::forwarded_principal(state, req)
+            .map(Identity::of)
+            .map_err(|e| {
+                metrics::counter!("colloquy_auth_failures_total").increment(1);
+                RpcError::Unauthenticated(e.to_string())
+            }),
     }
+}
+
+/// The principal a request acts as in the tenant its params name (v1.0's `tenant`). A node
+/// passes on a principal already in its tenant.
+pub(super) fn principal_in_tenant(
+    state: &AppState,
+    caller: Caller,
+    identity: &Identity,
+    tenant: Option<&serde_json::Value>,
+) -> Result<String, RpcError> {
+    if caller == Caller::Node {
+        return Ok(identity.principal.clone());
+    }
+    let tenant = match tenant {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(tenant)) => Some(tenant.as_str()),
+        Some(_) => return Err(RpcError::InvalidParams("tenant must be a string".into())),
+    };
+    state.auth.scoped(identity, tenant).map_err(refusal)
 }
 
 async fn respond(
@@ -165,13 +188,11 @@ async fn respond(
             version,
         );
     }
-    let principal = match principal_of(&req, &state, caller) {
-        Ok(principal) => principal,
+    let identity = match identity_of(&req, &state, caller).await {
+        Ok(identity) => identity,
         Err(error) => {
-            let status = match error {
-                RpcError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-                _ => StatusCode::BAD_REQUEST,
-            };
+            let status = StatusCode::from_u16(error.spelling().http_status)
+                .unwrap_or(StatusCode::BAD_REQUEST);
             return error_response(status, &RequestId::Null, &error, version);
         }
     };
@@ -201,6 +222,13 @@ async fn respond(
         Ok(method) => method,
         Err(error) => {
             record("unknown", error.code(), started);
+            return error_response(StatusCode::OK, &request.id, &error, version);
+        }
+    };
+    let principal = match principal_in_tenant(&state, caller, &identity, request.params.get("tenant")) {
+        Ok(principal) => principal,
+        Err(error) => {
+            record(method.label(), error.code(), started);
             return error_response(StatusCode::OK, &request.id, &error, version);
         }
     };
@@ -234,26 +262,42 @@ async fn respond(
     }
 }
 
-/// The caller's principal, or why not (counted for the metrics). Several `Authorization` headers
-/// are an invalid request (HTTP 400), not a wrong token.
-pub(super) fn authenticate(req: &HttpRequest, state: &AppState) -> Result<String, RpcError> {
-    principal_for(state, super::auth::authorization(req.headers()))
+/// The caller a request's headers name, or why none (counted for the metrics), whichever
+/// binding carried them. Several `Authorization` headers are an invalid request (HTTP 400), not
+/// a wrong token.
+pub(super) async fn authenticate(
+    headers: &actix_web::http::header::HeaderMap,
+    state: &AppState,
+) -> Result<Identity, RpcError> {
+    identify(state, super::auth::authorization(headers)).await
 }
 
-/// The principal an `Authorization` value names (or why none does), whichever binding carried
+/// The caller an `Authorization` value names (or why none does), whichever binding carried
 /// it; a refusal is counted for the metrics.
-pub(super) fn principal_for(
+pub(super) async fn identify(
     state: &AppState,
     authorization: Result<Option<&str>, AuthError>,
-) -> Result<String, RpcError> {
-    let principal = authorization.and_then(|authorization| state.auth.principal(authorization));
-    principal.map_err(|e| {
+) -> Result<Identity, RpcError> {
+    let identity = match authorization {
+        Ok(authorization) => state.auth.identify(authorization).await,
+        Err(error) => Err(error),
+    };
+    identity.map_err(|error| {
         metrics::counter!("colloquy_auth_failures_total").increment(1);
-        match e {
-            AuthError::Repeated(_) => RpcError::InvalidRequest(e.to_string()),
-            AuthError::Missing | AuthError::Invalid => RpcError::Unauthenticated(e.to_string()),
-        }
+        refusal(error)
     })
+}
+
+/// The wire error for an authentication or tenant refusal.
+pub(super) fn refusal(error: AuthError) -> RpcError {
+    let message = error.to_string();
+    match error {
+        AuthError::Missing => RpcError::Unauthenticated(message),
+        AuthError::Invalid | AuthError::Refused(_) => RpcError::InvalidToken(message),
+        AuthError::Repeated(_) => RpcError::InvalidRequest(message),
+        AuthError::BadTenant(_) => RpcError::InvalidParams(message),
+        AuthError::TenantNotAllowed(_) => RpcError::PermissionDenied(message),
+    }
 }
 
 /// The body within the configured size and time limits.

@@ -50,6 +50,11 @@ pub enum RpcError {
     ShuttingDown,
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
+    /// A bearer token was presented and refused (RFC 6750's `invalid_token`).
+    #[error("unauthenticated: {0}")]
+    InvalidToken(String),
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     #[error("conversation not found: {0}")]
     ConversationNotFound(String),
     /// Nothing of the request was stored; the same request may be sent again.
@@ -135,8 +140,11 @@ impl RpcError {
                 spelling(-32012, "SUBSCRIBER_TOO_SLOW", 429, "RESOURCE_EXHAUSTED")
             }
             RpcError::ShuttingDown => spelling(-32013, "SHUTTING_DOWN", 503, "UNAVAILABLE"),
-            RpcError::Unauthenticated(_) => {
+            RpcError::Unauthenticated(_) | RpcError::InvalidToken(_) => {
                 spelling(-32014, "UNAUTHENTICATED", 401, "UNAUTHENTICATED")
+            }
+            RpcError::PermissionDenied(_) => {
+                spelling(-32017, "PERMISSION_DENIED", 403, "PERMISSION_DENIED")
             }
             RpcError::ConversationNotFound(_) => {
                 spelling(-32015, "CONVERSATION_NOT_FOUND", 404, "NOT_FOUND")
@@ -144,6 +152,15 @@ impl RpcError {
             RpcError::StoreUnavailable { .. } => {
                 spelling(-32016, "STORE_UNAVAILABLE", 503, "UNAVAILABLE")
             }
+        }
+    }
+
+    /// The `WWW-Authenticate` challenge an HTTP answer with this error carries (RFC 6750).
+    pub fn www_authenticate(&self) -> Option<&'static str> {
+        match self {
+            RpcError::Unauthenticated(_) => Some("Bearer"),
+            RpcError::InvalidToken(_) => Some("Bearer error=\"invalid_token\""),
+            _ => None,
         }
     }
 
@@ -180,6 +197,7 @@ impl RpcError {
             RpcError::SubscriberTooSlow(0),
             RpcError::ShuttingDown,
             RpcError::Unauthenticated(none()),
+            RpcError::PermissionDenied(none()),
             RpcError::ConversationNotFound(none()),
             RpcError::StoreUnavailable {
                 why: none(),

@@ -19,8 +19,13 @@ fn config_keys() -> BTreeSet<String> {
         PeerConfig {
             url: String::new(),
             token_env: None,
+            card_jwks_url: Some(String::new()),
         },
     );
+    config
+        .auth
+        .tenants
+        .insert("<principal>".into(), vec![String::new()]);
     config
         .auth
         .tokens

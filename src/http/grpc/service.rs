@@ -9,7 +9,7 @@
 use super::forwarded;
 use super::status::to_status;
 use crate::engine::EventId;
-use crate::http::auth::AuthError;
+use crate::http::auth::{AuthError, Identity};
 use crate::http::forward;
 use crate::http::methods::Reply;
 use crate::http::rpc;
@@ -65,16 +65,16 @@ where
         .map_err(|e| RpcError::Internal(format!("an answer that does not encode: {e}")))
 }
 
-/// The caller's principal, from the `authorization` metadata (as HTTP's `Authorization`;
-/// several are refused there and here).
-fn principal(state: &AppState, metadata: &MetadataMap) -> Result<String, RpcError> {
+/// The caller, from the `authorization` metadata (as HTTP's `Authorization`; several are
+/// refused there and here).
+async fn identity(state: &AppState, metadata: &MetadataMap) -> Result<Identity, RpcError> {
     let mut values = metadata.get_all("authorization").iter();
     let first = values.next();
     let authorization = match values.count() {
         0 => Ok(first.and_then(|value| value.to_str().ok())),
         more => Err(AuthError::Repeated(more + 1)),
     };
-    rpc::principal_for(state, authorization)
+    rpc::identify(state, authorization).await
 }
 
 /// gRPC serves v1.0 only: a caller that asks for another version is told so.
@@ -109,16 +109,7 @@ impl A2aGrpc {
         J: Message + Default + Serialize,
     {
         let started = Instant::now();
-        let prepared = check_version(request.metadata())
-            .and_then(|()| principal(&self.state, request.metadata()))
-            .and_then(|principal| Ok((principal, to_json::<J>(request.get_ref())?)))
-            .map(|(principal, mut params)| {
-                if method == Method::SubscribeToTask {
-                    resume_point(request.metadata(), &mut params);
-                }
-                (principal, params)
-            });
-        let (principal, params) = match prepared {
+        let (principal, params) = match self.prepare::<J>(method, &request).await {
             Ok(prepared) => prepared,
             Err(error) => {
                 rpc::record("invalid", error.code(), started);
@@ -143,6 +134,27 @@ impl A2aGrpc {
         .await
         .map(Answer::Here)
         .map_err(|error| to_status(&error))
+    }
+
+    /// The principal a call acts as (in its tenant) and its params as JSON.
+    async fn prepare<J>(
+        &self,
+        method: Method,
+        request: &Request<impl Message>,
+    ) -> Result<(String, serde_json::Value), RpcError>
+    where
+        J: Message + Default + Serialize,
+    {
+        check_version(request.metadata())?;
+        let identity = identity(&self.state, request.metadata()).await?;
+        let mut params = to_json::<J>(request.get_ref())?;
+        if method == Method::SubscribeToTask {
+            resume_point(request.metadata(), &mut params);
+        }
+        let tenant = params.get("tenant");
+        let principal =
+            rpc::principal_in_tenant(&self.state, rpc::Caller::Client, &identity, tenant)?;
+        Ok((principal, params))
     }
 
     /// A call answered with one message `R`: `J` is the request's ProtoJSON twin, `K` the answer's.

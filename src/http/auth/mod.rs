@@ -1,0 +1,271 @@
+//! Who a request acts as, and in which tenant. A caller is named by a static bearer token
+//! (`tokens.rs`) or by a JWT its identity provider issued (`jwt.rs`); with neither configured
+//! every request is the anonymous principal. A v1.0 request may name a `tenant`: the
+//! conversations, tasks and push configs it reaches are those of its principal in that tenant,
+//! and a principal may use only the tenants it is allowed (`auth.tenants`, or the JWT claim
+//! `auth.jwt.tenants_claim`).
+
+mod jwt;
+mod tokens;
+
+pub use jwt::{JwksError, JwtVerifier};
+pub use tokens::{TokenConfigError, Tokens};
+
+use crate::config::AuthConfig;
+use crate::model::ANONYMOUS;
+use actix_web::http::header::{self, HeaderMap};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("missing Authorization: Bearer header")]
+    Missing,
+    #[error("the bearer token is not valid")]
+    Invalid,
+    /// A JWT refused, and why (the reason names no key material).
+    #[error("the bearer token is not valid: {0}")]
+    Refused(String),
+    /// Proxies and servers disagree on which of several headers counts: refused, not guessed.
+    #[error("the request has {0} Authorization headers; send one")]
+    Repeated(usize),
+    #[error(
+        "tenant {0:?} is not a tenant name (1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', not a route word)"
+    )]
+    BadTenant(String),
+    #[error("tenant {0:?} is not one this caller may use")]
+    TenantNotAllowed(String),
+}
+
+/// Why authentication cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthConfigError {
+    #[error(transparent)]
+    Tokens(#[from] TokenConfigError),
+    #[error("auth.jwt: {0}")]
+    Jwks(#[from] JwksError),
+}
+
+/// The request's `Authorization` header, if it has one; several are refused.
+pub fn authorization(headers: &HeaderMap) -> Result<Option<&str>, AuthError> {
+    let mut values = headers.get_all(header::AUTHORIZATION);
+    let first = values.next();
+    let more = values.count();
+    if more > 0 {
+        return Err(AuthError::Repeated(more + 1));
+    }
+    Ok(first.and_then(|value| value.to_str().ok()))
+}
+
+pub fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// An authenticated caller, before a tenant is chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Identity {
+    pub principal: String,
+    /// Tenants its token allows besides those `auth.tenants` gives it.
+    tenants: Vec<String>,
+}
+
+impl Identity {
+    /// A caller whose principal was established elsewhere (another node, or no auth at all).
+    pub fn of(principal: String) -> Identity {
+        Identity {
+            principal,
+            tenants: Vec::new(),
+        }
+    }
+}
+
+/// Separates a principal from its tenant in the principal the engine and store see: no
+/// principal holds a control character (both token kinds refuse them) and no tenant name does,
+/// so the joined name is that pair's alone.
+const TENANT_SEPARATOR: char = '\u{1f}';
+
+/// Words a tenant may not be: the first segments of the routes `/{tenant}/…` sits beside.
+const ROUTE_WORDS: [&str; 6] = ["tasks", "v1", "message:send", "message:stream", "extendedAgentCard", "_colloquy"];
+
+#[derive(Clone, Default)]
+pub struct Auth {
+    tokens: Tokens,
+    jwt: Option<Arc<JwtVerifier>>,
+    tenants: Arc<BTreeMap<String, Vec<String>>>,
+}
+
+impl Auth {
+    /// From `[auth]` and `COLLOQUY_TOKENS` (`principal:token,principal:token`).
+    pub fn load(config: &AuthConfig, env_tokens: Option<&str>) -> Result<Auth, AuthConfigError> {
+        let jwt = match config.jwt.enabled() {
+            true => Some(Arc::new(JwtVerifier::new(&config.jwt)?)),
+            false => None,
+        };
+        Ok(Auth {
+            tokens: Tokens::load(config, env_tokens)?,
+            jwt,
+            tenants: Arc::new(config.tenants.clone()),
+        })
+    }
+
+    /// Whether callers must authenticate.
+    pub fn enabled(&self) -> bool {
+        self.jwt.is_some() || self.tokens.any()
+    }
+
+    pub fn tokens(&self) -> &Tokens {
+        &self.tokens
+    }
+
+    pub fn jwt(&self) -> Option<&Arc<JwtVerifier>> {
+        self.jwt.as_ref()
+    }
+
+    /// Whether static tokens are configured (the card names the plain bearer scheme).
+    pub fn has_static_tokens(&self) -> bool {
+        self.tokens.any()
+    }
+
+    /// The caller a request's `Authorization` header names. A token that looks like a JWT is
+    /// checked as one when JWTs are configured; any other goes to the static tokens.
+    pub async fn identify(&self, authorization: Option<&str>) -> Result<Identity, AuthError> {
+        if !self.enabled() {
+            return Ok(Identity::of(ANONYMOUS.to_owned()));
+        }
+        let token = bearer(authorization).ok_or(AuthError::Missing)?;
+        if let Some(principal) = self.tokens.principal(token) {
+            return Ok(Identity::of(principal));
+        }
+        match &self.jwt {
+            Some(jwt) if token.split('.').count() == 3 => {
+                let caller = jwt
+                    .verify(token)
+                    .await
+                    .map_err(|refused| AuthError::Refused(refused.to_string()))?;
+                Ok(Identity {
+                    principal: caller.principal,
+                    tenants: caller.tenants,
+                })
+            }
+            _ => Err(AuthError::Invalid),
+        }
+    }
+
+    /// The principal the engine and store see for `identity` in `tenant` (none: the default
+    /// tenant, the principal itself).
+    pub fn scoped(&self, identity: &Identity, tenant: Option<&str>) -> Result<String, AuthError> {
+        let Some(tenant) = tenant.filter(|tenant| !tenant.is_empty()) else {
+            return Ok(identity.principal.clone());
+        };
+        if !is_tenant_name(tenant) {
+            return Err(AuthError::BadTenant(tenant.chars().take(80).collect()));
+        }
+        let configured = self.tenants.get(&identity.principal);
+        let allowed = configured.is_some_and(|list| list.iter().any(|t| t == tenant))
+            || identity.tenants.iter().any(|t| t == tenant);
+        if !allowed {
+            return Err(AuthError::TenantNotAllowed(tenant.to_owned()));
+        }
+        Ok(format!("{}{TENANT_SEPARATOR}{tenant}", identity.principal))
+    }
+}
+
+/// Keeps the credentials current: the JWT key set fetched at start; the tokens file and the
+/// key set file read again on SIGHUP, and whenever they change (looked at every `check_every`;
+/// zero: on SIGHUP only). A reload that fails keeps what is in use and logs why.
+pub async fn watch_credentials(auth: Auth, check_every: std::time::Duration) {
+    use tokio::signal::unix::{SignalKind, signal};
+    if let Some(jwt) = auth.jwt()
+        && let Err(error) = jwt.refresh().await
+    {
+        tracing::warn!(error = %crate::error::chain(&error), "the JWT key set could not be fetched; it is fetched again when a token needs it");
+    }
+    let mut hangup = match signal(SignalKind::hangup()) {
+        Ok(hangup) => Some(hangup),
+        Err(error) => {
+            tracing::warn!(%error, "SIGHUP cannot be watched; credentials reload only when their files change");
+            None
+        }
+    };
+    let mut ticks = (!check_every.is_zero()).then(|| tokio::time::interval(check_every));
+    if hangup.is_none() && ticks.is_none() {
+        return;
+    }
+    loop {
+        let always = tokio::select! {
+            Some(()) = async { hangup.as_mut()?.recv().await } => true,
+            _ = async { ticks.as_mut()?.tick().await; Some(()) }, if ticks.is_some() => false,
+        };
+        auth.reload(always);
+    }
+}
+
+impl Auth {
+    /// Reads the tokens file and the JWT key set file again (if `always`, or if the tokens
+    /// file changed); what fails to load is not taken, and is logged.
+    pub fn reload(&self, always: bool) {
+        match self.tokens.reload(always) {
+            Ok(true) => tracing::info!("reloaded auth.tokens_file"),
+            Ok(false) => {}
+            Err(error) => tracing::error!(error = %crate::error::chain(&error), "auth.tokens_file not reloaded; the tokens in use stay"),
+        }
+        if always
+            && let Some(jwt) = &self.jwt
+            && let Err(error) = jwt.reload_file()
+        {
+            tracing::error!(error = %crate::error::chain(&error), "auth.jwt.jwks_file not reloaded; the keys in use stay");
+        }
+    }
+}
+
+/// A tenant name: short, URL-safe, and not a word the routes beside `/{tenant}/…` start with.
+pub fn is_tenant_name(tenant: &str) -> bool {
+    (1..=64).contains(&tenant.len())
+        && tenant
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && !ROUTE_WORDS.contains(&tenant)
+        && !tenant.starts_with('.')
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+fn bearer(authorization: Option<&str>) -> Option<&str> {
+    let (scheme, token) = authorization?.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Whether the header carries the one token whose digest is `expected` (compared in constant time).
+pub fn bearer_matches(authorization: Option<&str>, expected: &[u8; 32]) -> bool {
+    bearer(authorization).is_some_and(|token| bool::from(digest(token).ct_eq(expected)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_makes_another_principal_only_where_allowed() {
+        let mut config = AuthConfig::default();
+        config.tokens.insert("alice".into(), "a-token".into());
+        config.tenants.insert("alice".into(), vec!["red".into()]);
+        let auth = Auth::load(&config, None).unwrap();
+        let alice = Identity::of("alice".into());
+        assert_eq!(auth.scoped(&alice, None).unwrap(), "alice");
+        assert_eq!(auth.scoped(&alice, Some("")).unwrap(), "alice");
+        assert_eq!(auth.scoped(&alice, Some("red")).unwrap(), "alice\u{1f}red");
+        assert!(matches!(
+            auth.scoped(&alice, Some("blue")),
+            Err(AuthError::TenantNotAllowed(_))
+        ));
+        assert!(matches!(
+            auth.scoped(&alice, Some("tasks")),
+            Err(AuthError::BadTenant(_))
+        ));
+        assert!(matches!(
+            auth.scoped(&alice, Some("a/b")),
+            Err(AuthError::BadTenant(_))
+        ));
+    }
+}
