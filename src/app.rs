@@ -10,6 +10,7 @@ use crate::engine::{Engine, EngineConfig, ResumeLimits, WindowLimits};
 use crate::error::chain;
 use crate::history::HistoryLimits;
 use crate::http::{AppState, Auth, AuthConfigError, RunningServer, ServeError, token_digest};
+use crate::protocol::signing::{CardKeyError, CardSigner};
 use crate::push::deliver::DeliveryOptions;
 use crate::push::sign::{DEFAULT_KEY_FILE, SignError, Signer};
 use crate::push::{ConfigLimits, PushConfigs, TargetPolicy};
@@ -33,6 +34,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Signer(#[from] SignError),
+    #[error(transparent)]
+    CardKey(#[from] CardKeyError),
     #[error("building the push delivery client: {0}")]
     Delivery(#[source] reqwest::Error),
     #[error(transparent)]
@@ -89,6 +92,8 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         }
         None => (None, serde_json::json!({"keys": []})),
     };
+    let card_signer = load_card_signer(&config).await?;
+    let jwks = with_card_key(push_jwks, card_signer.as_deref());
     let database = opened.database;
     let relay = match (&database, config.cluster.secret()) {
         (Some(_), Some(secret)) => Some(crate::http::NodeRelay::new(
@@ -120,7 +125,8 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         metrics,
         metrics_token,
         push,
-        push_jwks,
+        jwks,
+        card_signer,
         proxies,
         grpc_addr: None,
     };
@@ -264,6 +270,26 @@ async fn load_signer(config: &Config) -> Result<Arc<Signer>, StartError> {
             .await?
             .map(Arc::new)?,
     )
+}
+
+/// The card's signing key, if `card.signing_key_file` names one.
+async fn load_card_signer(config: &Config) -> Result<Option<Arc<CardSigner>>, StartError> {
+    let Some(path) = config.card.signing_key_file.clone() else {
+        return Ok(None);
+    };
+    let signer = actix_rt::task::spawn_blocking(move || CardSigner::load(&path)).await?;
+    Ok(Some(Arc::new(signer?)))
+}
+
+/// The key set served: the push keys, and the card's key beside them.
+fn with_card_key(mut jwks: serde_json::Value, card: Option<&CardSigner>) -> serde_json::Value {
+    let keys = jwks
+        .get_mut("keys")
+        .and_then(serde_json::Value::as_array_mut);
+    if let (Some(signer), Some(keys)) = (card, keys) {
+        keys.push(signer.jwk().clone());
+    }
+    jwks
 }
 
 fn delivery_options(config: &Config) -> DeliveryOptions {
@@ -562,9 +588,14 @@ fn build_a2a_agent(config: &Config) -> Result<SharedAgent, AgentSetupError> {
             })?,
         ),
     };
-    Ok(Arc::new(A2aAgent::new(
-        url,
+    let options = crate::client::ClientOptions {
         token,
+        card_jwks_url: config.agent.card_jwks_url.clone(),
+        ..crate::client::ClientOptions::default()
+    };
+    Ok(Arc::new(A2aAgent::with_options(
+        url,
+        options,
         config.agent.max_turns_per_context,
     )))
 }

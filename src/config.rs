@@ -148,6 +148,9 @@ pub struct AgentConfig {
     pub peer_url: Option<String>,
     /// a2a: name of the environment variable holding the peer's bearer token.
     pub token_env: Option<String>,
+    /// a2a: the key set the peer's card must be signed by; set, an unsigned card or one whose
+    /// signature fails is refused.
+    pub card_jwks_url: Option<String>,
     /// a2a: delegated turns allowed per conversation (anti-loop).
     pub max_turns_per_context: u64,
 }
@@ -174,6 +177,7 @@ impl Default for AgentConfig {
             max_stderr_bytes: 8 * 1024,
             peer_url: None,
             token_env: None,
+            card_jwks_url: None,
             max_turns_per_context: 20,
         }
     }

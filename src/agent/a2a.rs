@@ -41,13 +41,23 @@ struct Inner {
 
 impl A2aAgent {
     pub fn new(url: impl Into<String>, token: Option<String>, max_turns: u64) -> A2aAgent {
+        let options = ClientOptions {
+            token,
+            ..ClientOptions::default()
+        };
+        A2aAgent::with_options(url, options, max_turns)
+    }
+
+    /// A peer reached with `options` (its token, the key set its card must be signed by).
+    pub fn with_options(
+        url: impl Into<String>,
+        options: ClientOptions,
+        max_turns: u64,
+    ) -> A2aAgent {
         A2aAgent {
             inner: Arc::new(Inner {
                 url: url.into(),
-                options: ClientOptions {
-                    token,
-                    ..ClientOptions::default()
-                },
+                options,
                 max_turns,
                 peer: Mutex::new(None),
             }),

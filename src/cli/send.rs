@@ -98,7 +98,9 @@ impl From<ClientError> for SendFailure {
             | ClientError::Http { .. }
             | ClientError::Request { .. }
             | ClientError::Malformed { .. }
-            | ClientError::Card { .. } => EXIT_PEER,
+            | ClientError::Card { .. }
+            | ClientError::CardSignature { .. }
+            | ClientError::TrustedKeys { .. } => EXIT_PEER,
         };
         fail(code, chain(&e).to_string())
     }
@@ -230,6 +232,8 @@ pub struct Resolved {
     pub peer: Option<String>,
     pub url: String,
     pub token_env: Option<String>,
+    /// The key set the peer's card must be signed by (`peers.NAME.card_jwks_url`).
+    pub card_jwks_url: Option<String>,
     /// The session the target named (`ctx-...`).
     pub session: Option<String>,
 }
@@ -275,6 +279,7 @@ pub fn resolve(
             peer: Some(name.to_owned()),
             url: p.url.clone(),
             token_env: p.token_env.clone(),
+            card_jwks_url: p.card_jwks_url.clone(),
             session: None,
         })
     };
@@ -295,15 +300,12 @@ pub fn resolve(
     if target.starts_with("ctx-") {
         return match sessions.find(target) {
             Some(session) => {
-                let token_env = session
-                    .peer
-                    .as_deref()
-                    .and_then(|n| config.peers.get(n))
-                    .and_then(|p| p.token_env.clone());
+                let configured = session.peer.as_deref().and_then(|n| config.peers.get(n));
                 Ok(Resolved {
                     peer: session.peer.clone(),
                     url: session.url.clone(),
-                    token_env,
+                    token_env: configured.and_then(|p| p.token_env.clone()),
+                    card_jwks_url: configured.and_then(|p| p.card_jwks_url.clone()),
                     session: Some(session.context_id.clone()),
                 })
             }
@@ -326,6 +328,7 @@ pub fn resolve(
             peer: None,
             url: target.to_owned(),
             token_env: None,
+            card_jwks_url: None,
             session: None,
         });
     }
@@ -473,6 +476,7 @@ async fn run_async(args: SendArgs) -> Result<u8, SendFailure> {
     let options = ClientOptions {
         token,
         timeout: Duration::from_secs(args.timeout.max(1)),
+        card_jwks_url: resolved.card_jwks_url.clone(),
         ..ClientOptions::default()
     };
     let peer = client::connect(&resolved.url, options).await?;
@@ -654,6 +658,7 @@ async fn list(config: &Config, sessions: &SessionsFile, json_out: bool) -> Resul
             token,
             connect_timeout: Duration::from_secs(3),
             timeout: Duration::from_secs(5),
+            card_jwks_url: peer.card_jwks_url.clone(),
         };
         let outcome = client::connect(&peer.url, options).await;
         (name.clone(), peer.url.clone(), outcome)
@@ -734,9 +739,9 @@ mod tests {
         config.peers.insert(
             "alpha".into(),
             crate::config::PeerConfig {
-                card_jwks_url: None,
                 url: "http://127.0.0.1:1/".into(),
                 token_env: None,
+                card_jwks_url: None,
             },
         );
         config

@@ -57,6 +57,14 @@ pub enum ClientError {
     Malformed { url: String, detail: String },
     #[error("malformed response from {url}: {source}")]
     Card { url: String, source: NoInterface },
+    /// The peer's card is not signed by a key of the trusted key set (`card_jwks_url`).
+    #[error("the agent card at {url} is refused: {source}")]
+    CardSignature {
+        url: String,
+        source: crate::protocol::signing::CardSignatureError,
+    },
+    #[error("the trusted key set {url} could not be read: {detail}")]
+    TrustedKeys { url: String, detail: String },
 }
 
 /// The JSON-RPC code colloquy (and this client) uses for "context busy".
@@ -156,6 +164,8 @@ pub struct ClientOptions {
     pub connect_timeout: Duration,
     /// A blocking call, from sending to the whole response; for streams, the longest silence.
     pub timeout: Duration,
+    /// The key set the peer's card must be signed by; None: the card is taken as served.
+    pub card_jwks_url: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -164,6 +174,7 @@ impl Default for ClientOptions {
             token: None,
             connect_timeout: Duration::from_secs(10),
             timeout: Duration::from_secs(300),
+            card_jwks_url: None,
         }
     }
 }
@@ -385,6 +396,15 @@ pub async fn connect(url: &str, options: ClientOptions) -> ClientResult<Peer> {
             detail: "the agent card is not a JSON object".into(),
         });
     }
+    if let Some(jwks_url) = &options.card_jwks_url {
+        let jwks = trusted_keys(&http, jwks_url, timeout).await?;
+        crate::protocol::signing::verify_card(&card, &jwks).map_err(|source| {
+            ClientError::CardSignature {
+                url: card_url.clone(),
+                source,
+            }
+        })?;
+    }
     let interface = negotiate_interface(&card, url).map_err(|source| ClientError::Card {
         url: card_url.clone(),
         source,
@@ -412,6 +432,24 @@ pub async fn connect(url: &str, options: ClientOptions) -> ClientResult<Peer> {
         http,
         options,
     })
+}
+
+/// The key set a peer's card must be signed by.
+async fn trusted_keys(http: &reqwest::Client, url: &str, timeout: Duration) -> ClientResult<Value> {
+    let refused = |detail: String| ClientError::TrustedKeys {
+        url: url.to_owned(),
+        detail,
+    };
+    let response = http
+        .get(url)
+        .timeout(timeout)
+        .send()
+        .await
+        .map_err(|e| refused(e.to_string()))?;
+    if !response.status().is_success() {
+        return Err(refused(format!("HTTP {}", response.status().as_u16())));
+    }
+    response.json().await.map_err(|e| refused(e.to_string()))
 }
 
 fn malformed_or_io(url: &str, e: reqwest::Error, timeout: Duration, what: &str) -> ClientError {

@@ -18,14 +18,30 @@ pub fn extended_card(state: &AppState, url: &str) -> Result<Value, RpcError> {
     if !extended.configured() {
         return Err(RpcError::ExtendedCardNotConfigured);
     }
-    let mut card = card(state, url);
+    let mut card = unsigned_card(state, url);
     if let Some(description) = &extended.description {
-        card["description"] = json!(description);
+        card.insert("description".into(), json!(description));
     }
-    if let Some(skills) = card["skills"].as_array_mut() {
+    if let Some(Value::Array(skills)) = card.get_mut("skills") {
         skills.extend(extended.skills.iter().map(skill));
     }
-    Ok(card)
+    Ok(signed(state, card, url))
+}
+
+/// The card with its `signatures` when `card.signing_key_file` is set; the JWS header's `jku`
+/// names the key set served beside it.
+fn signed(state: &AppState, mut card: Map<String, Value>, url: &str) -> Value {
+    if let Some(signer) = &state.card_signer {
+        let jku = format!(
+            "{}{}",
+            url.trim_end_matches('/'),
+            crate::push::sign::JWKS_PATH
+        );
+        if let Err(error) = signer.sign(&mut card, &jku) {
+            tracing::error!(%error, "the agent card is served unsigned");
+        }
+    }
+    Value::Object(card)
 }
 
 fn skill(config: &SkillConfig) -> Value {
@@ -44,7 +60,12 @@ fn grpc_url(state: &AppState, url: &str) -> Option<String> {
     Some(format!("{}:{port}", card_url.host_str()?))
 }
 
+/// The public card, signed if a key is configured.
 pub fn card(state: &AppState, url: &str) -> Value {
+    signed(state, unsigned_card(state, url), url)
+}
+
+fn unsigned_card(state: &AppState, url: &str) -> Map<String, Value> {
     let config = &state.config.card;
     let agent = state.engine.agent();
     let description = config
@@ -113,7 +134,7 @@ pub fn card(state: &AppState, url: &str) -> Value {
     if state.auth.enabled() {
         add_security(&mut card, &state.auth, config.versions == "1.0");
     }
-    Value::Object(card)
+    card
 }
 
 /// The schemes a caller may authenticate with, any one of them: static bearer tokens, and
@@ -148,7 +169,11 @@ fn add_security(card: &mut Map<String, Value>, auth: &crate::http::Auth, v1_only
             false => json!({name: scopes}),
         })
         .collect();
-    let field = if v1_only { "securityRequirements" } else { "security" };
+    let field = if v1_only {
+        "securityRequirements"
+    } else {
+        "security"
+    };
     card.insert(field.into(), Value::Array(requirements));
 }
 

@@ -442,7 +442,10 @@ pub fn error_response(error: &RpcError, status: Option<StatusCode>) -> HttpRespo
     let mut response = HttpResponse::build(status).json(body);
     let headers = response.headers_mut();
     if let Some(challenge) = error.www_authenticate() {
-        headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+        headers.insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static(challenge),
+        );
     }
     match error {
         RpcError::Overloaded { retry_after_ms }

@@ -34,9 +34,10 @@ pub fn error_response(
 ) -> HttpResponse {
     let mut response = HttpResponse::build(status).json(failure(id, error, version));
     if let Some(challenge) = error.www_authenticate() {
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static(challenge),
+        );
     }
     response
 }
@@ -225,13 +226,14 @@ async fn respond(
             return error_response(StatusCode::OK, &request.id, &error, version);
         }
     };
-    let principal = match principal_in_tenant(&state, caller, &identity, request.params.get("tenant")) {
-        Ok(principal) => principal,
-        Err(error) => {
-            record(method.label(), error.code(), started);
-            return error_response(StatusCode::OK, &request.id, &error, version);
-        }
-    };
+    let principal =
+        match principal_in_tenant(&state, caller, &identity, request.params.get("tenant")) {
+            Ok(principal) => principal,
+            Err(error) => {
+                record(method.label(), error.code(), started);
+                return error_response(StatusCode::OK, &request.id, &error, version);
+            }
+        };
     // A task another node runs is served by that node (its lease names it).
     if caller == Caller::Client
         && let Some(response) =

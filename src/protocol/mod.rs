@@ -7,6 +7,7 @@ pub mod params;
 pub mod protojson;
 pub mod push;
 pub mod rest03;
+pub mod signing;
 pub mod v03;
 pub mod v1;
 

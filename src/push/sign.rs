@@ -82,7 +82,7 @@ impl Signer {
                 path: shown,
                 reason,
             })?;
-        let (jwk, kid) = public_jwk(key.public_key().as_ref());
+        let (jwk, kid) = crate::protocol::signing::ec_p256_jwk(key.public_key().as_ref());
         Ok(Signer { key, kid, jwk, rng })
     }
 
@@ -120,20 +120,6 @@ impl SignBody for Signer {
         let now = crate::model::now().timestamp();
         vec![(SIGNATURE_HEADER, self.sign(&notification.id, now, body))]
     }
-}
-
-/// The JWK of an uncompressed P-256 point, and its RFC 7638 thumbprint (the `kid`).
-fn public_jwk(point: &[u8]) -> (Value, String) {
-    let (x, y) = point[1..].split_at(32);
-    let (x, y) = (URL_SAFE_NO_PAD.encode(x), URL_SAFE_NO_PAD.encode(y));
-    // RFC 7638: the required members, in lexicographic order, no whitespace.
-    let canonical = format!(r#"{{"crv":"P-256","kty":"EC","x":"{x}","y":"{y}"}}"#);
-    let kid = URL_SAFE_NO_PAD.encode(Sha256::digest(canonical.as_bytes()));
-    let jwk = json!({
-        "kty": "EC", "crv": "P-256", "x": x, "y": y,
-        "use": "sig", "alg": "ES256", "kid": kid,
-    });
-    (jwk, kid)
 }
 
 #[cfg(unix)]

@@ -306,7 +306,9 @@ fn parse_key_set(bytes: &[u8], origin: &str) -> Result<Vec<Key>, JwksError> {
             .and_then(|jwk| DecodingKey::from_jwk(&jwk).ok());
         match key {
             Some(key) => keys.push(Key { kid, alg, key }),
-            None => tracing::warn!(origin, kid = ?kid, "a key of the JWT key set cannot be read; skipped"),
+            None => {
+                tracing::warn!(origin, kid = ?kid, "a key of the JWT key set cannot be read; skipped")
+            }
         }
     }
     Ok(keys)
@@ -337,9 +339,10 @@ fn reason(error: &jsonwebtoken::errors::Error) -> String {
             "the token's algorithm is not accepted".into()
         }
         ErrorKind::MissingRequiredClaim(claim) => format!("the token has no {claim} claim"),
-        ErrorKind::InvalidToken | ErrorKind::Base64(_) | ErrorKind::Json(_) | ErrorKind::Utf8(_) => {
-            "the token is not a well-formed JWT".into()
-        }
+        ErrorKind::InvalidToken
+        | ErrorKind::Base64(_)
+        | ErrorKind::Json(_)
+        | ErrorKind::Utf8(_) => "the token is not a well-formed JWT".into(),
         _ => "the token is not valid".into(),
     }
 }

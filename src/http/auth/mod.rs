@@ -87,7 +87,14 @@ impl Identity {
 const TENANT_SEPARATOR: char = '\u{1f}';
 
 /// Words a tenant may not be: the first segments of the routes `/{tenant}/…` sits beside.
-const ROUTE_WORDS: [&str; 6] = ["tasks", "v1", "message:send", "message:stream", "extendedAgentCard", "_colloquy"];
+const ROUTE_WORDS: [&str; 6] = [
+    "tasks",
+    "v1",
+    "message:send",
+    "message:stream",
+    "extendedAgentCard",
+    "_colloquy",
+];
 
 #[derive(Clone, Default)]
 pub struct Auth {
@@ -209,7 +216,9 @@ impl Auth {
         match self.tokens.reload(always) {
             Ok(true) => tracing::info!("reloaded auth.tokens_file"),
             Ok(false) => {}
-            Err(error) => tracing::error!(error = %crate::error::chain(&error), "auth.tokens_file not reloaded; the tokens in use stay"),
+            Err(error) => {
+                tracing::error!(error = %crate::error::chain(&error), "auth.tokens_file not reloaded; the tokens in use stay")
+            }
         }
         if always
             && let Some(jwt) = &self.jwt

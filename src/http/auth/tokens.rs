@@ -50,10 +50,13 @@ pub enum TokenConfigError {
     EnvEntry { position: usize },
 }
 
+/// Each principal with its token's digest.
+type Digests = Vec<(String, [u8; 32])>;
+
 /// The static tokens in use, swapped whole by a reload.
 #[derive(Clone, Default)]
 pub struct Tokens {
-    current: Arc<RwLock<Vec<(String, [u8; 32])>>>,
+    current: Arc<RwLock<Digests>>,
     sources: Arc<Sources>,
 }
 
@@ -129,7 +132,7 @@ impl Tokens {
 }
 
 impl Sources {
-    fn read(&self) -> Result<Vec<(String, [u8; 32])>, TokenConfigError> {
+    fn read(&self) -> Result<Digests, TokenConfigError> {
         let mut grants: Vec<Grant> = self.fixed.clone();
         if let Some(path) = &self.file {
             let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
@@ -287,7 +290,8 @@ mod tests {
     fn a_reload_that_fails_keeps_the_tokens_in_use() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens");
-        let line = |principal: &str, token: &str| format!("{principal}:{}\n", hex::encode(digest(token)));
+        let line =
+            |principal: &str, token: &str| format!("{principal}:{}\n", hex::encode(digest(token)));
         std::fs::write(&path, line("carol", "c-token")).unwrap();
         let config = AuthConfig {
             tokens_file: Some(path.clone()),
