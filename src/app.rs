@@ -9,7 +9,9 @@ use crate::engine::MessageLimits;
 use crate::engine::{Engine, EngineConfig, ResumeLimits, WindowLimits};
 use crate::error::chain;
 use crate::history::HistoryLimits;
-use crate::http::{AppState, Auth, AuthConfigError, RunningServer, ServeError, token_digest};
+use crate::http::{
+    AppState, Auth, AuthConfigError, RunningServer, ServeError, SigningKeys, token_digest,
+};
 use crate::protocol::signing::{CardKeyError, CardSigner};
 use crate::push::deliver::DeliveryOptions;
 use crate::push::sign::{DEFAULT_KEY_FILE, SignError, Signer};
@@ -17,6 +19,7 @@ use crate::push::{ConfigLimits, PushConfigs, TargetPolicy};
 use crate::store::embedded::{DEFAULT_MEMTABLE_BYTES, EmbeddedStore, SledOptions, WalLimits};
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::{ConversationStore, SharedPushStore, SharedStore, StoreError};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,10 +66,6 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let metrics = crate::telemetry::recorder();
     crate::telemetry::register_series(agent.kind());
     let auth = load_auth(&config)?;
-    actix_rt::spawn(crate::http::watch_credentials(
-        auth.clone(),
-        Duration::from_secs(config.auth.reload_check_secs),
-    ));
     check_cluster_secret(&config)?;
     let proxies = crate::http::TrustedProxies::new(config.trusted_proxies()?);
     let opened = open_store_async(&config).await?;
@@ -77,23 +76,34 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
             lease_duration(&config) / 3,
         ));
     }
-    let (push, push_jwks) = match opened.push {
+    let push_key = match opened.push {
+        Some(_) => Some(load_signer(&config).await?),
+        None => None,
+    };
+    let card_key = load_card_signer(&config).await?;
+    let keys = Arc::new(SigningKeys::new(
+        push_key,
+        card_key,
+        Duration::from_secs(config.auth.retired_key_secs),
+    ));
+    let push = match opened.push {
         Some(push_store) => {
-            let signer = load_signer(&config).await?;
-            let jwks = signer.jwks();
             crate::push::deliver::start(
                 push_store.clone(),
                 Arc::new(target_policy(&config)),
-                Some(signer),
+                Some(keys.clone()),
                 delivery_options(&config),
             )
             .map_err(StartError::Delivery)?;
-            (Some(push_configs(push_store, &config)), jwks)
+            Some(push_configs(push_store, &config))
         }
-        None => (None, serde_json::json!({"keys": []})),
+        None => None,
     };
-    let card_signer = load_card_signer(&config).await?;
-    let jwks = with_card_key(push_jwks, card_signer.as_deref());
+    actix_rt::spawn(crate::http::watch_credentials(
+        auth.clone(),
+        keys.clone(),
+        Duration::from_secs(config.auth.reload_check_secs),
+    ));
     let database = opened.database;
     let relay = match (&database, config.cluster.secret()) {
         (Some(_), Some(secret)) => Some(crate::http::NodeRelay::new(
@@ -125,8 +135,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         metrics,
         metrics_token,
         push,
-        jwks,
-        card_signer,
+        keys,
         proxies,
         grpc_addr: None,
     };
@@ -259,37 +268,25 @@ fn push_configs(store: SharedPushStore, config: &Config) -> PushConfigs {
 }
 
 /// The push signing key: configured, else generated on first start into the data folder.
-async fn load_signer(config: &Config) -> Result<Arc<Signer>, StartError> {
+async fn load_signer(config: &Config) -> Result<(PathBuf, Signer), StartError> {
     let path = config
         .push
         .signing_key_file
         .clone()
         .unwrap_or_else(|| config.data.join(DEFAULT_KEY_FILE));
-    Ok(
-        actix_rt::task::spawn_blocking(move || Signer::load_or_generate(&path))
-            .await?
-            .map(Arc::new)?,
-    )
+    let read = path.clone();
+    let signer = actix_rt::task::spawn_blocking(move || Signer::load_or_generate(&read)).await?;
+    Ok((path, signer?))
 }
 
 /// The card's signing key, if `card.signing_key_file` names one.
-async fn load_card_signer(config: &Config) -> Result<Option<Arc<CardSigner>>, StartError> {
+async fn load_card_signer(config: &Config) -> Result<Option<(PathBuf, CardSigner)>, StartError> {
     let Some(path) = config.card.signing_key_file.clone() else {
         return Ok(None);
     };
-    let signer = actix_rt::task::spawn_blocking(move || CardSigner::load(&path)).await?;
-    Ok(Some(Arc::new(signer?)))
-}
-
-/// The key set served: the push keys, and the card's key beside them.
-fn with_card_key(mut jwks: serde_json::Value, card: Option<&CardSigner>) -> serde_json::Value {
-    let keys = jwks
-        .get_mut("keys")
-        .and_then(serde_json::Value::as_array_mut);
-    if let (Some(signer), Some(keys)) = (card, keys) {
-        keys.push(signer.jwk().clone());
-    }
-    jwks
+    let read = path.clone();
+    let signer = actix_rt::task::spawn_blocking(move || CardSigner::load(&read)).await?;
+    Ok(Some((path, signer?)))
 }
 
 fn delivery_options(config: &Config) -> DeliveryOptions {

@@ -496,6 +496,8 @@ pub struct AuthConfig {
     pub jwt: JwtConfig,
     /// principal -> the tenants it may use (v1.0's `tenant`); with none, only the default tenant.
     pub tenants: BTreeMap<String, Vec<String>>,
+    /// Seconds a signing key (push, card) replaced on SIGHUP stays in the served key set.
+    pub retired_key_secs: u64,
 }
 
 impl Default for AuthConfig {
@@ -506,6 +508,7 @@ impl Default for AuthConfig {
             reload_check_secs: 5,
             jwt: JwtConfig::default(),
             tenants: BTreeMap::new(),
+            retired_key_secs: 24 * 60 * 60,
         }
     }
 }

@@ -31,7 +31,7 @@ pub fn extended_card(state: &AppState, url: &str) -> Result<Value, RpcError> {
 /// The card with its `signatures` when `card.signing_key_file` is set; the JWS header's `jku`
 /// names the key set served beside it.
 fn signed(state: &AppState, mut card: Map<String, Value>, url: &str) -> Value {
-    if let Some(signer) = &state.card_signer {
+    if let Some(signer) = state.keys.card() {
         let jku = format!(
             "{}{}",
             url.trim_end_matches('/'),

@@ -8,6 +8,7 @@
 mod auth;
 mod card;
 mod connections;
+mod credentials;
 mod errors;
 mod forward;
 mod grpc;
@@ -22,7 +23,8 @@ mod sse;
 mod state;
 mod unread_body;
 
-pub use auth::{Auth, AuthConfigError, digest as token_digest, watch_credentials};
+pub use auth::{Auth, AuthConfigError, digest as token_digest};
+pub use credentials::{SigningKeys, watch as watch_credentials};
 pub use forward::NodeRelay;
 pub use origin::TrustedProxies;
 pub use state::AppState;

@@ -131,5 +131,5 @@ pub async fn send_config(
 pub async fn jwks(state: actix_web::web::Data<AppState>) -> actix_web::HttpResponse {
     actix_web::HttpResponse::Ok()
         .content_type("application/jwk-set+json")
-        .json(&state.jwks)
+        .json(state.keys.jwks())
 }

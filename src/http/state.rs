@@ -15,11 +15,9 @@ pub struct AppState {
     /// Push-notification configs (`http::push`); None where the store keeps none: push methods
     /// then answer -32003 and the card says so.
     pub push: Option<crate::push::PushConfigs>,
-    /// The public keys push notifications and the card are signed with, served at
-    /// `/.well-known/jwks.json`.
-    pub jwks: serde_json::Value,
-    /// The key the agent card is signed with (`card.signing_key_file`), if any.
-    pub card_signer: Option<Arc<crate::protocol::signing::CardSigner>>,
+    /// The keys push notifications and the card are signed with; their public parts are
+    /// served at `/.well-known/jwks.json`.
+    pub keys: Arc<super::credentials::SigningKeys>,
     /// The peers whose `Forwarded` / `X-Forwarded-*` headers are believed (`trusted_proxies`).
     pub proxies: super::origin::TrustedProxies,
     /// Where the gRPC binding listens, once bound (`grpc_listen`); the card lists it.

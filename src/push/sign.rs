@@ -91,6 +91,11 @@ impl Signer {
         json!({ "keys": [self.jwk] })
     }
 
+    /// The public key, for the key set colloquy serves.
+    pub fn jwk(&self) -> &Value {
+        &self.jwk
+    }
+
     /// The JWT for `body`, naming the notification `id`, at `issued_at` (Unix seconds).
     pub fn sign(&self, id: &str, issued_at: i64, body: &[u8]) -> String {
         let header = json!({"alg": "ES256", "typ": "JWT", "kid": self.kid});

@@ -179,36 +179,6 @@ impl Auth {
     }
 }
 
-/// Keeps the credentials current: the JWT key set fetched at start; the tokens file and the
-/// key set file read again on SIGHUP, and whenever they change (looked at every `check_every`;
-/// zero: on SIGHUP only). A reload that fails keeps what is in use and logs why.
-pub async fn watch_credentials(auth: Auth, check_every: std::time::Duration) {
-    use tokio::signal::unix::{SignalKind, signal};
-    if let Some(jwt) = auth.jwt()
-        && let Err(error) = jwt.refresh().await
-    {
-        tracing::warn!(error = %crate::error::chain(&error), "the JWT key set could not be fetched; it is fetched again when a token needs it");
-    }
-    let mut hangup = match signal(SignalKind::hangup()) {
-        Ok(hangup) => Some(hangup),
-        Err(error) => {
-            tracing::warn!(%error, "SIGHUP cannot be watched; credentials reload only when their files change");
-            None
-        }
-    };
-    let mut ticks = (!check_every.is_zero()).then(|| tokio::time::interval(check_every));
-    if hangup.is_none() && ticks.is_none() {
-        return;
-    }
-    loop {
-        let always = tokio::select! {
-            Some(()) = async { hangup.as_mut()?.recv().await } => true,
-            _ = async { ticks.as_mut()?.tick().await; Some(()) }, if ticks.is_some() => false,
-        };
-        auth.reload(always);
-    }
-}
-
 impl Auth {
     /// Reads the tokens file and the JWT key set file again (if `always`, or if the tokens
     /// file changed); what fails to load is not taken, and is logged.
