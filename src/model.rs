@@ -15,6 +15,20 @@ pub type Metadata = Map<String, Value>;
 /// The principal of requests when no authentication is configured.
 pub const ANONYMOUS: &str = "anonymous";
 
+/// Joins a principal to a tenant in the principal the engine and store see. No principal holds
+/// a control character (both kinds of credentials refuse them) and no tenant name does, so the
+/// joined name is that pair's alone: the same contextId in two tenants is two conversations.
+const TENANT_SEPARATOR: char = '\u{1f}';
+
+/// The principal the engine and store see for `principal` in `tenant` (none or empty: the
+/// default tenant, the principal itself).
+pub fn principal_in_tenant(principal: &str, tenant: Option<&str>) -> String {
+    match tenant.filter(|tenant| !tenant.is_empty()) {
+        Some(tenant) => format!("{principal}{TENANT_SEPARATOR}{tenant}"),
+        None => principal.to_owned(),
+    }
+}
+
 /// Milliseconds-precision UTC "now", the precision every timestamp on the wire carries.
 pub fn now() -> DateTime<Utc> {
     let now = Utc::now();

@@ -66,8 +66,18 @@ pub struct StoreArgs {
     /// The principal whose conversations to show (default: anonymous, the principal without auth).
     #[arg(long, default_value = crate::model::ANONYMOUS)]
     principal: String,
+    /// The tenant (v1.0's `tenant`) whose conversations to show (default: the default tenant).
+    #[arg(long)]
+    tenant: Option<String>,
     #[arg(long)]
     config: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    /// The principal the store knows the conversations by.
+    fn stored_principal(&self) -> String {
+        crate::model::principal_in_tenant(&self.principal, self.tenant.as_deref())
+    }
 }
 
 /// Why a command failed. `main` prints it with its causes.

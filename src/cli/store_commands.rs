@@ -103,7 +103,7 @@ pub(super) fn wait<T>(
 pub fn list(args: ListArgs) -> Result<ExitCode, CliError> {
     let store = open(&args.store)?;
     let page = wait(store.list_conversations(
-        &args.store.principal,
+        &args.store.stored_principal(),
         args.page_size.max(1),
         args.page_token.clone(),
     ))?;
@@ -133,7 +133,7 @@ fn find(
     context_id: &str,
 ) -> Result<(SharedStore, ConversationKey, ConversationMeta), CliError> {
     let store = open(args)?;
-    let key = ConversationKey::new(&args.principal, context_id);
+    let key = ConversationKey::new(&args.stored_principal(), context_id);
     match wait(store.conversation(key))? {
         Some(meta) => Ok((store, key, meta)),
         None => Err(CliError::Refused(format!(

@@ -36,6 +36,10 @@ pub struct ExportArgs {
     /// Only this principal's conversations (default: every principal's).
     #[arg(long)]
     principal: Option<String>,
+    /// With --principal: that principal's conversations in this tenant (default: the default
+    /// tenant). Conversations in a tenant are written with the principal `PRINCIPAL\u001fTENANT`.
+    #[arg(long, requires = "principal")]
+    tenant: Option<String>,
     /// Write to FILE instead of stdout.
     #[arg(long)]
     output: Option<PathBuf>,
@@ -161,10 +165,14 @@ pub fn export(args: ExportArgs) -> Result<ExitCode, CliError> {
         version: FORMAT_VERSION,
     };
     write_line(&mut out, &header)?;
+    let principal = args
+        .principal
+        .as_deref()
+        .map(|principal| crate::model::principal_in_tenant(principal, args.tenant.as_deref()));
     let mut after: Option<ConversationKey> = None;
     let mut exported = 0usize;
     loop {
-        let page = wait(store.export_conversations(args.principal.clone(), after, EXPORT_PAGE))?;
+        let page = wait(store.export_conversations(principal.clone(), after, EXPORT_PAGE))?;
         let Some(last) = page.last() else { break };
         after = Some(last.meta.key());
         exported += page.len();

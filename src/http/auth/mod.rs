@@ -81,11 +81,6 @@ impl Identity {
     }
 }
 
-/// Separates a principal from its tenant in the principal the engine and store see: no
-/// principal holds a control character (both token kinds refuse them) and no tenant name does,
-/// so the joined name is that pair's alone.
-const TENANT_SEPARATOR: char = '\u{1f}';
-
 /// Words a tenant may not be: the first segments of the routes `/{tenant}/…` sits beside.
 const ROUTE_WORDS: [&str; 6] = [
     "tasks",
@@ -175,7 +170,10 @@ impl Auth {
         if !allowed {
             return Err(AuthError::TenantNotAllowed(tenant.to_owned()));
         }
-        Ok(format!("{}{TENANT_SEPARATOR}{tenant}", identity.principal))
+        Ok(crate::model::principal_in_tenant(
+            &identity.principal,
+            Some(tenant),
+        ))
     }
 }
 
