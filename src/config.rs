@@ -302,6 +302,9 @@ pub struct CardConfig {
     pub max_age_secs: u64,
     /// What only authenticated callers see (`GetExtendedAgentCard`); unset: no extended card.
     pub extended: ExtendedCardConfig,
+    /// The tenant the card's v1.0 interfaces tell clients to name (`supportedInterfaces[].tenant`);
+    /// unset: none (the default tenant).
+    pub tenant: Option<String>,
     /// PKCS#8 (PEM or DER) EC P-256 or Ed25519 key the card is signed with (`signatures`, JWS
     /// over its RFC 8785 form); unset: the card is not signed.
     pub signing_key_file: Option<PathBuf>,
@@ -334,6 +337,7 @@ impl Default for CardConfig {
             skills: Vec::new(),
             max_age_secs: 300,
             extended: ExtendedCardConfig::default(),
+            tenant: None,
             signing_key_file: None,
         }
     }
@@ -726,6 +730,21 @@ impl Config {
             return Err(ConfigError::Invalid(format!(
                 "card.versions is {:?}; use \"both\", \"1.0\" or \"0.3\"",
                 self.card.versions
+            )));
+        }
+        let tenants = self
+            .auth
+            .tenants
+            .values()
+            .flatten()
+            .chain(&self.card.tenant);
+        if let Some(bad) = tenants
+            .into_iter()
+            .find(|t| !crate::model::is_tenant_name(t))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "{bad:?} is not a tenant name (1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', not a \
+                 route word such as \"tasks\")"
             )));
         }
         if !["pretty", "json"].contains(&self.log_format.as_str()) {

@@ -20,6 +20,26 @@ pub const ANONYMOUS: &str = "anonymous";
 /// joined name is that pair's alone: the same contextId in two tenants is two conversations.
 const TENANT_SEPARATOR: char = '\u{1f}';
 
+/// Words a tenant may not be: the first segments of the routes `/{tenant}/…` sits beside.
+const ROUTE_WORDS: [&str; 6] = [
+    "tasks",
+    "v1",
+    "message:send",
+    "message:stream",
+    "extendedAgentCard",
+    "_colloquy",
+];
+
+/// A tenant name: short, URL-safe, and not a word the routes beside `/{tenant}/…` start with.
+pub fn is_tenant_name(tenant: &str) -> bool {
+    (1..=64).contains(&tenant.len())
+        && tenant
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && !ROUTE_WORDS.contains(&tenant)
+        && !tenant.starts_with('.')
+}
+
 /// The principal the engine and store see for `principal` in `tenant` (none or empty: the
 /// default tenant, the principal itself).
 pub fn principal_in_tenant(principal: &str, tenant: Option<&str>) -> String {

@@ -112,6 +112,11 @@ fn unsigned_card(state: &AppState, url: &str) -> Map<String, Value> {
                 json!({"url": grpc_url, "protocolBinding": "GRPC", "protocolVersion": "1.0"}),
             );
         }
+        if let Some(tenant) = &config.tenant {
+            for interface in &mut interfaces {
+                interface["tenant"] = json!(tenant);
+            }
+        }
         card.insert("supportedInterfaces".into(), Value::Array(interfaces));
     }
     if config.versions != "1.0" {

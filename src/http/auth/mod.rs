@@ -81,16 +81,6 @@ impl Identity {
     }
 }
 
-/// Words a tenant may not be: the first segments of the routes `/{tenant}/…` sits beside.
-const ROUTE_WORDS: [&str; 6] = [
-    "tasks",
-    "v1",
-    "message:send",
-    "message:stream",
-    "extendedAgentCard",
-    "_colloquy",
-];
-
 #[derive(Clone, Default)]
 pub struct Auth {
     tokens: Tokens,
@@ -161,7 +151,7 @@ impl Auth {
         let Some(tenant) = tenant.filter(|tenant| !tenant.is_empty()) else {
             return Ok(identity.principal.clone());
         };
-        if !is_tenant_name(tenant) {
+        if !crate::model::is_tenant_name(tenant) {
             return Err(AuthError::BadTenant(tenant.chars().take(80).collect()));
         }
         let configured = self.tenants.get(&identity.principal);
@@ -195,16 +185,6 @@ impl Auth {
             tracing::error!(error = %crate::error::chain(&error), "auth.jwt.jwks_file not reloaded; the keys in use stay");
         }
     }
-}
-
-/// A tenant name: short, URL-safe, and not a word the routes beside `/{tenant}/…` start with.
-pub fn is_tenant_name(tenant: &str) -> bool {
-    (1..=64).contains(&tenant.len())
-        && tenant
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-        && !ROUTE_WORDS.contains(&tenant)
-        && !tenant.starts_with('.')
 }
 
 /// The token of an `Authorization: Bearer <token>` header.
