@@ -140,9 +140,9 @@ async fn task_get(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
-    path: web::Path<String>,
 ) -> HttpResponse {
-    let (id, action) = task_target(&path);
+    // By name: under `/{tenant}/` the path has two segments to match.
+    let (id, action) = task_target(req.match_info().get("task").unwrap_or_default());
     let method = match action {
         None => Method::GetTask,
         Some("subscribe") => Method::SubscribeToTask,
@@ -164,9 +164,9 @@ async fn task_post(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
-    path: web::Path<String>,
 ) -> HttpResponse {
-    let (id, action) = task_target(&path);
+    // By name: under `/{tenant}/` the path has two segments to match.
+    let (id, action) = task_target(req.match_info().get("task").unwrap_or_default());
     let method = match action {
         Some("cancel") => Method::CancelTask,
         Some("subscribe") => Method::SubscribeToTask,

@@ -46,11 +46,17 @@ fn send(text: &str, context_id: &str) -> Value {
 #[actix_rt::test]
 async fn missing_or_wrong_tokens_get_401_with_a_json_rpc_body() {
     let server = start_with_tokens().await;
-    for token in [None, Some("wrong"), Some("")] {
+    // No token (an empty bearer is none) is challenged plainly; a wrong one as RFC 6750's
+    // invalid_token.
+    for (token, expected) in [
+        (None, "Bearer"),
+        (Some(""), "Bearer"),
+        (Some("wrong"), "Bearer error=\"invalid_token\""),
+    ] {
         let (status, challenge, body) = call(&server, token, "SendMessage", send("hi", "c")).await;
-        assert_eq!(status, 401);
-        assert_eq!(challenge.as_deref(), Some("Bearer"));
-        assert_eq!(body["error"]["code"], json!(-32014));
+        assert_eq!(status, 401, "{token:?}");
+        assert_eq!(challenge.as_deref(), Some(expected), "{token:?}");
+        assert_eq!(body["error"]["code"], json!(-32014), "{token:?}");
     }
     // Nothing was stored by the refused requests.
     let (_, _, listed) = call(

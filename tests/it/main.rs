@@ -19,6 +19,7 @@ mod engine;
 mod failover;
 mod grpc;
 mod http_api;
+mod identity;
 mod interop;
 mod layering;
 mod loadgen;
