@@ -772,3 +772,74 @@ async fn a_stream_cut_short_resumes_after_the_last_event_id_in_its_metadata() {
     assert_eq!(final_state(&events), Some(pb::TaskState::Completed));
     server.stop().await;
 }
+
+#[actix_rt::test]
+async fn a_tenant_named_over_grpc_keeps_its_own_conversations() {
+    let server = start_echo_with(|config| {
+        config
+            .auth
+            .tokens
+            .insert("alice".into(), "alice-secret".into());
+        config
+            .auth
+            .tenants
+            .insert("alice".into(), vec!["red".into()]);
+    })
+    .await;
+    let mut grpc = client(&server).await;
+    let in_tenant = |tenant: &str, text: &str| {
+        let request = pb::SendMessageRequest {
+            tenant: tenant.into(),
+            ..send_request(text, "grpc-tenant")
+        };
+        with_token(request, "alice-secret")
+    };
+    let mut turn = async |tenant: &str, text: &str| {
+        grpc.send_message(in_tenant(tenant, text))
+            .await
+            .map(|response| task_of(response.into_inner()))
+    };
+    let red = turn("red", "one").await.expect("red's first turn");
+    assert_eq!(text_of(&red), "echo: one (turn 1)");
+    let default = turn("", "two").await.expect("the default tenant's turn");
+    assert_eq!(
+        text_of(&default),
+        "echo: two (turn 1)",
+        "another conversation"
+    );
+    let again = turn("red", "three").await.expect("red's second turn");
+    assert!(
+        text_of(&again).starts_with("echo: three (turn 2"),
+        "{}",
+        text_of(&again)
+    );
+    let refused = turn("blue", "four")
+        .await
+        .expect_err("a tenant alice may not use");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert_eq!(reason(&refused), "PERMISSION_DENIED");
+
+    let get = |tenant: &str| {
+        let request = pb::GetTaskRequest {
+            id: red.id.clone(),
+            tenant: tenant.into(),
+            ..Default::default()
+        };
+        with_token(request, "alice-secret")
+    };
+    let mut grpc = client(&server).await;
+    assert_eq!(
+        grpc.get_task(get("red"))
+            .await
+            .expect("in red")
+            .into_inner()
+            .id,
+        red.id
+    );
+    let elsewhere = grpc
+        .get_task(get(""))
+        .await
+        .expect_err("not in the default tenant");
+    assert_eq!(elsewhere.code(), Code::NotFound);
+    server.stop().await;
+}
