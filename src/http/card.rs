@@ -231,7 +231,9 @@ fn push_signature_extension(url: &str) -> Value {
     json!({
         "uri": "urn:colloquy:push-signature:v1",
         "description": "Push notifications carry an ES256 JWT in the X-Colloquy-Signature header over the body's SHA-256; verify it with the keys at jwksUrl",
-        "required": false,
+        // `required` is left at its default (false) by leaving it out: verifiers that
+        // canonicalize the card after a protobuf round trip (the official SDKs) drop defaults,
+        // and would then check a card other than the one signed.
         "params": {
             "jwksUrl": jwks_url,
             "header": crate::push::sign::SIGNATURE_HEADER,

@@ -1345,3 +1345,67 @@ async fn a_finished_turn_resumes_on_another_node_from_the_database() {
     a.stop().await;
     b.stop().await;
 }
+
+#[actix_rt::test]
+async fn a_tenants_task_is_followed_to_its_node_under_its_tenant_only() {
+    let Some(url) = pg::database("cluster::a_tenants_task_is_followed") else {
+        return;
+    };
+    let node = || {
+        start_with(Arc::new(ScriptedAgent), |config| {
+            config.store.url = url.clone();
+            config.cluster.secret = Some("shared between the nodes, 32 bytes or more".into());
+            let tenants = vec!["red".to_owned()];
+            config.auth.tenants.insert("anonymous".into(), tenants);
+        })
+    };
+    let (a, b) = (node().await, node().await);
+    let start_in_red = async |script: &str, context_id: &str| {
+        let message = user_message(V1, script, Some(context_id), None);
+        let params = json!({"message": message, "tenant": "red",
+            "configuration": {"returnImmediately": true}});
+        let sent = a.rpc(V1, "SendMessage", params).await;
+        task_of(&sent)["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{sent}"))
+            .to_owned()
+    };
+    let text = "followed in its tenant";
+    let task_id = start_in_red(&format!("drip 40 3: {text}"), "tenant-followed").await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let on_b = |path: String| format!("{}{path}", b.url.trim_end_matches('/'));
+    let live = b
+        .client
+        .get(on_b(format!("/red/tasks/{task_id}")))
+        .send()
+        .await;
+    let live: Value = live.expect("sent").json().await.expect("JSON");
+    assert_eq!(
+        state_of(&live),
+        "TASK_STATE_WORKING",
+        "from A, through B: {live}"
+    );
+    let rpc_live = b
+        .rpc(V1, "GetTask", json!({"id": task_id, "tenant": "red"}))
+        .await;
+    assert_eq!(
+        state_of(&rpc_live["result"]),
+        "TASK_STATE_WORKING",
+        "{rpc_live}"
+    );
+    let outside = b.client.get(on_b(format!("/tasks/{task_id}"))).send().await;
+    assert_eq!(
+        outside.expect("sent").status(),
+        404,
+        "not in the default tenant"
+    );
+
+    let slow_id = start_in_red("slow 30000", "tenant-canceled").await;
+    let cancel = b.client.post(on_b(format!("/red/tasks/{slow_id}:cancel")));
+    let canceled = cancel.json(&json!({})).send().await.expect("sent");
+    assert_eq!(canceled.status(), 200);
+    let canceled: Value = canceled.json().await.expect("JSON");
+    assert_eq!(state_of(&canceled), "TASK_STATE_CANCELED", "{canceled}");
+    a.stop().await;
+    b.stop().await;
+}

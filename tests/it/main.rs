@@ -8,6 +8,7 @@ mod agent_exec;
 mod agent_openai;
 mod auth;
 mod card;
+mod card_signing;
 mod cli_store;
 mod cluster;
 mod cluster_metrics;
