@@ -10,7 +10,7 @@ use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use colloquy::agent::A2aAgent;
 use colloquy::client::ClientOptions;
-use common::{TestServer, V1, run_sdk_script, start_echo_with, task_of};
+use common::{TestServer, V1, hang_up, run_sdk_script, serve_json, start_echo_with, task_of};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use ring::rand::SystemRandom;
 use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, Ed25519KeyPair, KeyPair};
@@ -107,26 +107,7 @@ async fn conversations(server: &TestServer) -> Vec<Value> {
 
 /// A loopback server that serves `card` as its agent card (a card relayed by someone else).
 async fn serve_card(card: Value) -> (String, actix_web::dev::ServerHandle) {
-    use actix_web::{App, HttpResponse, HttpServer, web};
-    let server = HttpServer::new(move || {
-        let card = card.clone();
-        App::new().route(
-            "/.well-known/agent-card.json",
-            web::get().to(move || {
-                let card = card.clone();
-                async move { HttpResponse::Ok().json(card) }
-            }),
-        )
-    })
-    .workers(1)
-    .disable_signals()
-    .bind("127.0.0.1:0")
-    .expect("bind");
-    let addr = server.addrs()[0];
-    let server = server.run();
-    let handle = server.handle();
-    actix_rt::spawn(server);
-    (format!("http://{addr}/"), handle)
+    serve_json("/.well-known/agent-card.json", move || card.clone()).await
 }
 
 // ---- the card and its key set, verified by PyJWT + rfc8785 ----
@@ -295,6 +276,53 @@ async fn the_official_sdk_verifier_accepts_a_v1_only_card() {
         run_sdk_script("sdk1", "verify_card.py", &[&card_at, &jwks_at, "--sdk"]).await;
     assert!(ok, "{output}");
     assert!(output.contains("SDK-VERIFIER ok"), "{output}");
+    server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_card_key_replaced_then_sighup_signs_with_the_new_one_and_keeps_the_old_published() {
+    let keys = tempfile::tempdir().expect("temp dir");
+    let path = card_key(keys.path(), KeyKind::Es256Pem);
+    let configured = path.clone();
+    let server = start_echo_with(move |c| c.card.signing_key_file = Some(configured)).await;
+    let kid = |card: &Value| {
+        protected_header(card)["kid"]
+            .as_str()
+            .expect("kid")
+            .to_owned()
+    };
+    let before = kid(&get_json(&server.client, &card_url(&server)).await);
+    std::fs::rename(card_key(keys.path(), KeyKind::Ed25519Der), &path).expect("key replaced");
+    let listener = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .expect("a SIGHUP listener");
+    hang_up(&listener);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let after = loop {
+        let now = kid(&get_json(&server.client, &card_url(&server)).await);
+        if now != before {
+            break now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the card key was not rotated"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let jwks = get_json(&server.client, &jwks_url(&server)).await;
+    let published: Vec<&str> = jwks["keys"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .filter_map(|key| key["kid"].as_str())
+        .collect();
+    assert!(
+        published.contains(&before.as_str()),
+        "the key before stays: {jwks}"
+    );
+    assert!(published.contains(&after.as_str()), "{jwks}");
+    let (card_at, jwks_at) = (card_url(&server), jwks_url(&server));
+    let (ok, output) = run_sdk_script("sdk1", "verify_card.py", &[&card_at, &jwks_at]).await;
+    assert!(ok && output.contains(&after), "{output}");
     server.stop().await;
 }
 

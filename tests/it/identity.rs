@@ -108,31 +108,16 @@ struct Jwks {
 
 impl Jwks {
     async fn serve(keys: &[&IssuerKey]) -> Jwks {
-        use actix_web::{App, HttpResponse, HttpServer, web};
         let set = Arc::new(Mutex::new(keys.iter().map(|k| k.jwk.clone()).collect()));
         let fetches = Arc::new(AtomicUsize::new(0));
         let (set_in, fetches_in) = (set.clone(), fetches.clone());
-        let server = HttpServer::new(move || {
-            let (set, fetches) = (set_in.clone(), fetches_in.clone());
-            App::new().route(
-                "/jwks.json",
-                web::get().to(move || {
-                    let body = json!({"keys": *set.lock().expect("key set")});
-                    fetches.fetch_add(1, Ordering::SeqCst);
-                    async move { HttpResponse::Ok().json(body) }
-                }),
-            )
+        let (base, handle) = serve_json("/jwks.json", move || {
+            fetches_in.fetch_add(1, Ordering::SeqCst);
+            json!({"keys": *set_in.lock().expect("key set")})
         })
-        .workers(1)
-        .disable_signals()
-        .bind("127.0.0.1:0")
-        .expect("bind");
-        let addr = server.addrs()[0];
-        let server = server.run();
-        let handle = server.handle();
-        actix_rt::spawn(server);
+        .await;
         Jwks {
-            url: format!("http://{addr}/jwks.json"),
+            url: format!("{base}jwks.json"),
             keys: set,
             fetches,
             handle,
@@ -242,6 +227,23 @@ async fn say(server: &TestServer, token: &str, text: &str, context_id: &str) -> 
         Some(token),
         "SendMessage",
         send(text, context_id, None),
+    )
+    .await
+}
+
+/// One turn of `token`'s caller in `tenant`.
+async fn say_in(
+    server: &TestServer,
+    token: &str,
+    text: &str,
+    context_id: &str,
+    tenant: &str,
+) -> Answer {
+    call(
+        server,
+        Some(token),
+        "SendMessage",
+        send(text, context_id, Some(tenant)),
     )
     .await
 }
@@ -623,13 +625,7 @@ async fn the_same_context_in_each_tenant_is_its_own_conversation() {
     }
 
     // A tenant alice is not given, and names that are not tenant names.
-    let green = call(
-        &server,
-        Some(alice),
-        "SendMessage",
-        send("hi", "shared", Some("green")),
-    )
-    .await;
+    let green = say_in(&server, alice, "hi", "shared", "green").await;
     assert_eq!(green.body["error"]["code"], json!(-32017), "{}", green.body);
     for bad in ["tasks", "a/b", "", ".hidden"] {
         let answer = call(
@@ -736,30 +732,12 @@ async fn a_jwt_claim_can_grant_tenants() {
     let spaced = ed.sign(&claims_with("dana", json!({"tenants": "teal blue"})));
     let none = ed.sign(&claims("dana"));
 
-    let red = call(
-        &server,
-        Some(&listed),
-        "SendMessage",
-        send("in red", "ctx", Some("red")),
-    )
-    .await;
+    let red = say_in(&server, &listed, "in red", "ctx", "red").await;
     assert_eq!(red.reply(), "echo: in red (turn 1)");
-    let teal = call(
-        &server,
-        Some(&spaced),
-        "SendMessage",
-        send("in teal", "ctx", Some("teal")),
-    )
-    .await;
+    let teal = say_in(&server, &spaced, "in teal", "ctx", "teal").await;
     assert_eq!(teal.reply(), "echo: in teal (turn 1)");
     // The tenant is the caller's whichever token granted it.
-    let teal = call(
-        &server,
-        Some(&listed),
-        "SendMessage",
-        send("teal again", "ctx", Some("teal")),
-    )
-    .await;
+    let teal = say_in(&server, &listed, "teal again", "ctx", "teal").await;
     assert_eq!(
         teal.reply(),
         "echo: teal again (turn 2; previously: \"in teal\")"
@@ -792,14 +770,6 @@ async fn a_jwt_claim_can_grant_tenants() {
     assert!(conversations(&server, &none).await.is_empty());
     server.stop().await;
     jwks.stop().await;
-}
-
-/// Sends SIGHUP to this process. A listener is held first, so that the signal can never take
-/// the default action (ending the process) whatever the server's handler is doing.
-fn hang_up(_listener: &tokio::signal::unix::Signal) {
-    // SAFETY: kill(2) on our own pid with a signal that has a handler installed.
-    let sent = unsafe { libc::kill(libc::getpid(), libc::SIGHUP) };
-    assert_eq!(sent, 0, "kill(getpid(), SIGHUP)");
 }
 
 fn token_line(principal: &str, token: &str) -> String {

@@ -684,3 +684,39 @@ impl colloquy::agent::Agent for Asker {
         })
     }
 }
+
+/// A loopback HTTP server answering GET `path` with the JSON `body()` makes at each request
+/// (a key set, a card: what a service outside colloquy would serve); its base URL.
+pub async fn serve_json<F>(path: &'static str, body: F) -> (String, actix_web::dev::ServerHandle)
+where
+    F: Fn() -> Value + Clone + Send + 'static,
+{
+    use actix_web::{App, HttpResponse, HttpServer, web};
+    let server = HttpServer::new(move || {
+        let body = body.clone();
+        App::new().route(
+            path,
+            web::get().to(move || {
+                let answer = body();
+                async move { HttpResponse::Ok().json(answer) }
+            }),
+        )
+    })
+    .workers(1)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .expect("bind");
+    let addr = server.addrs()[0];
+    let server = server.run();
+    let handle = server.handle();
+    actix_rt::spawn(server);
+    (format!("http://{addr}/"), handle)
+}
+
+/// Sends SIGHUP to this process. A listener is held first, so that the signal can never take
+/// the default action (ending the process) whatever the server's handler is doing.
+pub fn hang_up(_listener: &tokio::signal::unix::Signal) {
+    // SAFETY: kill(2) on our own pid with a signal that has a handler installed.
+    let sent = unsafe { libc::kill(libc::getpid(), libc::SIGHUP) };
+    assert_eq!(sent, 0, "kill(getpid(), SIGHUP)");
+}
