@@ -310,7 +310,7 @@ async fn serve(
         return error_response(&error, None);
     }
     let principal = match tenant_from_path(req, &mut params)
-        .and_then(|()| rpc::principal_in_tenant(state, caller, &identity, params.get("tenant")))
+        .and_then(|()| rpc::principal_in_tenant(state, caller, identity, params.get("tenant")))
     {
         Ok(principal) => principal,
         Err(error) => {

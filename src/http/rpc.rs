@@ -156,11 +156,11 @@ pub(super) async fn identity_of(
 pub(super) fn principal_in_tenant(
     state: &AppState,
     caller: Caller,
-    identity: &Identity,
+    identity: Identity,
     tenant: Option<&serde_json::Value>,
 ) -> Result<String, RpcError> {
     if caller == Caller::Node {
-        return Ok(identity.principal.clone());
+        return Ok(identity.principal);
     }
     let tenant = match tenant {
         None | Some(serde_json::Value::Null) => None,
@@ -227,7 +227,7 @@ async fn respond(
         }
     };
     let principal =
-        match principal_in_tenant(&state, caller, &identity, request.params.get("tenant")) {
+        match principal_in_tenant(&state, caller, identity, request.params.get("tenant")) {
             Ok(principal) => principal,
             Err(error) => {
                 record(method.label(), error.code(), started);

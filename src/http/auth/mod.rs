@@ -147,9 +147,9 @@ impl Auth {
 
     /// The principal the engine and store see for `identity` in `tenant` (none: the default
     /// tenant, the principal itself).
-    pub fn scoped(&self, identity: &Identity, tenant: Option<&str>) -> Result<String, AuthError> {
+    pub fn scoped(&self, identity: Identity, tenant: Option<&str>) -> Result<String, AuthError> {
         let Some(tenant) = tenant.filter(|tenant| !tenant.is_empty()) else {
-            return Ok(identity.principal.clone());
+            return Ok(identity.principal);
         };
         if !crate::model::is_tenant_name(tenant) {
             return Err(AuthError::BadTenant(tenant.chars().take(80).collect()));
@@ -209,19 +209,22 @@ mod tests {
         config.tenants.insert("alice".into(), vec!["red".into()]);
         let auth = Auth::load(&config, None).unwrap();
         let alice = Identity::of("alice".into());
-        assert_eq!(auth.scoped(&alice, None).unwrap(), "alice");
-        assert_eq!(auth.scoped(&alice, Some("")).unwrap(), "alice");
-        assert_eq!(auth.scoped(&alice, Some("red")).unwrap(), "alice\u{1f}red");
+        assert_eq!(auth.scoped(alice.clone(), None).unwrap(), "alice");
+        assert_eq!(auth.scoped(alice.clone(), Some("")).unwrap(), "alice");
+        assert_eq!(
+            auth.scoped(alice.clone(), Some("red")).unwrap(),
+            "alice\u{1f}red"
+        );
         assert!(matches!(
-            auth.scoped(&alice, Some("blue")),
+            auth.scoped(alice.clone(), Some("blue")),
             Err(AuthError::TenantNotAllowed(_))
         ));
         assert!(matches!(
-            auth.scoped(&alice, Some("tasks")),
+            auth.scoped(alice.clone(), Some("tasks")),
             Err(AuthError::BadTenant(_))
         ));
         assert!(matches!(
-            auth.scoped(&alice, Some("a/b")),
+            auth.scoped(alice.clone(), Some("a/b")),
             Err(AuthError::BadTenant(_))
         ));
     }

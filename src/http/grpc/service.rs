@@ -153,7 +153,7 @@ impl A2aGrpc {
         }
         let tenant = params.get("tenant");
         let principal =
-            rpc::principal_in_tenant(&self.state, rpc::Caller::Client, &identity, tenant)?;
+            rpc::principal_in_tenant(&self.state, rpc::Caller::Client, identity, tenant)?;
         Ok((principal, params))
     }
 
