@@ -9,7 +9,8 @@ mod jwt;
 mod tokens;
 
 pub use jwt::{JwksError, JwtVerifier};
-pub use tokens::{TokenConfigError, Tokens};
+pub use tokens::TokenConfigError;
+use tokens::Tokens;
 
 use crate::config::AuthConfig;
 use crate::model::ANONYMOUS;
@@ -83,6 +84,9 @@ impl Identity {
 
 #[derive(Clone, Default)]
 pub struct Auth {
+    /// Fixed at start: a tokens file emptied by a reload refuses every token, it never lets
+    /// callers in unauthenticated.
+    required: bool,
     tokens: Tokens,
     jwt: Option<Arc<JwtVerifier>>,
     tenants: Arc<BTreeMap<String, Vec<String>>>,
@@ -95,20 +99,18 @@ impl Auth {
             true => Some(Arc::new(JwtVerifier::new(&config.jwt)?)),
             false => None,
         };
+        let tokens = Tokens::load(config, env_tokens)?;
         Ok(Auth {
-            tokens: Tokens::load(config, env_tokens)?,
+            required: jwt.is_some() || tokens.any() || config.tokens_file.is_some(),
+            tokens,
             jwt,
             tenants: Arc::new(config.tenants.clone()),
         })
     }
 
-    /// Whether callers must authenticate.
+    /// Whether callers must authenticate: with any credentials configured at start.
     pub fn enabled(&self) -> bool {
-        self.jwt.is_some() || self.tokens.any()
-    }
-
-    pub fn tokens(&self) -> &Tokens {
-        &self.tokens
+        self.required
     }
 
     pub fn jwt(&self) -> Option<&Arc<JwtVerifier>> {
@@ -201,6 +203,28 @@ pub fn bearer_matches(authorization: Option<&str>, expected: &[u8; 32]) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_tokens_file_emptied_by_a_reload_refuses_everyone_and_lets_no_one_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, format!("carol:{}\n", hex::encode(digest("c-token")))).unwrap();
+        let config = AuthConfig {
+            tokens_file: Some(path.clone()),
+            ..AuthConfig::default()
+        };
+        let auth = Auth::load(&config, None).unwrap();
+        let carol = auth.identify(Some("Bearer c-token")).await.unwrap();
+        assert_eq!(carol.principal, "carol");
+        std::fs::write(&path, "").unwrap();
+        auth.reload(true);
+        assert!(auth.enabled());
+        assert!(matches!(auth.identify(None).await, Err(AuthError::Missing)));
+        assert!(matches!(
+            auth.identify(Some("Bearer c-token")).await,
+            Err(AuthError::Invalid)
+        ));
+    }
 
     #[test]
     fn a_tenant_makes_another_principal_only_where_allowed() {
