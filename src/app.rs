@@ -284,6 +284,15 @@ async fn load_card_signer(config: &Config) -> Result<Option<(PathBuf, CardSigner
     let Some(path) = config.card.signing_key_file.clone() else {
         return Ok(None);
     };
+    // Without it the card's URLs come from each request's Host header: anyone could have a
+    // card signed that sends its readers elsewhere.
+    if config.public_url.is_none() {
+        return Err(StartError::Config(
+            "card.signing_key_file needs public_url: a signed card must name this server's own \
+             URL, not one taken from a request's Host header"
+                .into(),
+        ));
+    }
     let read = path.clone();
     let signer = actix_rt::task::spawn_blocking(move || CardSigner::load(&read)).await?;
     Ok(Some((path, signer?)))

@@ -492,8 +492,7 @@ pub struct AuthConfig {
     pub tokens: BTreeMap<String, String>,
     /// A file of `principal:sha256-hex-of-token` lines, read again on SIGHUP and when it changes.
     pub tokens_file: Option<PathBuf>,
-    /// Seconds between looks at `tokens_file` (and `auth.jwt.jwks_file`) for a change; 0: on
-    /// SIGHUP only.
+    /// Seconds between looks at `tokens_file` for a change; 0: on SIGHUP only.
     pub reload_check_secs: u64,
     /// JWT bearer tokens from an OpenID Connect / OAuth2 issuer, beside the static tokens; off
     /// while `auth.jwt.issuer` is empty.
@@ -532,6 +531,8 @@ pub struct JwtConfig {
     pub jwks_file: Option<PathBuf>,
     /// At most one fetch of `jwks_url` this often, when a token names a key not in the set.
     pub jwks_refresh_secs: u64,
+    /// The fetched key set is replaced by a fresh fetch this often (withdrawn keys drop out).
+    pub jwks_max_age_secs: u64,
     /// Slack on `exp` and `nbf`, for clocks that differ.
     pub leeway_secs: u64,
     /// The claim naming the caller; with `iss` it makes the principal `ISS#CLAIM`.
@@ -564,6 +565,10 @@ impl JwtConfig {
             _ if self.principal_claim.trim().is_empty() => {
                 Some("auth.jwt.principal_claim is empty".into())
             }
+            // Each token naming an unknown key would otherwise fetch the issuer's key set.
+            _ if self.jwks_refresh_secs == 0 => {
+                Some("auth.jwt.jwks_refresh_secs must be at least 1".into())
+            }
             _ => None,
         }
     }
@@ -577,6 +582,7 @@ impl Default for JwtConfig {
             jwks_url: None,
             jwks_file: None,
             jwks_refresh_secs: 60,
+            jwks_max_age_secs: 600,
             leeway_secs: 30,
             principal_claim: "sub".into(),
             required_scopes: Vec::new(),

@@ -449,7 +449,28 @@ async fn trusted_keys(http: &reqwest::Client, url: &str, timeout: Duration) -> C
     if !response.status().is_success() {
         return Err(refused(format!("HTTP {}", response.status().as_u16())));
     }
-    response.json().await.map_err(|e| refused(e.to_string()))
+    let bytes = read_limited(response, MAX_KEY_SET_BYTES)
+        .await
+        .map_err(refused)?;
+    serde_json::from_slice(&bytes).map_err(|e| refused(e.to_string()))
+}
+
+/// The largest key set read.
+pub const MAX_KEY_SET_BYTES: usize = 1 << 20;
+
+/// A response's body, if it is at most `limit` bytes (read no further than that).
+pub async fn read_limited(
+    mut response: reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > limit {
+            return Err(format!("the body is larger than {limit} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 fn malformed_or_io(url: &str, e: reqwest::Error, timeout: Duration, what: &str) -> ClientError {

@@ -137,6 +137,19 @@ pub async fn watch(auth: Auth, keys: Arc<SigningKeys>, check_every: Duration) {
     {
         tracing::warn!(error = %chain(&error), "the JWT key set could not be fetched; it is fetched again when a token needs it");
     }
+    if let Some((jwt, every)) = auth
+        .jwt()
+        .and_then(|jwt| Some((jwt.clone(), jwt.max_age()?)))
+    {
+        actix_rt::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(error) = jwt.refresh().await {
+                    tracing::warn!(error = %chain(&error), "the JWT key set was not refreshed; keeping the keys held");
+                }
+            }
+        });
+    }
     let mut hangup = match signal(SignalKind::hangup()) {
         Ok(hangup) => Some(hangup),
         Err(error) => {

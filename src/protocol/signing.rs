@@ -186,6 +186,11 @@ fn verify_one(signature: &Value, payload: &str, keys: &[Value]) -> Result<String
         .iter()
         .find(|key| key.get("kid").and_then(Value::as_str) == Some(kid))
         .ok_or_else(|| format!("key {kid:?} is not trusted"))?;
+    // The header chooses the algorithm: the key must be of its kind (and pinned to it, if
+    // pinned), or a key of another kind would be used with it.
+    if !fits(jwk, algorithm) {
+        return Err(format!("key {kid:?} is not a key for {alg}"));
+    }
     let key = serde_json::from_value(jwk.clone())
         .ok()
         .and_then(|jwk| DecodingKey::from_jwk(&jwk).ok())
@@ -196,6 +201,19 @@ fn verify_one(signature: &Value, payload: &str, keys: &[Value]) -> Result<String
         Ok(true) => Ok(kid.to_owned()),
         _ => Err(format!("the signature by {kid:?} does not verify")),
     }
+}
+
+/// Whether `jwk` is a key `algorithm` verifies with: its type and curve, and its `alg` if set.
+fn fits(jwk: &Value, algorithm: Algorithm) -> bool {
+    let text = |field: &str| jwk.get(field).and_then(Value::as_str);
+    let kind = match algorithm {
+        Algorithm::ES256 => text("kty") == Some("EC") && text("crv") == Some("P-256"),
+        Algorithm::EdDSA => text("kty") == Some("OKP") && text("crv") == Some("Ed25519"),
+        Algorithm::RS256 | Algorithm::PS256 => text("kty") == Some("RSA"),
+        _ => false,
+    };
+    let pinned = text("alg").is_none_or(|alg| Algorithm::from_str(alg).ok() == Some(algorithm));
+    kind && pinned
 }
 
 /// The JWK of an uncompressed P-256 point (65 bytes, as ring gives a key pair's), and its
@@ -276,6 +294,13 @@ mod tests {
             ));
             assert!(matches!(
                 verify_card(&card, &json!({"keys": []})),
+                Err(CardSignatureError::NotVerified(_))
+            ));
+            // The same kid on a key of another kind is never used with the header's algorithm.
+            let mut other_kind = signer.jwk().clone();
+            other_kind["kty"] = json!("RSA");
+            assert!(matches!(
+                verify_card(&card, &json!({"keys": [other_kind]})),
                 Err(CardSignatureError::NotVerified(_))
             ));
         }

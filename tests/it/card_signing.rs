@@ -69,7 +69,16 @@ fn card_key(dir: &Path, kind: KeyKind) -> PathBuf {
 /// The echo agent, its card signed with a fresh key of `kind` (kept in `keys`).
 async fn signed_server(keys: &Path, kind: KeyKind) -> TestServer {
     let path = card_key(keys, kind);
-    start_echo_with(move |c| c.card.signing_key_file = Some(path)).await
+    start_echo_with(move |c| signing_with(c, path)).await
+}
+
+/// The card signed with the key at `path`: served at a fixed address, named by `public_url`
+/// (a signed card never takes its URLs from the request).
+fn signing_with(config: &mut colloquy::config::Config, path: PathBuf) {
+    let port = common::free_port();
+    config.listen = format!("127.0.0.1:{port}");
+    config.public_url = Some(format!("http://127.0.0.1:{port}/"));
+    config.card.signing_key_file = Some(path);
 }
 
 fn card_url(server: &TestServer) -> String {
@@ -231,7 +240,7 @@ async fn the_extended_card_is_signed_too() {
     let keys = tempfile::tempdir().expect("temp dir");
     let path = card_key(keys.path(), KeyKind::Ed25519Der);
     let server = start_echo_with(move |c| {
-        c.card.signing_key_file = Some(path);
+        signing_with(c, path);
         c.card.extended.description = Some("For members: the archive too".into());
         c.auth.tokens.insert("alice".into(), "alice-secret".into());
     })
@@ -267,7 +276,7 @@ async fn the_official_sdk_verifier_accepts_a_v1_only_card() {
     let keys = tempfile::tempdir().expect("temp dir");
     let path = card_key(keys.path(), KeyKind::Es256Pem);
     let server = start_echo_with(move |c| {
-        c.card.signing_key_file = Some(path);
+        signing_with(c, path);
         c.card.versions = "1.0".into();
     })
     .await;
@@ -284,7 +293,7 @@ async fn a_card_key_replaced_then_sighup_signs_with_the_new_one_and_keeps_the_ol
     let keys = tempfile::tempdir().expect("temp dir");
     let path = card_key(keys.path(), KeyKind::Es256Pem);
     let configured = path.clone();
-    let server = start_echo_with(move |c| c.card.signing_key_file = Some(configured)).await;
+    let server = start_echo_with(move |c| signing_with(c, configured)).await;
     let kid = |card: &Value| {
         protected_header(card)["kid"]
             .as_str()
@@ -324,6 +333,21 @@ async fn a_card_key_replaced_then_sighup_signs_with_the_new_one_and_keeps_the_ol
     let (ok, output) = run_sdk_script("sdk1", "verify_card.py", &[&card_at, &jwks_at]).await;
     assert!(ok && output.contains(&after), "{output}");
     server.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_card_is_signed_only_with_its_own_url_configured() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = common::test_config(dir.path());
+    config.card.signing_key_file = Some(card_key(dir.path(), KeyKind::Ed25519Der));
+    let agent = Arc::new(colloquy::agent::EchoAgent::default());
+    match colloquy::app::start(config, agent).await {
+        Ok(server) => {
+            server.stop().await;
+            panic!("a card was signed with URLs any request's Host header could choose");
+        }
+        Err(error) => assert!(error.to_string().contains("public_url"), "{error}"),
+    }
 }
 
 // ---- `colloquy send` with `card_jwks_url` ----

@@ -25,8 +25,7 @@ const ACCEPTED: [Algorithm; 4] = [
     Algorithm::EdDSA,
 ];
 
-/// The largest key set read.
-const MAX_JWKS_BYTES: usize = 1 << 20;
+use crate::client::MAX_KEY_SET_BYTES as MAX_JWKS_BYTES;
 
 /// Why a key set was not taken. Messages name where it came from, never key material.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +38,8 @@ pub enum JwksError {
     },
     #[error("fetching {url}: HTTP {status}")]
     Status { url: String, status: u16 },
+    #[error("reading {url}: {detail}")]
+    Read { url: String, detail: String },
     #[error("reading {path}: {error}")]
     File {
         path: String,
@@ -119,6 +120,13 @@ impl JwtVerifier {
         })
     }
 
+    /// How often the fetched key set is replaced by a fresh fetch, if it is fetched: a key the
+    /// issuer withdrew stops verifying within this.
+    pub fn max_age(&self) -> Option<Duration> {
+        self.config.jwks_url.as_ref()?;
+        Some(Duration::from_secs(self.config.jwks_max_age_secs.max(1)))
+    }
+
     pub fn required_scopes(&self) -> &[String] {
         &self.config.required_scopes
     }
@@ -163,10 +171,12 @@ impl JwtVerifier {
                 status: response.status().as_u16(),
             });
         }
-        let bytes = response.bytes().await.map_err(|error| JwksError::Fetch {
-            url: url.clone(),
-            error,
-        })?;
+        let bytes = crate::client::read_limited(response, MAX_JWKS_BYTES)
+            .await
+            .map_err(|detail| JwksError::Read {
+                url: url.clone(),
+                detail,
+            })?;
         let keys = parse_key_set(&bytes, url)?;
         tracing::info!(url = %url, keys = keys.len(), "fetched the JWT issuer's key set");
         *self.keys.write() = keys;
