@@ -3,23 +3,13 @@
 use crate::common;
 
 use colloquy::agent::{A2aAgent, EchoAgent};
-use common::{V1, V03, artifact_text, task_of};
+use common::{V1, V03, artifact_text, conversations, task_of};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
 
 fn delegating(peer_url: &str, max_turns: u64) -> Arc<A2aAgent> {
     Arc::new(A2aAgent::new(peer_url, None, max_turns))
-}
-
-async fn conversations(server: &common::TestServer) -> Vec<Value> {
-    let response = server
-        .rpc(V1, "colloquy/listConversations", json!({}))
-        .await;
-    response["result"]["conversations"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
 }
 
 fn state(task: &Value) -> &str {

@@ -10,7 +10,9 @@ use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use colloquy::agent::A2aAgent;
 use colloquy::client::ClientOptions;
-use common::{TestServer, V1, hang_up, run_sdk_script, serve_json, start_echo_with, task_of};
+use common::{
+    TestServer, V1, conversations, hang_up, run_sdk_script, serve_json, start_echo_with, task_of,
+};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use ring::rand::SystemRandom;
 use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, Ed25519KeyPair, KeyPair};
@@ -102,16 +104,6 @@ fn protected_header(card: &Value) -> Value {
     let protected = signatures[0]["protected"].as_str().expect("protected");
     let bytes = URL_SAFE_NO_PAD.decode(protected).expect("base64url");
     serde_json::from_slice(&bytes).expect("header JSON")
-}
-
-async fn conversations(server: &TestServer) -> Vec<Value> {
-    let response = server
-        .rpc(V1, "colloquy/listConversations", json!({}))
-        .await;
-    response["result"]["conversations"]
-        .as_array()
-        .cloned()
-        .unwrap_or_else(|| panic!("listConversations: {response}"))
 }
 
 /// A loopback server that serves `card` as its agent card (a card relayed by someone else).

@@ -578,6 +578,13 @@ async fn rest(
     )
 }
 
+/// `by rest` in `context_id`, sent to `/red/message:send`.
+async fn send_in_red(server: &TestServer, token: &str, context_id: &str) -> (u16, Value) {
+    let message = json!({"message": user_message(V1, "by rest", Some(context_id), None)});
+    let post = reqwest::Method::POST;
+    rest(server, token, post, "/red/message:send", Some(message)).await
+}
+
 /// The echo agent behind alice's token (`alice-secret`), alice given the tenants red and blue.
 async fn start_with_tenants() -> TestServer {
     start_echo_with(|c| {
@@ -651,15 +658,7 @@ async fn the_same_context_in_each_tenant_is_its_own_conversation() {
     }
 
     // HTTP+JSON under /red/ reaches the conversation JSON-RPC's `"tenant": "red"` does.
-    let message = json!({"message": user_message(V1, "by rest", Some("shared"), None)});
-    let (status, sent) = rest(
-        &server,
-        alice,
-        reqwest::Method::POST,
-        "/red/message:send",
-        Some(message),
-    )
-    .await;
+    let (status, sent) = send_in_red(&server, alice, "shared").await;
     assert_eq!(status, 200, "{sent}");
     assert_eq!(
         artifact_text(&sent["task"]),
@@ -687,15 +686,7 @@ async fn the_same_context_in_each_tenant_is_its_own_conversation() {
 async fn a_task_is_reached_under_its_own_tenants_path_only() {
     let server = start_with_tenants().await;
     let alice = "alice-secret";
-    let message = json!({"message": user_message(V1, "by rest", Some("ctx"), None)});
-    let (status, sent) = rest(
-        &server,
-        alice,
-        reqwest::Method::POST,
-        "/red/message:send",
-        Some(message),
-    )
-    .await;
+    let (status, sent) = send_in_red(&server, alice, "ctx").await;
     assert_eq!(status, 200, "{sent}");
     let task_id = sent["task"]["id"].as_str().expect("task id").to_owned();
     for (tenant, expected) in [("/red", 200), ("/blue", 404), ("", 404), ("/green", 403)] {

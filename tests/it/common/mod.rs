@@ -720,3 +720,14 @@ pub fn hang_up(_listener: &tokio::signal::unix::Signal) {
     let sent = unsafe { libc::kill(libc::getpid(), libc::SIGHUP) };
     assert_eq!(sent, 0, "kill(getpid(), SIGHUP)");
 }
+
+/// The conversations `server` lists for the anonymous caller (`colloquy/listConversations`).
+pub async fn conversations(server: &TestServer) -> Vec<Value> {
+    let response = server
+        .rpc(V1, "colloquy/listConversations", json!({}))
+        .await;
+    response["result"]["conversations"]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| panic!("listConversations: {response}"))
+}
