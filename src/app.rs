@@ -274,9 +274,7 @@ async fn load_signer(config: &Config) -> Result<(PathBuf, Signer), StartError> {
         .signing_key_file
         .clone()
         .unwrap_or_else(|| config.data.join(DEFAULT_KEY_FILE));
-    let read = path.clone();
-    let signer = actix_rt::task::spawn_blocking(move || Signer::load_or_generate(&read)).await?;
-    Ok((path, signer?))
+    read_key(path, Signer::load_or_generate).await
 }
 
 /// The card's signing key, if `card.signing_key_file` names one.
@@ -293,9 +291,22 @@ async fn load_card_signer(config: &Config) -> Result<Option<(PathBuf, CardSigner
                 .into(),
         ));
     }
+    Ok(Some(read_key(path, CardSigner::load).await?))
+}
+
+/// A signing key read from `path` off the async threads (file I/O), with its path for reloads.
+async fn read_key<K, E>(
+    path: PathBuf,
+    load: fn(&std::path::Path) -> Result<K, E>,
+) -> Result<(PathBuf, K), StartError>
+where
+    K: Send + 'static,
+    E: Send + 'static,
+    StartError: From<E>,
+{
     let read = path.clone();
-    let signer = actix_rt::task::spawn_blocking(move || CardSigner::load(&read)).await?;
-    Ok(Some((path, signer?)))
+    let key = actix_rt::task::spawn_blocking(move || load(&read)).await?;
+    Ok((path, key?))
 }
 
 fn delivery_options(config: &Config) -> DeliveryOptions {

@@ -749,8 +749,8 @@ impl Config {
             .find(|t| !crate::model::is_tenant_name(t))
         {
             return Err(ConfigError::Invalid(format!(
-                "{bad:?} is not a tenant name (1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', not a \
-                 route word such as \"tasks\")"
+                "{bad:?} is not a tenant name ({})",
+                crate::model::TENANT_NAME_RULE
             )));
         }
         if !["pretty", "json"].contains(&self.log_format.as_str()) {

@@ -30,6 +30,9 @@ const ROUTE_WORDS: [&str; 6] = [
     "_colloquy",
 ];
 
+/// What [`is_tenant_name`] asks, in words for error messages.
+pub const TENANT_NAME_RULE: &str = "1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', not starting with '.', not a route word such as \"tasks\"";
+
 /// A tenant name: short, URL-safe, and not a word the routes beside `/{tenant}/…` start with.
 pub fn is_tenant_name(tenant: &str) -> bool {
     (1..=64).contains(&tenant.len())

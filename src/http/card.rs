@@ -31,15 +31,10 @@ pub fn extended_card(state: &AppState, url: &str) -> Result<Value, RpcError> {
 /// The card with its `signatures` when `card.signing_key_file` is set; the JWS header's `jku`
 /// names the key set served beside it.
 fn signed(state: &AppState, mut card: Map<String, Value>, url: &str) -> Value {
-    if let Some(signer) = state.keys.card() {
-        let jku = format!(
-            "{}{}",
-            url.trim_end_matches('/'),
-            crate::push::sign::JWKS_PATH
-        );
-        if let Err(error) = signer.sign(&mut card, &jku) {
-            tracing::error!(%error, "the agent card is served unsigned");
-        }
+    if let Some(signer) = state.keys.card()
+        && let Err(error) = signer.sign(&mut card, &jwks_url(url))
+    {
+        tracing::error!(%error, "the agent card is served unsigned");
     }
     Value::Object(card)
 }
@@ -221,13 +216,19 @@ fn if_none_match_holds(req: &HttpRequest, etag: &str) -> bool {
         .any(|tag| tag == "*" || tag == etag)
 }
 
-/// Where a receiver finds the keys push notifications are signed with (`docs/push.md`).
-fn push_signature_extension(url: &str) -> Value {
-    let jwks_url = format!(
+/// The key set served beside the card at `url`: the keys push notifications and the card are
+/// signed with.
+fn jwks_url(url: &str) -> String {
+    format!(
         "{}{}",
         url.trim_end_matches('/'),
         crate::push::sign::JWKS_PATH
-    );
+    )
+}
+
+/// Where a receiver finds the keys push notifications are signed with (`docs/push.md`).
+fn push_signature_extension(url: &str) -> Value {
+    let jwks_url = jwks_url(url);
     json!({
         "uri": "urn:colloquy:push-signature:v1",
         "description": "Push notifications carry an ES256 JWT in the X-Colloquy-Signature header over the body's SHA-256; verify it with the keys at jwksUrl",

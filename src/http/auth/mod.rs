@@ -32,9 +32,7 @@ pub enum AuthError {
     /// Proxies and servers disagree on which of several headers counts: refused, not guessed.
     #[error("the request has {0} Authorization headers; send one")]
     Repeated(usize),
-    #[error(
-        "tenant {0:?} is not a tenant name (1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', not a route word)"
-    )]
+    #[error("tenant {0:?} is not a tenant name ({rule})", rule = crate::model::TENANT_NAME_RULE)]
     BadTenant(String),
     #[error("tenant {0:?} is not one this caller may use")]
     TenantNotAllowed(String),
@@ -167,9 +165,7 @@ impl Auth {
             Some(tenant),
         ))
     }
-}
 
-impl Auth {
     /// Reads the tokens file and the JWT key set file again (if `always`, or if the tokens
     /// file changed); what fails to load is not taken, and is logged.
     pub fn reload(&self, always: bool) {
