@@ -63,6 +63,8 @@ pub struct Config {
     /// The gRPC target the card gives; default: the card's host with `grpc_listen`'s port.
     pub grpc_public_url: Option<String>,
     pub metrics: MetricsConfig,
+    pub telemetry: TelemetryConfig,
+    pub console: ConsoleConfig,
     pub agent: AgentConfig,
     pub history: HistoryConfig,
     pub contexts: ContextsConfig,
@@ -91,6 +93,8 @@ impl Default for Config {
             grpc_listen: "127.0.0.1:8081".into(),
             grpc_public_url: None,
             metrics: MetricsConfig::default(),
+            telemetry: TelemetryConfig::default(),
+            console: ConsoleConfig::default(),
             agent: AgentConfig::default(),
             history: HistoryConfig::default(),
             contexts: ContextsConfig::default(),
@@ -611,6 +615,37 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<
 pub struct MetricsConfig {
     /// Bearer token `/metrics` requires, wherever it is served; unset: none.
     pub token: Option<String>,
+}
+
+/// Traces over OTLP (docs/observability.md). Off unless an endpoint is set here or in the
+/// standard `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP endpoint, e.g. `http://127.0.0.1:4318` (HTTP/protobuf) or
+    /// `http://127.0.0.1:4317` with `OTEL_EXPORTER_OTLP_PROTOCOL=grpc`.
+    pub otlp_endpoint: Option<String>,
+}
+
+/// The operator console at `/console` on `admin_listen` (docs/console.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleConfig {
+    /// Serve the console on `admin_listen` (never on `listen`).
+    #[serde(deserialize_with = "flexible_bool")]
+    pub enabled: bool,
+    /// Bearer token (or the `colloquy_console` cookie the login form sets) the console
+    /// requires; unset: `metrics.token`'s, and with neither, none (loopback only).
+    pub token: Option<String>,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            enabled: true,
+            token: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -2,9 +2,10 @@
 //!
 //! Protocol version 1 (documented in `docs/agents.md`):
 //! - argv is `agent.command` (never a shell); the environment is cleared, then `PATH`, the names in
-//!   `agent.env`, `A2A_CONTEXT_ID` and `A2A_TASK_ID` are set; the working folder is the server's.
+//!   `agent.env`, `A2A_CONTEXT_ID` and `A2A_TASK_ID` are set, and with traces on the turn's W3C
+//!   trace context (`TRACEPARENT`, `TRACESTATE`, `BAGGAGE`); the working folder is the server's.
 //! - stdin: one JSON object `{"version":1, "contextId", "taskId", "message", "history", "prompt"}`
-//!   and a newline, then EOF.
+//!   (and `traceparent`, `tracestate` with traces on) and a newline, then EOF.
 //! - stdout: one JSON object per line: `{"text"}` a reply chunk, `{"artifact":{name?, parts}}` a
 //!   whole artifact, `{"status", "text"?}` the final state, `{"message":{"parts"}}` a plain-message
 //!   answer (when it is the sole output). Any other line is reply text, its newline kept.
@@ -173,7 +174,9 @@ impl From<ExecError> for AgentError {
     }
 }
 
-fn input_object(request: &AgentRequest) -> Vec<u8> {
+/// The request the program reads; `trace` is the turn's trace context (its environment's
+/// `TRACEPARENT` and company), added as `traceparent` and `tracestate` when traces are on.
+fn input_object(request: &AgentRequest, trace: &[(&str, String)]) -> Vec<u8> {
     let mut message = request.message.clone();
     message
         .context_id
@@ -189,6 +192,14 @@ fn input_object(request: &AgentRequest) -> Vec<u8> {
         "history": request.history,
         "prompt": request.prompt,
     });
+    let mut input = input;
+    if let Some(object) = input.as_object_mut() {
+        for (variable, value) in trace {
+            if *variable != "BAGGAGE" {
+                object.insert(variable.to_ascii_lowercase(), json!(value));
+            }
+        }
+    }
     let mut bytes = serde_json::to_vec(&input).unwrap_or_else(|_| b"{}".to_vec());
     bytes.push(b'\n');
     bytes
@@ -215,6 +226,8 @@ async fn run(settings: &Settings, request: AgentRequest, sink: AgentSink) -> Res
     command
         .env("A2A_CONTEXT_ID", &request.context_id)
         .env("A2A_TASK_ID", &request.task_id);
+    let trace = crate::telemetry::propagation::environment();
+    command.envs(trace.iter().map(|(variable, value)| (variable, value)));
     let mut child = command.spawn().map_err(|source| ExecError::Spawn {
         program: settings.program.clone(),
         source,
@@ -233,7 +246,7 @@ async fn run(settings: &Settings, request: AgentRequest, sink: AgentSink) -> Res
     };
     tracing::debug!(task_id = %request.task_id, pid = ?pgid, "exec agent started");
 
-    let input = input_object(&request);
+    let input = input_object(&request, &trace);
     let mut relay = Relay {
         sink: &sink,
         context_id: &request.context_id,

@@ -156,12 +156,9 @@ impl Agent for OpenAiAgent {
         sink: AgentSink,
     ) -> BoxFuture<'static, Result<(), AgentError>> {
         let settings = self.settings.clone();
-        // Its retry lines name the turn: the engine's own per-turn spans are debug-level.
-        let span = tracing::info_span!(
-            "openai",
-            context_id = %request.context_id,
-            task_id = %request.task_id
-        );
+        // Its retry lines name the turn: the engine's own per-turn spans are debug-level. No
+        // contextId: traces name a conversation by its key's hash only (the turn's span).
+        let span = tracing::info_span!("openai", task_id = %request.task_id);
         async move {
             run(&settings, &request, &sink)
                 .await
@@ -334,11 +331,12 @@ fn is_retryable(status: reqwest::StatusCode) -> bool {
 async fn connect(settings: &Settings, body: &Value) -> Result<reqwest::Response, OpenAiError> {
     let mut attempt = 0u32;
     loop {
-        let mut request = settings
+        let request = settings
             .client
             .post(&settings.url)
             .header(reqwest::header::ACCEPT, "text/event-stream")
             .json(body);
+        let mut request = crate::telemetry::propagation::onto(request);
         if let Some(key) = &settings.api_key {
             request = request.bearer_auth(&key.0);
         }

@@ -95,6 +95,8 @@ pub enum CliError {
     #[error(transparent)]
     Start(#[from] crate::app::StartError),
     #[error(transparent)]
+    Traces(#[from] crate::telemetry::traces::TracesError),
+    #[error(transparent)]
     Loadgen(#[from] loadgen::LoadgenError),
     #[error(transparent)]
     Import(#[from] ImportError),

@@ -20,6 +20,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
+use tracing::Instrument;
 
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_LOCAL: u8 = 1;
@@ -415,6 +416,18 @@ pub fn run(args: SendArgs) -> Result<ExitCode, CliError> {
 async fn run_async(args: SendArgs) -> Result<u8, SendFailure> {
     let config = Config::load(args.config.as_deref(), json!({}))
         .map_err(|e| fail(EXIT_LOCAL, e.to_string()))?;
+    let traces = crate::telemetry::traces::install_for_command(&config.telemetry)
+        .map_err(|e| fail(EXIT_LOCAL, chain(&e).to_string()))?;
+    // A span of its own, continuing the trace of whoever started it (an `exec` agent's
+    // `TRACEPARENT`): every request it makes carries it.
+    let span = tracing::info_span!("send", otel.kind = "client");
+    crate::telemetry::propagation::continue_from_environment(&span);
+    let code = send(args, config).instrument(span).await;
+    traces.shutdown();
+    code
+}
+
+async fn send(args: SendArgs, config: Config) -> Result<u8, SendFailure> {
     let sessions_file = sessions_path()?;
     let mut sessions = SessionsFile::load(&sessions_file)?;
     if args.list {

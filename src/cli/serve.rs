@@ -125,22 +125,9 @@ impl ServeArgs {
     }
 }
 
-fn init_tracing(format: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if format == "json" {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
-}
-
 pub fn run(args: ServeArgs) -> Result<ExitCode, CliError> {
     let config = Config::load(args.config.as_deref(), args.overrides())?;
-    init_tracing(&config.log_format);
+    let traces = crate::telemetry::traces::install(&config.telemetry, &config.log_format)?;
     let ignored = crate::config::ignored_environment();
     if !ignored.is_empty() {
         tracing::warn!(
@@ -154,7 +141,7 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, CliError> {
     let stop_deadline =
         Duration::from_secs(config.shutdown.grace_secs) + crate::http::CLOSE_MARGIN + STOP_OVERRUN;
     let system = actix_rt::System::new();
-    system.block_on(async move {
+    let code = system.block_on(async move {
         let server = crate::app::start(config, agent).await?;
         wait_for_signal().await;
         tracing::info!("shutting down: finishing running turns");
@@ -170,7 +157,9 @@ pub fn run(args: ServeArgs) -> Result<ExitCode, CliError> {
         }
         tracing::info!("stopped; the store is flushed");
         Ok(ExitCode::SUCCESS)
-    })
+    });
+    traces.shutdown();
+    code
 }
 
 /// Slack past the grace period and [`crate::http::CLOSE_MARGIN`] for failing the last turns,

@@ -603,7 +603,7 @@ impl Peer {
         if let Some(token) = &self.options.token {
             request = request.bearer_auth(token);
         }
-        request
+        crate::telemetry::propagation::onto(request)
     }
 
     fn send_params(&self, message: &Message) -> Value {

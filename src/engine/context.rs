@@ -31,6 +31,8 @@ pub struct StartTurn {
     pub when: When,
     /// Push-notification configs stored with the task's start.
     pub push_configs: Vec<crate::model::PushConfig>,
+    /// The request's span: the turn's parent, across the actor's mailbox.
+    pub span: tracing::Span,
 }
 
 /// When the sender of a [`StartTurn`] hears back.
@@ -175,7 +177,16 @@ impl ContextActor {
         let (answer, answered) = oneshot::channel();
         // Debug-level: a span per turn and per request cost 6% of a turn's instructions at the
         // default level (fields formatted on creation). Log lines of a turn name it themselves.
-        let span = tracing::debug_span!("turn", context_id = %self.context_id, task_id = %task_id);
+        // Traces get it (`crate::telemetry::traces`), with the conversation as its key's hash.
+        let span = tracing::debug_span!(
+            parent: &start.span,
+            "turn",
+            conversation = %self.key,
+            task_id = %task_id,
+            trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty,
+        );
+        crate::telemetry::traces::tag(&span);
         let request = TurnRequest {
             principal: self.principal.clone(),
             context_id: self.context_id.clone(),

@@ -10,6 +10,7 @@ use crate::model::{Message, TaskState, TaskStatus};
 use crate::store::{Lease, SharedStore, StoreError};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 /// Why a turn was stopped from outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,7 +181,8 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
     let kind = agent.kind();
     let started = Instant::now();
     let (sink, mut events) = AgentSink::channel(64);
-    let mut run = actix_rt::spawn(agent.run(request, sink));
+    let span = tracing::debug_span!("agent.run", backend = kind);
+    let mut run = actix_rt::spawn(agent.run(request, sink).instrument(span.clone()));
     let mut progress = Progress {
         outcome: TurnOutcome {
             state: TaskState::Completed,
@@ -201,7 +203,8 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
             event = events.recv() => match event {
                 Some(event) => {
                     let Some(status) = progress.apply(event, hub) else { continue };
-                    if let Err(e) = store.record_status(lease, status.clone()).await {
+                    let write = store.record_status(lease, status.clone());
+                    if let Err(e) = write.instrument(tracing::debug_span!("store.record_status")).await {
                         tracing::error!(error = %chain(&e), task_id = %lease.task_id, "could not record a status");
                         stopped = Some((TaskState::Failed, format!("could not record a status: {e}")));
                         break;
@@ -275,6 +278,8 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
     metrics::histogram!("colloquy_agent_seconds", "backend" => kind).record(elapsed);
     if outcome.state == TaskState::Failed {
         metrics::counter!("colloquy_agent_errors_total", "backend" => kind).increment(1);
+        let reason = outcome.status_text.clone().unwrap_or_default();
+        crate::telemetry::traces::fail(&span, reason);
     }
     outcome
 }

@@ -203,6 +203,7 @@ impl Engine {
             new_context,
             when,
             push_configs,
+            span: tracing::Span::current(),
         };
         self.directory
             .call(&key, principal, &context_id, start)

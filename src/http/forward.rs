@@ -15,6 +15,7 @@ use crate::engine::{EventId, Relay, Sequenced, Subscription};
 use crate::error::chain;
 use crate::protocol::{Method, RpcRequest, WireVersion, codec};
 use crate::store::SharedStore;
+use crate::telemetry::{propagation, traces};
 use actix_web::http::StatusCode;
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse};
@@ -23,6 +24,7 @@ use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use std::time::Duration;
 use subtle::ConstantTimeEq;
+use tracing::Instrument;
 
 /// The internal endpoint a node serves forwarded JSON-RPC requests on.
 pub const PATH: &str = "/_colloquy/forward";
@@ -222,25 +224,33 @@ impl HolderCall<'_> {
             }
         };
         let url = format!("{}{}", holder.trim_end_matches('/'), self.path_and_query);
-        let mut forward = CLIENT
+        let span = tracing::debug_span!(
+            "forward",
+            otel.kind = "client",
+            method = self.method.label(),
+            node = %holder,
+        );
+        let forward = CLIENT
             .with(Clone::clone)
             .request(self.http_method, url)
             .header(header::CONTENT_TYPE.as_str(), "application/json")
             .header(SECRET_HEADER, secret)
             .header(PRINCIPAL_HEADER, hex::encode(self.principal))
             .body(body());
+        let mut forward = span.in_scope(|| propagation::onto(forward));
         if let Some(version) = self.version {
             forward = forward.header(super::rpc::VERSION_HEADER, version);
         }
         if let Some(last_event_id) = self.last_event_id {
             forward = forward.header(super::sse::LAST_EVENT_ID, last_event_id);
         }
-        match forward.send().await {
+        match forward.send().instrument(span.clone()).await {
             Ok(answer) => {
                 metrics::counter!("colloquy_forwarded_requests_total").increment(1);
                 Some(answer)
             }
             Err(e) => {
+                traces::fail(&span, e.to_string());
                 tracing::warn!(error = %chain(&e), %holder, %task_id, "the node running a task did not answer; answering from the database");
                 None
             }

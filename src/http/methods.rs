@@ -92,13 +92,11 @@ impl Call<'_> {
         Ok(params::decode(self.params)?)
     }
 
-    fn record_ids(context_id: Option<&str>, task_id: Option<&str>) {
-        let span = tracing::Span::current();
-        if let Some(context_id) = context_id {
-            span.record("context_id", context_id);
-        }
+    /// The task a request names, on its span (its contextId is left out of traces: the turn's
+    /// span names the conversation by its key's hash).
+    fn record_task(task_id: Option<&str>) {
         if let Some(task_id) = task_id {
-            span.record("task_id", task_id);
+            tracing::Span::current().record("task_id", task_id);
         }
     }
 
@@ -126,7 +124,7 @@ impl Call<'_> {
             history_length: to_usize(request.history_length),
         };
         let ids = message.get();
-        Self::record_ids(ids.context_id.as_deref(), ids.task_id.as_deref());
+        Self::record_task(ids.task_id.as_deref());
         Ok((message, options))
     }
 
@@ -141,7 +139,7 @@ impl Call<'_> {
             result.map_err(|e| self.engine_error(e))?
         };
         if let SendResult::Task(task) = &result {
-            Self::record_ids(None, Some(&task.id));
+            Self::record_task(Some(&task.id));
         }
         let view = TaskView {
             history_length: options.history_length,
@@ -158,7 +156,7 @@ impl Call<'_> {
             .send_streaming(self.principal, message)
             .await
             .map_err(|e| self.engine_error(e))?;
-        Self::record_ids(None, Some(&hub.task_id));
+        Self::record_task(Some(&hub.task_id));
         Ok(sse::EventStream::new(
             subscription,
             self.state.config.streaming.subscriber_buffer,
@@ -167,13 +165,13 @@ impl Call<'_> {
 
     fn task_id(&self) -> RpcResult<String> {
         let TaskIdParams { id } = self.decode()?;
-        Self::record_ids(None, Some(&id));
+        Self::record_task(Some(&id));
         Ok(id)
     }
 
     async fn get_task(&self) -> RpcResult<Value> {
         let GetTaskParams { id, history_length } = self.decode()?;
-        Self::record_ids(None, Some(&id));
+        Self::record_task(Some(&id));
         let history_length = to_usize(history_length);
         let task = self
             .state
@@ -208,7 +206,7 @@ impl Call<'_> {
             last_event_id,
             turn_only,
         } = self.decode()?;
-        Self::record_ids(None, Some(&id));
+        Self::record_task(Some(&id));
         let after =
             match last_event_id.as_deref().map(str::trim) {
                 None | Some("") => None,
@@ -241,7 +239,6 @@ impl Call<'_> {
 
     async fn list_tasks(&self) -> RpcResult<Value> {
         let params: ListTasksParams = self.decode()?;
-        Self::record_ids(params.context_id.as_deref(), None);
         let state = params.state(self.version)?;
         let page_size = Self::page_size(params.page_size, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)?;
         let history_length = to_usize(params.history_length);
@@ -310,7 +307,6 @@ impl Call<'_> {
     async fn get_conversation(&self) -> RpcResult<Value> {
         let params: GetConversationParams = self.decode()?;
         let context_id = params.context_id.as_str();
-        Self::record_ids(Some(context_id), None);
         let history_length = to_usize(params.history_length).unwrap_or(crate::history::MAX_LIMIT);
         let page = self
             .state
@@ -343,7 +339,6 @@ impl Call<'_> {
     async fn delete_conversation(&self) -> RpcResult<Value> {
         let ContextParams { context_id } = self.decode()?;
         let context_id = context_id.as_str();
-        Self::record_ids(Some(context_id), None);
         let deleted = self
             .state
             .engine

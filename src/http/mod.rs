@@ -22,6 +22,7 @@ pub mod rpc;
 mod sse;
 mod state;
 mod unread_body;
+mod traced;
 
 pub use auth::{Auth, AuthConfigError, digest as token_digest};
 pub use credentials::{SigningKeys, watch as watch_credentials};
@@ -195,6 +196,7 @@ pub fn serve(mut state: AppState) -> Result<RunningServer, ServeError> {
             .wrap(from_fn(unread_body::close_if_unread))
             .wrap(from_fn(media_type::answer_in_kind))
             .app_data(state.clone())
+            .wrap(from_fn(traced::request_span))
             .configure(public)
     })
     .workers(workers)

@@ -13,7 +13,6 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::BytesMut;
 use futures_util::StreamExt;
 use std::time::{Duration, Instant};
-use tracing::Instrument;
 
 pub const VERSION_HEADER: &str = "A2A-Version";
 
@@ -323,17 +322,8 @@ pub(super) async fn call(
     params: serde_json::Value,
     started: Instant,
 ) -> Result<Reply, RpcError> {
-    // Debug-level, as the turn span is (see `engine::context`).
-    let span = tracing::debug_span!(
-        "rpc",
-        method = method.label(),
-        version = version.label(),
-        context_id = tracing::field::Empty,
-        task_id = tracing::field::Empty,
-    );
-    let reply = methods::dispatch(state, version, method, principal, base_url, params)
-        .instrument(span)
-        .await;
+    super::traced::name_request(method.label(), version.label());
+    let reply = methods::dispatch(state, version, method, principal, base_url, params).await;
     match &reply {
         Ok(_) => record(method.label(), 0, started),
         // An internal error was logged with its causes where it became an RpcError.
@@ -348,6 +338,7 @@ pub(super) fn record(method: &'static str, code: i64, started: Instant) {
     } else {
         code.to_string()
     };
+    super::traced::record_outcome(&outcome, code != 0);
     metrics::counter!("colloquy_rpc_requests_total", "method" => method, "outcome" => outcome)
         .increment(1);
     metrics::histogram!("colloquy_rpc_request_seconds", "method" => method)

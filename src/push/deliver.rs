@@ -20,6 +20,7 @@ use crate::error::chain;
 use crate::model::now;
 use crate::protocol::WireVersion;
 use crate::store::{Notification, PushStore};
+use crate::telemetry::traces;
 use chrono::{DateTime, Utc};
 use rand::Rng;
 use reqwest::StatusCode;
@@ -29,6 +30,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// The header carrying the config's token.
 pub const TOKEN_HEADER: &str = "X-A2A-Notification-Token";
@@ -212,7 +214,17 @@ impl Worker {
         let Some(notification) = self.claim(notification).await else {
             return;
         };
-        let outcome = self.attempt(&notification).await;
+        let span = tracing::debug_span!(
+            "push.deliver",
+            otel.kind = "client",
+            task_id = %notification.config.task_id,
+            attempt = notification.attempts + 1,
+        );
+        let outcome = self.attempt(&notification).instrument(span.clone()).await;
+        match &outcome {
+            Outcome::Delivered => {}
+            Outcome::Retry { why, .. } | Outcome::Refused(why) => traces::fail(&span, why.clone()),
+        }
         let Some(store) = self.store.upgrade() else {
             return;
         };
@@ -316,6 +328,7 @@ impl Worker {
                 request = request.header(name, value);
             }
         }
+        let request = crate::telemetry::propagation::onto(request);
         match request.body(body).send().await {
             Ok(response) => classify(&response),
             Err(e) => match target_error(&e) {

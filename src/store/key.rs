@@ -59,6 +59,14 @@ impl ConversationKey {
     }
 }
 
+/// The key in hex: how traces and the operator console name a conversation without its
+/// contextId or principal.
+impl fmt::Display for ConversationKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
 impl fmt::Debug for ConversationKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ConversationKey({})", hex::encode(&self.0[..9]))

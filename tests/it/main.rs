@@ -42,3 +42,4 @@ mod store;
 mod store_conformance;
 mod streaming;
 mod transfer;
+mod traces;

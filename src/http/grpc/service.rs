@@ -15,7 +15,9 @@ use crate::http::methods::Reply;
 use crate::http::rpc;
 use crate::http::sse::{EventStream, LiveStream};
 use crate::http::state::AppState;
+use crate::http::traced;
 use crate::protocol::{Method, RpcError, WireVersion};
+use crate::telemetry::propagation;
 use a2a_pb::proto as pb;
 use a2a_pb::protojson as pj;
 use actix_web::web;
@@ -28,6 +30,7 @@ use std::pin::Pin;
 use std::time::Instant;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 /// The v1.0 version header, as gRPC metadata (lower case).
 const VERSION_KEY: &str = "a2a-version";
@@ -98,9 +101,23 @@ enum Answer {
 }
 
 impl A2aGrpc {
+    /// One call in its request span, which continues the caller's trace.
+    async fn call<J>(
+        &self,
+        method: Method,
+        request: Request<impl Message>,
+    ) -> Result<Answer, Status>
+    where
+        J: Message + Default + Serialize,
+    {
+        let span = traced::request("grpc");
+        propagation::continue_from(&span, &propagation::GrpcMetadata(request.metadata()));
+        self.serve::<J>(method, request).instrument(span).await
+    }
+
     /// Authenticates, dispatches and counts one call; `J` is the request's ProtoJSON twin. A
     /// call that follows a task another node runs goes to that node (as the HTTP bindings do).
-    async fn call<J>(
+    async fn serve<J>(
         &self,
         method: Method,
         request: Request<impl Message>,

@@ -135,6 +135,7 @@ const SERIES: &[Series] = &[
     series("colloquy_history_messages_rendered_total", Kind::Counter, None, "earlier messages rendered into prompts"),
     series(HISTORY_WINDOWS, Kind::Counter, None, "turns by where their history window came from: memory (the window the conversation's actor kept) or store"),
     series("colloquy_history_cache_bytes", Kind::Gauge, BYTES, "history windows kept by conversation actors between turns (estimated)"),
+    series("colloquy_trace_spans_total", Kind::Counter, None, "spans sent to the OTLP collector, by outcome: exported or dropped (the collector did not take their batch)"),
     series("colloquy_sse_streams", Kind::Gauge, None, "live SSE streams"),
     series(STREAM_RESUMES, Kind::Counter, None, "streams resumed with Last-Event-ID, by outcome: replayed (the events after it) or snapshot (it was older than the events kept)"),
     series("colloquy_stream_logs", Kind::Gauge, None, "tasks whose recent stream events are kept for resumes"),

@@ -1,0 +1,111 @@
+//! The W3C trace context (`traceparent`, `tracestate`) and `baggage`: read from every call
+//! that comes in (HTTP headers, gRPC metadata, the `TRACEPARENT` environment variable of a
+//! process colloquy's `exec` backend started) and written on every call colloquy makes. With
+//! traces off (`super::traces`) nothing is read or written: colloquy is then not part of the
+//! trace, and a span of its own is what would link the two sides.
+
+use opentelemetry::propagation::{Extractor, TextMapCompositePropagator, TextMapPropagator};
+use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The environment variables a child process gets, by the convention of OpenTelemetry's
+/// environment carriers (the upper-cased header names).
+pub const ENVIRONMENT: [(&str, &str); 3] = [
+    ("traceparent", "TRACEPARENT"),
+    ("tracestate", "TRACESTATE"),
+    ("baggage", "BAGGAGE"),
+];
+
+fn propagator() -> &'static TextMapCompositePropagator {
+    static PROPAGATOR: OnceLock<TextMapCompositePropagator> = OnceLock::new();
+    PROPAGATOR.get_or_init(|| {
+        TextMapCompositePropagator::new(vec![
+            Box::new(TraceContextPropagator::new()),
+            Box::new(BaggagePropagator::new()),
+        ])
+    })
+}
+
+/// Makes the caller's context (if it sent one) the parent of `span`, which starts a request.
+pub fn continue_from(span: &tracing::Span, carrier: &dyn Extractor) {
+    if !super::traces::enabled() || span.is_disabled() {
+        return;
+    }
+    let parent = propagator().extract(carrier);
+    // Fails only for a span already started, which a request's span never is here.
+    let _ = span.set_parent(parent);
+    super::traces::tag(span);
+}
+
+/// The headers that carry the current span's context to what colloquy calls next; empty with
+/// traces off.
+pub fn outgoing() -> HashMap<String, String> {
+    let mut headers = HashMap::new();
+    if super::traces::enabled() {
+        let context = tracing::Span::current().context();
+        propagator().inject_context(&context, &mut headers);
+    }
+    headers
+}
+
+/// `request` with the current span's context in its headers.
+pub fn onto(request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    outgoing()
+        .into_iter()
+        .fold(request, |request, (name, value)| {
+            request.header(name, value)
+        })
+}
+
+/// The current span's context as a child process's environment ([`ENVIRONMENT`]).
+pub fn environment() -> Vec<(&'static str, String)> {
+    let mut headers = outgoing();
+    ENVIRONMENT
+        .iter()
+        .filter_map(|(header, variable)| Some((*variable, headers.remove(*header)?)))
+        .collect()
+}
+
+/// Makes the context this process was started in (its environment, [`ENVIRONMENT`]) the
+/// parent of `span`: a `colloquy send` that an agent ran continues the agent's turn.
+pub fn continue_from_environment(span: &tracing::Span) {
+    let carrier: HashMap<String, String> = ENVIRONMENT
+        .iter()
+        .filter_map(|(header, variable)| Some((header.to_string(), std::env::var(variable).ok()?)))
+        .collect();
+    continue_from(span, &carrier);
+}
+
+/// An actix-web request's headers, as a carrier to read from.
+pub struct HttpHeaders<'a>(pub &'a actix_web::http::header::HeaderMap);
+
+impl Extractor for HttpHeaders<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|name| name.as_str()).collect()
+    }
+}
+
+/// A gRPC call's metadata, as a carrier to read from.
+pub struct GrpcMetadata<'a>(pub &'a tonic::metadata::MetadataMap);
+
+impl Extractor for GrpcMetadata<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|key| match key {
+                tonic::metadata::KeyRef::Ascii(key) => Some(key.as_str()),
+                tonic::metadata::KeyRef::Binary(_) => None,
+            })
+            .collect()
+    }
+}

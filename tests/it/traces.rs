@@ -1,0 +1,382 @@
+//! Traces over OTLP: `colloquy serve` processes (traces need the process's own subscriber)
+//! export to a collector this test runs on loopback, which decodes the protobuf requests. A
+//! turn delegated by one server's `a2a` backend to another is one trace across both; an `exec`
+//! agent gets the turn's context; a collector that is away costs spans, counted, never a turn.
+
+use super::common::free_port;
+use actix_web::{App, HttpResponse, HttpServer, web};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value;
+use prost::Message;
+use serde_json::{Value, json};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The caller's own trace: its id, and the span the server's request span must hang from.
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+/// A span as the collector received it.
+#[derive(Clone, Debug)]
+struct Received {
+    service: String,
+    name: String,
+    trace_id: String,
+    span_id: String,
+    parent: String,
+    attributes: Vec<(String, String)>,
+    failed: bool,
+}
+
+impl Received {
+    fn attribute(&self, key: &str) -> Option<&str> {
+        self.attributes
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// An OTLP/HTTP collector on loopback keeping every span it is sent.
+struct Collector {
+    url: String,
+    spans: Arc<Mutex<Vec<Received>>>,
+    handle: actix_web::dev::ServerHandle,
+}
+
+impl Collector {
+    async fn start() -> Collector {
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let kept = spans.clone();
+        let server = HttpServer::new(move || {
+            let kept = kept.clone();
+            App::new().route(
+                "/v1/traces",
+                web::post().to(move |body: web::Bytes| {
+                    let kept = kept.clone();
+                    async move {
+                        match ExportTraceServiceRequest::decode(body.as_ref()) {
+                            Ok(request) => {
+                                kept.lock().unwrap().extend(decode(request));
+                                HttpResponse::Ok()
+                                    .content_type("application/x-protobuf")
+                                    .finish()
+                            }
+                            Err(_) => HttpResponse::BadRequest().finish(),
+                        }
+                    }
+                }),
+            )
+        })
+        .workers(1)
+        .disable_signals()
+        .bind("127.0.0.1:0")
+        .expect("bind");
+        let url = format!("http://{}", server.addrs()[0]);
+        let server = server.run();
+        let handle = server.handle();
+        actix_rt::spawn(server);
+        Collector { url, spans, handle }
+    }
+
+    /// The spans of `trace_id` once `done` holds for them (within 20 s).
+    async fn wait_for(&self, trace_id: &str, done: impl Fn(&[Received]) -> bool) -> Vec<Received> {
+        for _ in 0..200 {
+            let spans: Vec<Received> = self
+                .spans
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|span| span.trace_id == trace_id)
+                .cloned()
+                .collect();
+            if done(&spans) {
+                return spans;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let all = self.spans.lock().unwrap().clone();
+        panic!("the collector never got the spans expected; it got: {all:#?}");
+    }
+}
+
+fn decode(request: ExportTraceServiceRequest) -> Vec<Received> {
+    let mut received = Vec::new();
+    for resource in request.resource_spans {
+        let service = resource
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .find(|kv| kv.key == "service.name")
+            .map(|kv| text(kv.value.as_ref()))
+            .unwrap_or_default();
+        for scope in resource.scope_spans {
+            for span in scope.spans {
+                received.push(Received {
+                    service: service.clone(),
+                    name: span.name.clone(),
+                    trace_id: hex(&span.trace_id),
+                    span_id: hex(&span.span_id),
+                    parent: hex(&span.parent_span_id),
+                    attributes: span
+                        .attributes
+                        .iter()
+                        .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
+                        .collect(),
+                    // STATUS_CODE_ERROR
+                    failed: span.status.as_ref().is_some_and(|s| s.code == 2),
+                });
+            }
+        }
+    }
+    received
+}
+
+fn text(value: Option<&opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    match value.and_then(|v| v.value.as_ref()) {
+        Some(any_value::Value::StringValue(s)) => s.clone(),
+        Some(any_value::Value::IntValue(i)) => i.to_string(),
+        Some(any_value::Value::BoolValue(b)) => b.to_string(),
+        Some(any_value::Value::DoubleValue(d)) => d.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A `colloquy serve` process exporting to `collector` as `service`.
+struct Served {
+    child: Child,
+    url: String,
+    _data: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn serve(endpoint: &str, service: &str, tweak: impl FnOnce(&mut Command)) -> Served {
+    let data = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_colloquy"));
+    command
+        .args(["serve", "--grpc-listen", "", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data")
+        .arg(data.path())
+        .env("COLLOQUY_TELEMETRY__OTLP_ENDPOINT", endpoint)
+        .env("OTEL_SERVICE_NAME", service)
+        // Batches leave every 100 ms, so the test need not wait the default 5 s.
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("OTEL_EXPORTER_OTLP_TIMEOUT", "1000")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    tweak(&mut command);
+    let served = Served {
+        child: command.spawn().expect("colloquy starts"),
+        url: format!("http://127.0.0.1:{port}/"),
+        _data: data,
+    };
+    let client = reqwest::Client::new();
+    for _ in 0..200 {
+        if client
+            .get(format!("{}healthz", served.url))
+            .send()
+            .await
+            .is_ok()
+        {
+            return served;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("colloquy serve did not come up on {}", served.url);
+}
+
+/// Sends `text` to `url` as the caller whose trace is [`TRACE_ID`]; the answer's task.
+async fn send_traced(url: &str, text: &str) -> Value {
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": {"messageId": uuid(), "role": "ROLE_USER", "parts": [{"text": text}]}},
+    });
+    let response: Value = reqwest::Client::new()
+        .post(url)
+        .header("A2A-Version", "1.0")
+        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+        .header("tracestate", "caller=yes")
+        .json(&body)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert!(response["error"].is_null(), "{response}");
+    response["result"]["task"].clone()
+}
+
+fn uuid() -> String {
+    format!("m-{}", super::common::next_id())
+}
+
+fn one<'a>(spans: &'a [Received], service: &str, name: &str) -> &'a Received {
+    let found: Vec<&Received> = spans
+        .iter()
+        .filter(|s| s.service == service && s.name == name)
+        .collect();
+    assert_eq!(found.len(), 1, "one {name} span of {service} in {spans:#?}");
+    found[0]
+}
+
+fn children<'a>(spans: &'a [Received], parent: &Received) -> Vec<&'a Received> {
+    spans
+        .iter()
+        .filter(|s| s.parent == parent.span_id)
+        .collect()
+}
+
+#[actix_rt::test]
+async fn a_delegated_turn_is_one_trace_across_both_servers() {
+    let collector = Collector::start().await;
+    let delegate = serve(&collector.url, "delegate", |_| {}).await;
+    let front = serve(&collector.url, "front", |command| {
+        command
+            .env("COLLOQUY_AGENT__KIND", "a2a")
+            .env("COLLOQUY_AGENT__PEER_URL", &delegate.url);
+    })
+    .await;
+
+    let secret = "the text of the message, never in a span";
+    let task = send_traced(&front.url, secret).await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+
+    let has_both_turns = |spans: &[Received]| {
+        ["front", "delegate"].iter().all(|service| {
+            spans
+                .iter()
+                .any(|s| &s.service == service && s.name == "store.finish_turn")
+        })
+    };
+    let spans = collector.wait_for(TRACE_ID, has_both_turns).await;
+
+    // The front server's request continues the caller's span, and names its call.
+    let request = one(&spans, "front", "request");
+    assert_eq!(request.parent, CALLER_SPAN);
+    assert_eq!(request.attribute("method"), Some("SendMessage"));
+    assert_eq!(request.attribute("binding"), Some("jsonrpc"));
+    assert_eq!(request.attribute("version"), Some("1.0"));
+    assert_eq!(request.attribute("outcome"), Some("ok"));
+    // Its turn, the store's writes and the agent's run hang from it.
+    let turn = one(&spans, "front", "turn");
+    assert_eq!(turn.parent, request.span_id);
+    let conversation = turn.attribute("conversation").expect("conversation");
+    assert_eq!(conversation.len(), 66, "the key's hash: {conversation}");
+    assert_eq!(turn.attribute("task_id"), task["id"].as_str());
+    let steps: Vec<&str> = children(&spans, turn)
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    for step in ["store.begin_turn", "agent.run", "store.finish_turn"] {
+        assert!(steps.contains(&step), "{step} under the turn: {steps:?}");
+    }
+    let agent = one(&spans, "front", "agent.run");
+    assert_eq!(agent.attribute("backend"), Some("a2a"));
+
+    // The delegate's request continues the front's agent run: the traceparent it received.
+    let delegated = one(&spans, "delegate", "request");
+    // The backend streams from a peer that can.
+    assert_eq!(delegated.attribute("method"), Some("SendStreamingMessage"));
+    assert_eq!(delegated.parent, agent.span_id);
+    let delegated_turn = one(&spans, "delegate", "turn");
+    assert_eq!(delegated_turn.parent, delegated.span_id);
+    assert_ne!(
+        delegated_turn.attribute("conversation"),
+        Some(conversation),
+        "another conversation, on another server"
+    );
+    assert!(spans.iter().all(|s| !s.failed), "{spans:#?}");
+
+    // No span carries the message's text, nor the contextId.
+    let context_id = task["contextId"].as_str().expect("contextId");
+    for span in &spans {
+        for (key, value) in &span.attributes {
+            assert!(!value.contains(secret), "{key} of {}: {value}", span.name);
+            assert!(
+                !value.contains(context_id),
+                "{key} of {}: {value}",
+                span.name
+            );
+        }
+    }
+    collector.handle.stop(true).await;
+}
+
+#[actix_rt::test]
+async fn an_exec_agent_is_given_the_turns_trace_context() {
+    let collector = Collector::start().await;
+    // The program answers with what it was given: the variable and the request's field.
+    let script = r#"echo "env=$TRACEPARENT"; grep -o '"traceparent":"[^"]*"'"#;
+    let server = serve(&collector.url, "exec", |command| {
+        command.args(["--agent", "exec", "--", "sh", "-c", script]);
+    })
+    .await;
+    let task = send_traced(&server.url, "hello").await;
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    let spans = collector
+        .wait_for(TRACE_ID, |spans| {
+            spans.iter().any(|s| s.name == "agent.run")
+        })
+        .await;
+    let agent = one(&spans, "exec", "agent.run");
+    let expected = format!("00-{TRACE_ID}-{}-01", agent.span_id);
+    let reply = super::common::reply_text(&task);
+    assert!(reply.contains(&format!("env={expected}")), "{reply}");
+    assert!(
+        reply.contains(&format!(r#""traceparent":"{expected}""#)),
+        "{reply}"
+    );
+    collector.handle.stop(true).await;
+}
+
+#[actix_rt::test]
+async fn with_the_collector_away_turns_go_on_and_its_spans_are_counted_dropped() {
+    // A port nothing listens on.
+    let away = format!("http://127.0.0.1:{}", free_port());
+    let server = serve(&away, "alone", |command| {
+        command.env("OTEL_EXPORTER_OTLP_TIMEOUT", "200");
+    })
+    .await;
+    for n in 0..5 {
+        let task = send_traced(&server.url, &format!("turn {n}")).await;
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
+    }
+    let client = reqwest::Client::new();
+    let mut dropped = 0.0;
+    for _ in 0..300 {
+        let metrics = client
+            .get(format!("{}metrics", server.url))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        dropped = metrics
+            .lines()
+            .find(|line| line.starts_with(r#"colloquy_trace_spans_total{outcome="dropped"}"#))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if dropped >= 5.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(dropped >= 5.0, "spans counted dropped: {dropped}");
+}
