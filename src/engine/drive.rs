@@ -182,7 +182,9 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
     let started = Instant::now();
     let (sink, mut events) = AgentSink::channel(64);
     let span = tracing::debug_span!("agent.run", backend = kind);
-    let mut run = actix_rt::spawn(agent.run(request, sink).instrument(span.clone()));
+    // Made inside the span too: a backend's own spans, made as it builds its future, are its.
+    let running = span.in_scope(|| agent.run(request, sink));
+    let mut run = actix_rt::spawn(running.instrument(span.clone()));
     let mut progress = Progress {
         outcome: TurnOutcome {
             state: TaskState::Completed,

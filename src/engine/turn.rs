@@ -292,6 +292,7 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
         history_limit: limits.limit,
         known: kept.as_ref().map(|kept| kept.mark),
         push_configs,
+        trace: crate::telemetry::propagation::traceparent(),
     };
     let (begun, history) = match begin_turn(&shared, begin, kept).await {
         Ok(begun) => begun,

@@ -220,6 +220,9 @@ impl Worker {
             task_id = %notification.config.task_id,
             attempt = notification.attempts + 1,
         );
+        if let Some(trace) = &notification.trace {
+            crate::telemetry::propagation::continue_from_traceparent(&span, trace);
+        }
         let outcome = self.attempt(&notification).instrument(span.clone()).await;
         match &outcome {
             Outcome::Delivered => {}

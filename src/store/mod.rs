@@ -310,6 +310,9 @@ pub struct TurnBegun {
     pub agent_state: Option<serde_json::Value>,
 }
 
+    /// The turn's W3C `traceparent` (traces on), given to the push notifications its writes
+    /// queue, so that their delivery joins the turn's trace. Never stored with the conversation.
+    pub trace: Option<String>,
 /// Where a conversation stands: the token of its latest take and its next sequence number.
 /// Every write to a conversation's messages moves one of them (a take draws a new token, the
 /// holder's own writes move `next_seq`), and tokens are drawn at random ([`new_token`]), so no
@@ -338,6 +341,8 @@ pub struct FinishTurn {
 
 /// What is kept about a conversation besides its messages.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    /// The turn's `traceparent`, for its lease ([`Lease::trace`]).
+    pub trace: Option<String>,
 pub struct ConversationMeta {
     /// The id exactly as the caller used it.
     pub context_id: String,
@@ -821,6 +826,9 @@ pub trait PushStore: Send + Sync + 'static {
 
     /// How many notifications the outbox holds.
     fn pending_count(&self) -> BoxFuture<'static, StoreResult<usize>>;
+    /// The W3C `traceparent` of the turn that queued it: its delivery joins that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 
     /// How many notifications of `principal` the outbox holds, counting no further than
     /// `limit`.

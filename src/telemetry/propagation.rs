@@ -50,6 +50,17 @@ pub fn outgoing() -> HashMap<String, String> {
     headers
 }
 
+/// The current span's `traceparent`, to be kept with what outlives it (a push notification).
+pub fn traceparent() -> Option<String> {
+    outgoing().remove("traceparent")
+}
+
+/// The context in a kept `traceparent` ([`traceparent`]), as a span's parent.
+pub fn continue_from_traceparent(span: &tracing::Span, traceparent: &str) {
+    let carrier = HashMap::from([("traceparent".to_owned(), traceparent.to_owned())]);
+    continue_from(span, &carrier);
+}
+
 /// `request` with the current span's context in its headers.
 pub fn onto(request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
     outgoing()

@@ -564,6 +564,7 @@ async fn push_rows_survive_migration_6(partitions: u32) {
             attempts: 0,
             not_before: chrono::Utc::now(),
             claim: None,
+            trace: None,
         }
     };
     let (first, second) = (

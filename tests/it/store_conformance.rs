@@ -112,6 +112,7 @@ pub fn begin_request(principal: &str, context_id: &str, text: &str) -> BeginTurn
         history_limit: 200,
         known: None,
         push_configs: Vec::new(),
+        trace: None,
     }
 }
 

@@ -380,3 +380,177 @@ async fn with_the_collector_away_turns_go_on_and_its_spans_are_counted_dropped()
     }
     assert!(dropped >= 5.0, "spans counted dropped: {dropped}");
 }
+
+/// A service outside colloquy on loopback (a push receiver at `/hook`, an OpenAI-compatible
+/// upstream at `/v1/chat/completions`) keeping the `traceparent` of each request by path.
+struct Recorder {
+    url: String,
+    seen: Arc<Mutex<Vec<(String, String)>>>,
+    handle: actix_web::dev::ServerHandle,
+}
+
+impl Recorder {
+    async fn start() -> Recorder {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        let server = HttpServer::new(move || {
+            let kept = kept.clone();
+            App::new().default_service(web::to(move |req: actix_web::HttpRequest| {
+                let kept = kept.clone();
+                async move {
+                    let traceparent = req
+                        .headers()
+                        .get("traceparent")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned();
+                    kept.lock()
+                        .unwrap()
+                        .push((req.path().to_owned(), traceparent));
+                    if req.path() == "/v1/chat/completions" {
+                        let chunk = json!({"choices": [{"index": 0, "delta": {"content": "hi"}}]});
+                        HttpResponse::Ok()
+                            .content_type("text/event-stream")
+                            .body(format!("data: {chunk}\n\ndata: [DONE]\n\n"))
+                    } else {
+                        HttpResponse::Ok().finish()
+                    }
+                }
+            }))
+        })
+        .workers(1)
+        .disable_signals()
+        .bind("127.0.0.1:0")
+        .expect("bind");
+        let url = format!("http://{}", server.addrs()[0]);
+        let server = server.run();
+        let handle = server.handle();
+        actix_rt::spawn(server);
+        Recorder { url, seen, handle }
+    }
+
+    /// The `traceparent`s sent to `path`.
+    fn traceparents(&self, path: &str) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, t)| t.clone())
+            .collect()
+    }
+}
+
+/// The span id a `traceparent` names, checking it belongs to [`TRACE_ID`].
+fn parent_in_trace(traceparent: &str) -> String {
+    let fields: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(fields.len(), 4, "{traceparent:?}");
+    assert_eq!(fields[1], TRACE_ID, "{traceparent}");
+    fields[2].to_owned()
+}
+
+#[actix_rt::test]
+async fn push_deliveries_and_the_openai_backend_carry_the_turns_trace() {
+    let collector = Collector::start().await;
+    let recorder = Recorder::start().await;
+    let server = serve(&collector.url, "pushing", |command| {
+        command
+            .env("COLLOQUY_AGENT__KIND", "openai")
+            .env("COLLOQUY_AGENT__BASE_URL", format!("{}/v1", recorder.url))
+            .env("COLLOQUY_AGENT__MODEL", "test-model")
+            .env("COLLOQUY_PUSH__ALLOW_PRIVATE_NETWORKS", "true");
+    })
+    .await;
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {
+            "message": {"messageId": uuid(), "role": "ROLE_USER", "parts": [{"text": "hello"}]},
+            "configuration": {"taskPushNotificationConfig": {"url": format!("{}/hook", recorder.url)}},
+        },
+    });
+    let response: Value = reqwest::Client::new()
+        .post(&server.url)
+        .header("A2A-Version", "1.0")
+        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        response["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{response}"
+    );
+
+    let spans = collector
+        .wait_for(TRACE_ID, |spans| {
+            spans.iter().any(|s| s.name == "push.deliver")
+                && spans.iter().any(|s| s.name == "openai")
+        })
+        .await;
+    let turn = one(&spans, "pushing", "turn");
+    // The upstream was called from the backend's span, within the turn's agent run.
+    let openai = one(&spans, "pushing", "openai");
+    assert_eq!(openai.parent, one(&spans, "pushing", "agent.run").span_id);
+    let upstream = recorder.traceparents("/v1/chat/completions");
+    assert_eq!(upstream.len(), 1, "{upstream:?}");
+    assert_eq!(parent_in_trace(&upstream[0]), openai.span_id);
+    // Each delivery attempt joins the turn's trace, and the receiver gets the attempt's span.
+    for _ in 0..100 {
+        if !recorder.traceparents("/hook").is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let delivered = recorder.traceparents("/hook");
+    assert!(!delivered.is_empty(), "the receiver got no notification");
+    let attempts: Vec<&Received> = spans.iter().filter(|s| s.name == "push.deliver").collect();
+    for traceparent in &delivered {
+        let parent = parent_in_trace(traceparent);
+        let attempt = spans
+            .iter()
+            .find(|s| s.span_id == parent)
+            .unwrap_or_else(|| panic!("no span {parent} in {attempts:#?}"));
+        assert_eq!(attempt.name, "push.deliver");
+        assert_eq!(attempt.parent, turn.span_id);
+    }
+    collector.handle.stop(true).await;
+    recorder.handle.stop(true).await;
+}
+
+#[actix_rt::test]
+async fn colloquy_send_continues_the_trace_it_was_started_in() {
+    let collector = Collector::start().await;
+    let server = serve(&collector.url, "answering", |_| {}).await;
+    let home = tempfile::tempdir().expect("tempdir");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
+        .args(["send", "--to", &server.url, "hello from a script"])
+        .env("COLLOQUY_HOME", home.path())
+        .env("COLLOQUY_TELEMETRY__OTLP_ENDPOINT", &collector.url)
+        .env("OTEL_SERVICE_NAME", "sender")
+        .env("TRACEPARENT", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("colloquy send runs");
+    assert!(output.status.success(), "{output:?}");
+    let spans = collector
+        .wait_for(TRACE_ID, |spans| {
+            spans.iter().any(|s| s.service == "sender")
+                && spans.iter().any(|s| s.name == "store.finish_turn")
+        })
+        .await;
+    let send = one(&spans, "sender", "send");
+    assert_eq!(send.parent, CALLER_SPAN);
+    let requests: Vec<&Received> = spans
+        .iter()
+        .filter(|s| s.service == "answering" && s.name == "request")
+        .collect();
+    assert!(!requests.is_empty(), "{spans:#?}");
+    for request in requests {
+        assert_eq!(request.parent, send.span_id, "{request:#?}");
+    }
+    collector.handle.stop(true).await;
+}

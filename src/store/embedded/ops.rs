@@ -122,6 +122,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
         records,
         &mut batch,
         &record,
+        turn.trace.as_deref(),
         &turn.principal,
         &turn.push_configs,
     )?;
@@ -147,6 +148,7 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
             key,
             task_id: turn.task_id,
             token: mark.token,
+            trace: turn.trace,
         },
         task,
         recent: recent.map(|recent| recent.into_iter().map(|(_, m)| m).collect()),
@@ -197,7 +199,7 @@ pub fn record_status(
     record.task.status = status;
     let mut batch = WriteBatch::new();
     batch.put_task(&keys, &record, Some(&previous));
-    super::push::enqueue(records, &mut batch, &record)?;
+    super::push::enqueue(records, &mut batch, &record, lease.trace.as_deref())?;
     records.apply(batch)?;
     if let Some(turn) = live.0.lock().get_mut(&lease.key) {
         turn.record = record;
@@ -224,7 +226,7 @@ pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResu
         meta.next_seq += 1;
     }
     batch.put_task(&keys, &record, Some(&previous));
-    super::push::enqueue(records, &mut batch, &record)?;
+    super::push::enqueue(records, &mut batch, &record, lease.trace.as_deref())?;
     meta.running_task = None;
     meta.updated_at = crate::model::now();
     if end.agent_state.is_some() {
@@ -273,7 +275,7 @@ pub fn cancel_waiting(
     );
     let mut batch = WriteBatch::new();
     batch.put_task(&keys, &record, Some(&previous));
-    super::push::enqueue(records, &mut batch, &record)?;
+    super::push::enqueue(records, &mut batch, &record, None)?;
     records.apply(batch)?;
     let place = record.place();
     let mut task = record.task;
@@ -305,7 +307,7 @@ fn fail_interrupted_task(
     );
     let keys = Keys::new(&record.principal, &record.task.context_id);
     batch.put_task(&keys, &record, Some(&previous));
-    super::push::enqueue(records, batch, &record)?;
+    super::push::enqueue(records, batch, &record, None)?;
     Ok(true)
 }
 

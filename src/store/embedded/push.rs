@@ -232,13 +232,15 @@ fn put_stored(records: &Records, batch: &mut WriteBatch, stored: &StoredConfig) 
 }
 
 /// Adds to `batch` one notification per config of the task, reporting its state as `record`
-/// holds it. Called by every operation that changes a task's status.
+/// holds it; `trace` is the turn's (its lease's), if any. Called by every operation that
+/// changes a task's status.
 pub(super) fn enqueue(
     records: &Records,
     batch: &mut WriteBatch,
     record: &TaskRecord,
+    trace: Option<&str>,
 ) -> StoreResult<()> {
-    enqueue_with(records, batch, record, "", &[])
+    enqueue_with(records, batch, record, trace, "", &[])
 }
 
 /// Stores the configs a send registers, in the batch that starts its task.
@@ -266,6 +268,7 @@ pub(super) fn enqueue_with(
     records: &Records,
     batch: &mut WriteBatch,
     record: &TaskRecord,
+    trace: Option<&str>,
     principal: &str,
     added: &[PushConfig],
 ) -> StoreResult<()> {
@@ -298,6 +301,7 @@ pub(super) fn enqueue_with(
             attempts: 0,
             not_before: now,
             claim: None,
+            trace: trace.map(str::to_owned),
         };
         put_notification(batch, &notification);
     }
@@ -686,6 +690,7 @@ mod tests {
             attempts: 0,
             not_before: now,
             claim: None,
+            trace: None,
         }
     }
 

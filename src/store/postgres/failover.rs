@@ -193,7 +193,7 @@ async fn undo_start(pool: &Pool, start: &UnansweredStart) -> Result<bool, Failur
     )
     .await?;
     match &start.before {
-        Some(before) => put_task(&tx, &start.key, &start.principal, before).await?,
+        Some(before) => put_task(&tx, &start.key, &start.principal, before, None).await?,
         None => {
             tx.execute(
                 "DELETE FROM colloquy_tasks WHERE conv_key = $1 AND task_id = $2",

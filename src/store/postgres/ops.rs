@@ -239,7 +239,7 @@ impl Ops {
         .await?;
         let (_, _, (history, _)) = futures_util::try_join!(
             insert_message(&tx, &key, seq, &turn.message),
-            put_task(&tx, &key, &turn.principal, &stored),
+            put_task(&tx, &key, &turn.principal, &stored, turn.trace.as_deref()),
             messages_at(&tx, &key, earlier),
         )?;
         let mut task = stored.task.clone();
@@ -288,7 +288,14 @@ impl Ops {
             .await?
             .ok_or_else(|| stale(lease))?;
         row.stored.task.status = status.clone();
-        put_task(&tx, &lease.key, &row.principal, &row.stored).await?;
+        put_task(
+            &tx,
+            &lease.key,
+            &row.principal,
+            &row.stored,
+            lease.trace.as_deref(),
+        )
+        .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -376,7 +383,13 @@ impl Ops {
         };
         futures_util::try_join!(
             store_reply,
-            put_task(&tx, &lease.key, &row.principal, &row.stored),
+            put_task(
+                &tx,
+                &lease.key,
+                &row.principal,
+                &row.stored,
+                lease.trace.as_deref()
+            ),
             release,
         )?;
         tx.commit().await?;
@@ -440,7 +453,7 @@ impl Ops {
                 Some(task_id),
             )),
         );
-        put_task(&tx, &key, principal, &row.stored).await?;
+        put_task(&tx, &key, principal, &row.stored, None).await?;
         let mut task = row.stored.task.clone();
         task.history = messages_at(&tx, &key, &row.stored.history_seqs).await?.0;
         tx.commit().await?;
@@ -1107,11 +1120,14 @@ pub(super) async fn load_task(
     row.as_ref().map(task_row).transpose()
 }
 
+/// Writes the task's row, with a notification for each of its push configs (`trace`: the
+/// turn's, if any).
 pub(super) async fn put_task(
     client: &impl GenericClient,
     key: &ConversationKey,
     principal: &str,
     stored: &StoredTask,
+    trace: Option<&str>,
 ) -> Result<(), Failure> {
     let mut record = stored.clone();
     record.task.history.clear();
@@ -1143,7 +1159,10 @@ pub(super) async fn put_task(
         Ok::<(), Failure>(())
     };
     // The task's push configs are read as the row is written, in the same round trip.
-    futures_util::try_join!(upsert, super::push::enqueue(client, key, &record.task))?;
+    futures_util::try_join!(
+        upsert,
+        super::push::enqueue(client, key, &record.task, trace)
+    )?;
     Ok(())
 }
 
@@ -1157,7 +1176,7 @@ async fn fail_abandoned_task(tx: &impl GenericClient, task_id: &str) -> Result<b
         return Ok(false);
     }
     row.stored.task.status = failed_status(&row.stored.task, ABANDONED_TASK_TEXT);
-    put_task(tx, &row.key, &row.principal, &row.stored).await?;
+    put_task(tx, &row.key, &row.principal, &row.stored, None).await?;
     Ok(true)
 }
 

@@ -100,6 +100,7 @@ pub(super) async fn enqueue(
     client: &impl GenericClient,
     key: &ConversationKey,
     task: &Task,
+    trace: Option<&str>,
 ) -> Result<(), Failure> {
     let (key, task_id) = (key.as_bytes().as_slice(), task.id.as_bytes());
     let rows = client
@@ -133,6 +134,7 @@ pub(super) async fn enqueue(
             attempts: 0,
             not_before: now,
             claim: None,
+            trace: trace.map(str::to_owned),
         };
         // Another node may take the same position at the same moment: take the next one.
         loop {

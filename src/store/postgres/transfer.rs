@@ -180,7 +180,7 @@ async fn import_one(
             ))
             .into());
         }
-        put_task(client, &key, &meta.principal, record).await?;
+        put_task(client, &key, &meta.principal, record, None).await?;
     }
     Ok(true)
 }

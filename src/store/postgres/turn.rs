@@ -309,6 +309,7 @@ impl Ops {
                 key,
                 task_id: turn.task_id.clone(),
                 token: taken.token,
+                trace: turn.trace.clone(),
             },
             task,
             recent,
