@@ -554,3 +554,66 @@ async fn colloquy_send_continues_the_trace_it_was_started_in() {
     }
     collector.handle.stop(true).await;
 }
+
+#[actix_rt::test]
+async fn a_request_forwarded_to_the_node_running_its_task_stays_in_its_trace() {
+    let Some(database) = super::common::pg::database("traces::forwarded") else {
+        return;
+    };
+    let collector = Collector::start().await;
+    let env = [
+        ("COLLOQUY_TELEMETRY__OTLP_ENDPOINT", collector.url.as_str()),
+        (
+            "COLLOQUY_CLUSTER__SECRET",
+            "shared between the nodes, 32 bytes or more",
+        ),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let running = super::cluster::ChildNode::start_with_env(
+        &database,
+        30,
+        3_000,
+        &[&env[..], &[("OTEL_SERVICE_NAME", "running")]].concat(),
+    )
+    .await;
+    let asked = super::cluster::ChildNode::start_with_env(
+        &database,
+        30,
+        0,
+        &[&env[..], &[("OTEL_SERVICE_NAME", "asked")]].concat(),
+    )
+    .await;
+    let task_id = running.send_immediately("slow", "forwarded").await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": task_id}});
+    let read: Value = reqwest::Client::new()
+        .post(&asked.url)
+        .header("A2A-Version", "1.0")
+        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+        .json(&body)
+        .send()
+        .await
+        .expect("GetTask")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        read["result"]["status"]["state"], "TASK_STATE_WORKING",
+        "read live from the node running it: {read}"
+    );
+    let spans = collector
+        .wait_for(TRACE_ID, |spans| {
+            spans
+                .iter()
+                .any(|s| s.service == "running" && s.name == "request")
+        })
+        .await;
+    let request = one(&spans, "asked", "request");
+    assert_eq!(request.parent, CALLER_SPAN);
+    let forward = one(&spans, "asked", "forward");
+    assert_eq!(forward.parent, request.span_id);
+    assert_eq!(forward.attribute("method"), Some("GetTask"));
+    let served = one(&spans, "running", "request");
+    assert_eq!(served.parent, forward.span_id);
+    assert_eq!(served.attribute("method"), Some("GetTask"));
+    collector.handle.stop(true).await;
+}
