@@ -166,11 +166,12 @@ async fn serve(endpoint: &str, service: &str, tweak: impl FnOnce(&mut Command)) 
     let port = free_port();
     let mut command = Command::new(env!("CARGO_BIN_EXE_colloquy"));
     command
-        .args(["serve", "--grpc-listen", "", "--listen"])
+        .args(["serve", "--listen"])
         .arg(format!("127.0.0.1:{port}"))
         .arg("--data")
         .arg(data.path())
         .env("COLLOQUY_TELEMETRY__OTLP_ENDPOINT", endpoint)
+        .env("COLLOQUY_GRPC_LISTEN", "")
         .env("OTEL_SERVICE_NAME", service)
         // Batches leave every 100 ms, so the test need not wait the default 5 s.
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
@@ -225,6 +226,15 @@ fn uuid() -> String {
     format!("m-{}", super::common::next_id())
 }
 
+/// Whether `spans` hold one named `name` from `service` for each pair of `expected`.
+fn all_of(spans: &[Received], expected: &[(&str, &str)]) -> bool {
+    expected.iter().all(|(service, name)| {
+        spans
+            .iter()
+            .any(|s| s.service == *service && s.name == *name)
+    })
+}
+
 fn one<'a>(spans: &'a [Received], service: &str, name: &str) -> &'a Received {
     let found: Vec<&Received> = spans
         .iter()
@@ -256,14 +266,18 @@ async fn a_delegated_turn_is_one_trace_across_both_servers() {
     let task = send_traced(&front.url, secret).await;
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{task}");
 
-    let has_both_turns = |spans: &[Received]| {
-        ["front", "delegate"].iter().all(|service| {
-            spans
-                .iter()
-                .any(|s| &s.service == service && s.name == "store.finish_turn")
-        })
-    };
-    let spans = collector.wait_for(TRACE_ID, has_both_turns).await;
+    let expected = [
+        ("front", "request"),
+        ("front", "turn"),
+        ("front", "agent.run"),
+        ("front", "store.begin_turn"),
+        ("front", "store.finish_turn"),
+        ("delegate", "request"),
+        ("delegate", "turn"),
+    ];
+    let spans = collector
+        .wait_for(TRACE_ID, |spans| all_of(spans, &expected))
+        .await;
 
     // The front server's request continues the caller's span, and names its call.
     let request = one(&spans, "front", "request");
@@ -486,8 +500,14 @@ async fn push_deliveries_and_the_openai_backend_carry_the_turns_trace() {
 
     let spans = collector
         .wait_for(TRACE_ID, |spans| {
-            spans.iter().any(|s| s.name == "push.deliver")
-                && spans.iter().any(|s| s.name == "openai")
+            all_of(
+                spans,
+                &[
+                    ("pushing", "turn"),
+                    ("pushing", "agent.run"),
+                    ("pushing", "openai"),
+                ],
+            )
         })
         .await;
     let turn = one(&spans, "pushing", "turn");
@@ -506,9 +526,16 @@ async fn push_deliveries_and_the_openai_backend_carry_the_turns_trace() {
     }
     let delivered = recorder.traceparents("/hook");
     assert!(!delivered.is_empty(), "the receiver got no notification");
+    let parents: Vec<String> = delivered.iter().map(|t| parent_in_trace(t)).collect();
+    let spans = collector
+        .wait_for(TRACE_ID, |spans| {
+            parents
+                .iter()
+                .all(|parent| spans.iter().any(|s| &s.span_id == parent))
+        })
+        .await;
     let attempts: Vec<&Received> = spans.iter().filter(|s| s.name == "push.deliver").collect();
-    for traceparent in &delivered {
-        let parent = parent_in_trace(traceparent);
+    for parent in parents {
         let attempt = spans
             .iter()
             .find(|s| s.span_id == parent)
@@ -538,8 +565,14 @@ async fn colloquy_send_continues_the_trace_it_was_started_in() {
     assert!(output.status.success(), "{output:?}");
     let spans = collector
         .wait_for(TRACE_ID, |spans| {
-            spans.iter().any(|s| s.service == "sender")
-                && spans.iter().any(|s| s.name == "store.finish_turn")
+            all_of(
+                spans,
+                &[
+                    ("sender", "send"),
+                    ("answering", "request"),
+                    ("answering", "turn"),
+                ],
+            )
         })
         .await;
     let send = one(&spans, "sender", "send");
@@ -602,9 +635,14 @@ async fn a_request_forwarded_to_the_node_running_its_task_stays_in_its_trace() {
     );
     let spans = collector
         .wait_for(TRACE_ID, |spans| {
-            spans
-                .iter()
-                .any(|s| s.service == "running" && s.name == "request")
+            all_of(
+                spans,
+                &[
+                    ("asked", "request"),
+                    ("asked", "forward"),
+                    ("running", "request"),
+                ],
+            )
         })
         .await;
     let request = one(&spans, "asked", "request");
@@ -616,4 +654,98 @@ async fn a_request_forwarded_to_the_node_running_its_task_stays_in_its_trace() {
     assert_eq!(served.parent, forward.span_id);
     assert_eq!(served.attribute("method"), Some("GetTask"));
     collector.handle.stop(true).await;
+}
+
+/// An OTLP/gRPC collector on loopback, keeping spans as [`Collector`] does.
+mod grpc_collector {
+    use super::{Received, decode};
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+    use std::sync::{Arc, Mutex};
+
+    struct Keep(Arc<Mutex<Vec<Received>>>);
+
+    #[tonic::async_trait]
+    impl TraceService for Keep {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            self.0.lock().unwrap().extend(decode(request.into_inner()));
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    /// Its URL, and the spans it got.
+    pub(super) async fn start() -> (String, Arc<Mutex<Vec<Received>>>) {
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let service = TraceServiceServer::new(Keep(spans.clone()));
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        (url, spans)
+    }
+}
+
+#[actix_rt::test]
+async fn traces_go_over_otlp_grpc_and_a_grpc_call_continues_its_callers_trace() {
+    use a2a_pb::proto as pb;
+    let (endpoint, spans) = grpc_collector::start().await;
+    let grpc_port = free_port();
+    let server = serve(&endpoint, "over-grpc", |command| {
+        command
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+            .env("COLLOQUY_GRPC_LISTEN", format!("127.0.0.1:{grpc_port}"));
+    })
+    .await;
+    let mut client =
+        pb::a2a_service_client::A2aServiceClient::connect(format!("http://127.0.0.1:{grpc_port}"))
+            .await
+            .expect("connects");
+    let mut request = tonic::Request::new(pb::SendMessageRequest {
+        message: Some(pb::Message {
+            message_id: uuid(),
+            role: pb::Role::User as i32,
+            parts: vec![pb::Part {
+                content: Some(pb::part::Content::Text("over gRPC".into())),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
+    request
+        .metadata_mut()
+        .insert("traceparent", traceparent.parse().expect("ascii"));
+    client.send_message(request).await.expect("sent");
+    let mut received = Vec::new();
+    for _ in 0..200 {
+        received = spans.lock().unwrap().clone();
+        if all_of(
+            &received,
+            &[("over-grpc", "request"), ("over-grpc", "turn")],
+        ) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let request = one(&received, "over-grpc", "request");
+    assert_eq!(request.trace_id, TRACE_ID);
+    assert_eq!(request.parent, CALLER_SPAN);
+    assert_eq!(request.attribute("binding"), Some("grpc"));
+    assert_eq!(request.attribute("method"), Some("SendMessage"));
+    let turn = one(&received, "over-grpc", "turn");
+    assert_eq!(turn.parent, request.span_id);
+    drop(server);
 }
