@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{FilterExt, filter_fn};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -114,13 +115,15 @@ fn install_with_traces(
     let tracer = provider.tracer("colloquy");
     let spans = tracing_opentelemetry::layer()
         .with_tracer(tracer)
-        .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+        .with_filter(filter_fn(|meta| {
             // colloquy's own spans and its log lines (as span events); never a dependency's
             // (the exporter's own HTTP client among them).
-            meta.target().starts_with("colloquy")
-                && (meta.is_span() || *meta.level() <= tracing::Level::INFO)
+            is_our_span(meta)
+                || (meta.target().starts_with("colloquy") && *meta.level() <= tracing::Level::INFO)
         }));
-    let logs = logs_layer(log_format).with_filter(filter);
+    // The log lines keep to RUST_LOG; colloquy's spans are in them whatever its level, so that
+    // a line names its request and turn, with their trace and span ids.
+    let logs = logs_layer(log_format).with_filter(filter.or(filter_fn(is_our_span)));
     let installed = tracing_subscriber::registry()
         .with(logs)
         .with(spans)
@@ -133,6 +136,10 @@ fn install_with_traces(
         provider: Some(provider),
         _runtime: runtime,
     })
+}
+
+fn is_our_span(meta: &tracing::Metadata<'_>) -> bool {
+    meta.is_span() && meta.target().starts_with("colloquy")
 }
 
 /// As before traces existed: the cheapest subscriber, for the usual case.

@@ -749,3 +749,90 @@ async fn traces_go_over_otlp_grpc_and_a_grpc_call_continues_its_callers_trace() 
     assert_eq!(turn.parent, request.span_id);
     drop(server);
 }
+
+#[actix_rt::test]
+async fn json_log_lines_in_a_turn_carry_its_trace_and_span_ids() {
+    let collector = Collector::start().await;
+    let data = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    // An agent that fails: the turn logs a warning, inside its span.
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
+        .arg(data.path())
+        .args([
+            "--agent",
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "echo broken >&2; exit 3",
+        ])
+        .env("COLLOQUY_GRPC_LISTEN", "")
+        .env("COLLOQUY_LOG_FORMAT", "json")
+        .env("COLLOQUY_TELEMETRY__OTLP_ENDPOINT", &collector.url)
+        .env("OTEL_SERVICE_NAME", "logging")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("colloquy starts");
+    let url = format!("http://127.0.0.1:{port}/");
+    let client = reqwest::Client::new();
+    for _ in 0..200 {
+        if client.get(format!("{url}healthz")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": {"message": {"messageId": uuid(), "role": "ROLE_USER", "parts": [{"text": "x"}]}},
+    });
+    let answer: Value = client
+        .post(&url)
+        .header("A2A-Version", "1.0")
+        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        answer["result"]["task"]["status"]["state"], "TASK_STATE_FAILED",
+        "{answer}"
+    );
+    let spans = collector
+        .wait_for(TRACE_ID, |spans| {
+            all_of(spans, &[("logging", "turn"), ("logging", "agent.run")])
+        })
+        .await;
+    let turn = one(&spans, "logging", "turn");
+    // The agent's span is failed, with the turn's reason.
+    assert!(one(&spans, "logging", "agent.run").failed);
+    // SIGTERM: the process ends and its stderr closes.
+    let pid = child.id().expect("pid") as libc::pid_t;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let output = child.wait_with_output().await.expect("exits");
+    let logs = String::from_utf8_lossy(&output.stderr);
+    let failed = logs
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["fields"]["message"] == "the agent failed")
+        .unwrap_or_else(|| panic!("no 'the agent failed' line in {logs}"));
+    let in_turn = failed["spans"]
+        .as_array()
+        .and_then(|spans| spans.iter().find(|s| s["name"] == "turn"))
+        .unwrap_or_else(|| panic!("the line names its turn: {failed}"));
+    assert_eq!(in_turn["trace_id"], TRACE_ID, "{failed}");
+    assert_eq!(
+        in_turn["span_id"].as_str(),
+        Some(turn.span_id.as_str()),
+        "{failed}"
+    );
+    collector.handle.stop(true).await;
+}
