@@ -756,7 +756,7 @@ async fn json_log_lines_in_a_turn_carry_its_trace_and_span_ids() {
     let data = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     // An agent that fails: the turn logs a warning, inside its span.
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data"])
         .arg(data.path())
         .args([
