@@ -88,14 +88,16 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     ));
     let push = match opened.push {
         Some(push_store) => {
+            let given_up = Arc::new(crate::push::deliver::GivenUp::default());
             crate::push::deliver::start(
                 push_store.clone(),
                 Arc::new(target_policy(&config)),
                 Some(keys.clone()),
                 delivery_options(&config),
+                given_up.clone(),
             )
             .map_err(StartError::Delivery)?;
-            Some(push_configs(push_store, &config))
+            Some(push_configs(push_store, &config, given_up))
         }
         None => None,
     };
@@ -256,7 +258,11 @@ pub fn open_store(
 }
 
 /// The push-notification config side over the store, with the configured policy and limits.
-fn push_configs(store: SharedPushStore, config: &Config) -> PushConfigs {
+fn push_configs(
+    store: SharedPushStore,
+    config: &Config,
+    given_up: Arc<crate::push::deliver::GivenUp>,
+) -> PushConfigs {
     PushConfigs::new(
         store,
         Arc::new(target_policy(config)),
@@ -264,6 +270,7 @@ fn push_configs(store: SharedPushStore, config: &Config) -> PushConfigs {
             per_task: config.push.max_configs_per_task,
             pending_per_principal: config.push.max_pending_per_principal,
         },
+        given_up,
     )
 }
 

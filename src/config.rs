@@ -627,16 +627,31 @@ pub struct TelemetryConfig {
     pub otlp_endpoint: Option<String>,
 }
 
-/// The operator console at `/console` on `admin_listen` (docs/console.md).
+/// The operator console at `/console` on `admin_listen` (docs/console.md). It is served only
+/// there, never on `listen`: without `admin_listen` there is no console.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct ConsoleConfig {
-    /// Serve the console on `admin_listen` (never on `listen`).
+    /// Serve the console on `admin_listen`.
     #[serde(deserialize_with = "flexible_bool")]
     pub enabled: bool,
-    /// Bearer token (or the `colloquy_console` cookie the login form sets) the console
-    /// requires; unset: `metrics.token`'s, and with neither, none (loopback only).
+    /// The token the console requires, as `Authorization: Bearer` or through its sign-in form
+    /// (which sets an HttpOnly, SameSite=Strict session cookie). Unset: `metrics.token`; with
+    /// neither, the console is open to whoever reaches `admin_listen` (a warning at start says
+    /// so).
     pub token: Option<String>,
+}
+
+impl ConsoleConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return Err(ConfigError::Invalid(
+                "console.token is empty; leave it unset for the console to take metrics.token's"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for ConsoleConfig {
@@ -859,6 +874,7 @@ impl Config {
                 "metrics.token is empty; leave it unset for a /metrics without a token".into(),
             ));
         }
+        self.console.validate()?;
         if self.limits.body_bytes == 0
             || self.limits.context_id_bytes == 0
             || self.limits.response_bytes == 0

@@ -52,6 +52,13 @@ pub fn principal_in_tenant(principal: &str, tenant: Option<&str>) -> String {
     }
 }
 
+/// The tenant a stored principal is in ([`principal_in_tenant`]), if any.
+pub fn tenant_of(principal: &str) -> Option<&str> {
+    principal
+        .split_once(TENANT_SEPARATOR)
+        .map(|(_, tenant)| tenant)
+}
+
 /// Milliseconds-precision UTC "now", the precision every timestamp on the wire carries.
 pub fn now() -> DateTime<Utc> {
     let now = Utc::now();

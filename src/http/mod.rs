@@ -8,6 +8,7 @@
 mod auth;
 mod card;
 mod connections;
+mod console;
 mod credentials;
 mod errors;
 mod forward;
@@ -21,8 +22,8 @@ mod rest;
 pub mod rpc;
 mod sse;
 mod state;
-mod unread_body;
 mod traced;
+mod unread_body;
 
 pub use auth::{Auth, AuthConfigError, digest as token_digest};
 pub use credentials::{SigningKeys, watch as watch_credentials};
@@ -195,8 +196,8 @@ pub fn serve(mut state: AppState) -> Result<RunningServer, ServeError> {
             .wrap(NormalizePath::new(TrailingSlash::MergeOnly))
             .wrap(from_fn(unread_body::close_if_unread))
             .wrap(from_fn(media_type::answer_in_kind))
-            .app_data(state.clone())
             .wrap(from_fn(traced::request_span))
+            .app_data(state.clone())
             .configure(public)
     })
     .workers(workers)
@@ -266,17 +267,30 @@ fn bound_addr(addrs: &[SocketAddr], listen: &str) -> Result<SocketAddr, ServeErr
         .ok_or_else(|| ServeError::Config(format!("{listen} resolved to no address")))
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listen`, sharing the public server's state.
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listen`, sharing the public server's state,
+/// and the operator console at `/console` unless `console.enabled` is false.
 fn start_admin(
     listen: &str,
     state: web::Data<AppState>,
 ) -> Result<(SocketAddr, AdminServer), ServeError> {
+    let console = state
+        .config
+        .console
+        .enabled
+        .then(|| web::Data::new(console::Console::new(&state.config)));
+    let with_console = console.clone();
     let server = HttpServer::new(move || {
+        let console = with_console.clone();
         App::new()
             .wrap(from_fn(unread_body::close_if_unread))
             .app_data(state.clone())
             .configure(health_routes)
             .configure(metrics_route)
+            .configure(move |cfg| {
+                if let Some(console) = console {
+                    console::routes(cfg, console);
+                }
+            })
     })
     .workers(1)
     .disable_signals()
@@ -290,7 +304,20 @@ fn start_admin(
     let server = server.run();
     let handle = server.handle();
     let task = actix_rt::spawn(server);
-    tracing::info!(%addr, "operator endpoints (/metrics, /healthz, /readyz) are listening");
+    match &console {
+        Some(console) if !console.requires_token() => tracing::info!(
+            %addr,
+            "operator endpoints (/metrics, /healthz, /readyz, /console) are listening; the console has no token (console.token, metrics.token): anyone who reaches this address may use it"
+        ),
+        Some(_) => tracing::info!(
+            %addr,
+            "operator endpoints (/metrics, /healthz, /readyz, /console) are listening"
+        ),
+        None => tracing::info!(
+            %addr,
+            "operator endpoints (/metrics, /healthz, /readyz) are listening"
+        ),
+    }
     Ok((addr, AdminServer { handle, task }))
 }
 

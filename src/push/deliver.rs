@@ -81,14 +81,51 @@ struct Worker {
     policy: Arc<TargetPolicy>,
     signer: Option<Arc<dyn SignBody>>,
     options: DeliveryOptions,
+    given_up: Arc<GivenUp>,
 }
 
-/// Starts the worker on the current runtime.
+/// How many given-up notifications a node keeps to show.
+const GIVEN_UP_KEPT: usize = 100;
+
+/// The notifications this node gave up on, the last [`GIVEN_UP_KEPT`], newest first: the
+/// operator console shows them. The store removes a notification given up (its outbox holds
+/// what is still to deliver), so these are this node's since it started; the log and
+/// `colloquy_push_given_up_total` have every one.
+#[derive(Default)]
+pub struct GivenUp(parking_lot::Mutex<std::collections::VecDeque<GaveUp>>);
+
+/// A notification given up, why, and when.
+#[derive(Clone)]
+pub struct GaveUp {
+    pub notification: Notification,
+    pub why: String,
+    pub at: DateTime<Utc>,
+}
+
+impl GivenUp {
+    fn keep(&self, notification: &Notification, why: &str) {
+        let mut kept = self.0.lock();
+        kept.push_front(GaveUp {
+            notification: notification.clone(),
+            why: why.to_owned(),
+            at: now(),
+        });
+        kept.truncate(GIVEN_UP_KEPT);
+    }
+
+    /// Newest first.
+    pub fn recent(&self) -> Vec<GaveUp> {
+        self.0.lock().iter().cloned().collect()
+    }
+}
+
+/// Starts the worker on the current runtime; what it gives up on is kept in `given_up`.
 pub fn start(
     store: Arc<dyn PushStore>,
     policy: Arc<TargetPolicy>,
     signer: Option<Arc<dyn SignBody>>,
     options: DeliveryOptions,
+    given_up: Arc<GivenUp>,
 ) -> Result<(), reqwest::Error> {
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -105,6 +142,7 @@ pub fn start(
         policy,
         signer,
         options,
+        given_up,
     });
     tokio::spawn(worker.run(waker));
     Ok(())
@@ -246,7 +284,7 @@ impl Worker {
                 let delay = self.backoff(notification.attempts, after);
                 let next = now() + chrono::Duration::from_std(delay).unwrap_or_default();
                 if self.past_deadline(&notification, next) {
-                    give_up(&notification, &why);
+                    self.give_up(&notification, &why);
                     store.give_up_notification(&notification).await
                 } else {
                     metrics::counter!("colloquy_push_retried_total").increment(1);
@@ -254,12 +292,13 @@ impl Worker {
                     let mut again = notification.clone();
                     again.attempts += 1;
                     again.not_before = next;
+                    again.last_error = Some(why);
                     store.reschedule_notification(again).await
                 }
             }
             Outcome::Refused(why) => {
                 metrics::counter!("colloquy_push_failed_total").increment(1);
-                give_up(&notification, &why);
+                self.give_up(&notification, &why);
                 store.give_up_notification(&notification).await
             }
         };
@@ -282,6 +321,19 @@ impl Worker {
                 None
             }
         }
+    }
+
+    /// Logs, counts and keeps (for the operator console) a notification given up.
+    fn give_up(&self, notification: &Notification, why: &str) {
+        metrics::counter!("colloquy_push_given_up_total").increment(1);
+        tracing::warn!(
+            task_id = notification.config.task_id,
+            notification_id = notification.id,
+            attempts = notification.attempts + 1,
+            %why,
+            "gave up delivering a push notification"
+        );
+        self.given_up.keep(notification, why);
     }
 
     fn past_deadline(&self, notification: &Notification, next: DateTime<Utc>) -> bool {
@@ -415,15 +467,4 @@ fn without_url(error: &reqwest::Error) -> String {
         Some(url) => text.replace(url.as_str(), "<url>"),
         None => text,
     }
-}
-
-fn give_up(notification: &Notification, why: &str) {
-    metrics::counter!("colloquy_push_given_up_total").increment(1);
-    tracing::warn!(
-        task_id = notification.config.task_id,
-        notification_id = notification.id,
-        attempts = notification.attempts + 1,
-        %why,
-        "gave up delivering a push notification"
-    );
 }

@@ -50,6 +50,7 @@ pub struct PushConfigs {
     store: SharedPushStore,
     policy: std::sync::Arc<TargetPolicy>,
     limits: ConfigLimits,
+    given_up: std::sync::Arc<deliver::GivenUp>,
 }
 
 impl PushConfigs {
@@ -57,12 +58,27 @@ impl PushConfigs {
         store: SharedPushStore,
         policy: std::sync::Arc<TargetPolicy>,
         limits: ConfigLimits,
+        given_up: std::sync::Arc<deliver::GivenUp>,
     ) -> Self {
         PushConfigs {
             store,
             policy,
             limits,
+            given_up,
         }
+    }
+
+    /// The notifications this node's delivery worker gave up on lately, newest first.
+    pub fn given_up(&self) -> Vec<deliver::GaveUp> {
+        self.given_up.recent()
+    }
+
+    /// The first `limit` notifications of the outbox, due or not (the operator console).
+    pub async fn outbox(
+        &self,
+        limit: usize,
+    ) -> crate::store::StoreResult<Vec<crate::store::Notification>> {
+        self.store.pending_notifications(limit).await
     }
 
     /// Checks the config ([`PushConfigs::checked`]) and stores it for the principal's task,

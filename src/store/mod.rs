@@ -226,11 +226,68 @@ pub trait ConversationStore: Send + Sync + 'static {
         items: Vec<ConversationRecords>,
     ) -> BoxFuture<'static, StoreResult<Imported>>;
 
+    /// The operator console's listing: conversations of every principal (or of the filter's
+    /// one), most recently updated first, matching the filter, one page at a time. Each page
+    /// reads a bounded number of entries, so a page may hold fewer than asked and still have a
+    /// `next_page_token`; `total_size` is not counted (0).
+    fn console_conversations(
+        &self,
+        filter: ConversationFilter,
+    ) -> BoxFuture<'static, StoreResult<Page<ConversationMeta>>>;
+
+    /// Up to `limit` held leases: the conversations whose turn is running, with the node that
+    /// holds each (the operator console's leases page).
+    fn held_leases(&self, limit: usize) -> BoxFuture<'static, StoreResult<Vec<HeldLease>>>;
+
     /// Resolves once everything written before the call is durable (shutdown).
     fn flush(&self) -> BoxFuture<'static, StoreResult<()>>;
 
     /// Bytes the store occupies, if it can tell (the metrics endpoint).
     fn size_on_disk(&self) -> BoxFuture<'static, StoreResult<u64>>;
+}
+
+/// What the operator console's conversation listing keeps ([`ConversationStore::console_conversations`]).
+#[derive(Debug, Clone, Default)]
+pub struct ConversationFilter {
+    /// Only this principal's conversations (as the store sees it: joined to its tenant).
+    pub principal: Option<String>,
+    /// Only conversations of principals in this tenant.
+    pub tenant: Option<String>,
+    /// Only contextIds starting with this.
+    pub context_prefix: Option<String>,
+    pub page_size: usize,
+    pub page_token: Option<String>,
+}
+
+impl ConversationFilter {
+    /// Whether `meta` passes the filter (the principal too, for a store that reads every
+    /// principal's conversations).
+    pub fn matches(&self, meta: &ConversationMeta) -> bool {
+        let principal_ok = self.principal.as_ref().is_none_or(|p| *p == meta.principal);
+        let tenant_ok = self
+            .tenant
+            .as_deref()
+            .is_none_or(|tenant| crate::model::tenant_of(&meta.principal) == Some(tenant));
+        let prefix_ok = self
+            .context_prefix
+            .as_deref()
+            .is_none_or(|prefix| meta.context_id.starts_with(prefix));
+        principal_ok && tenant_ok && prefix_ok
+    }
+}
+
+/// A conversation held by a running turn ([`ConversationStore::held_leases`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldLease {
+    pub principal: String,
+    pub context_id: String,
+    pub task_id: String,
+    /// The node that holds it, as it names itself (`cluster.advertise`); None on a store one
+    /// process owns (this node).
+    pub holder: Option<String>,
+    /// Seconds until the lease expires unless renewed (negative: expired, not yet swept); None
+    /// where leases do not expire (one process).
+    pub expires_in_secs: Option<f64>,
 }
 
 /// A turn's hold on its conversation: every write of the turn carries it.
@@ -240,6 +297,9 @@ pub struct Lease {
     pub task_id: String,
     /// The conversation's generation when the turn took it; incremented at every take.
     pub token: u64,
+    /// The turn's W3C `traceparent` (traces on), given to the push notifications its writes
+    /// queue, so that their delivery joins the turn's trace. Never stored with the conversation.
+    pub trace: Option<String>,
 }
 
 /// What starting a turn stores.
@@ -268,6 +328,8 @@ pub struct BeginTurn {
     /// Push-notification configs of the task, stored with the start (their task id is set
     /// here). A send registers one at most.
     pub push_configs: Vec<crate::model::PushConfig>,
+    /// The turn's `traceparent`, for its lease ([`Lease::trace`]).
+    pub trace: Option<String>,
 }
 
 impl BeginTurn {
@@ -310,9 +372,6 @@ pub struct TurnBegun {
     pub agent_state: Option<serde_json::Value>,
 }
 
-    /// The turn's W3C `traceparent` (traces on), given to the push notifications its writes
-    /// queue, so that their delivery joins the turn's trace. Never stored with the conversation.
-    pub trace: Option<String>,
 /// Where a conversation stands: the token of its latest take and its next sequence number.
 /// Every write to a conversation's messages moves one of them (a take draws a new token, the
 /// holder's own writes move `next_seq`), and tokens are drawn at random ([`new_token`]), so no
@@ -341,8 +400,6 @@ pub struct FinishTurn {
 
 /// What is kept about a conversation besides its messages.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-    /// The turn's `traceparent`, for its lease ([`Lease::trace`]).
-    pub trace: Option<String>,
 pub struct ConversationMeta {
     /// The id exactly as the caller used it.
     pub context_id: String,
@@ -756,6 +813,12 @@ pub struct Notification {
     /// ([`PushStore::claim_notification`]); its later writes are conditional on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim: Option<String>,
+    /// The W3C `traceparent` of the turn that queued it: its delivery joins that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
+    /// Why the last attempt failed, once one has (kept with the next attempt's time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// The next outbox position: the clock in nanoseconds, above `floor` and never below the last
@@ -826,9 +889,6 @@ pub trait PushStore: Send + Sync + 'static {
 
     /// How many notifications the outbox holds.
     fn pending_count(&self) -> BoxFuture<'static, StoreResult<usize>>;
-    /// The W3C `traceparent` of the turn that queued it: its delivery joins that trace.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trace: Option<String>,
 
     /// How many notifications of `principal` the outbox holds, counting no further than
     /// `limit`.

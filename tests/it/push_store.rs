@@ -565,6 +565,7 @@ async fn push_rows_survive_migration_6(partitions: u32) {
             not_before: chrono::Utc::now(),
             claim: None,
             trace: None,
+            last_error: None,
         }
     };
     let (first, second) = (

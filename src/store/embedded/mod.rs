@@ -6,6 +6,7 @@
 //! `docs/durability.md`.
 
 mod compact;
+mod console;
 mod kv;
 mod ops;
 mod push;
@@ -203,6 +204,17 @@ impl EmbeddedStore {
 }
 
 impl ConversationStore for EmbeddedStore {
+    fn console_conversations(
+        &self,
+        filter: super::ConversationFilter,
+    ) -> BoxFuture<'static, StoreResult<Page<ConversationMeta>>> {
+        self.read(move |records| console::conversations(records, &filter))
+    }
+
+    fn held_leases(&self, limit: usize) -> BoxFuture<'static, StoreResult<Vec<super::HeldLease>>> {
+        self.read(move |records| console::held_leases(records, limit))
+    }
+
     fn begin_turn(&self, turn: BeginTurn) -> BoxFuture<'static, StoreResult<TurnBegun>> {
         self.status_write(move |records, live| ops::begin(records, live, turn))
     }

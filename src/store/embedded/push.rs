@@ -302,6 +302,7 @@ pub(super) fn enqueue_with(
             not_before: now,
             claim: None,
             trace: trace.map(str::to_owned),
+            last_error: None,
         };
         put_notification(batch, &notification);
     }
@@ -691,6 +692,7 @@ mod tests {
             not_before: now,
             claim: None,
             trace: None,
+            last_error: None,
         }
     }
 

@@ -157,7 +157,7 @@ const TASK: u8 = b't';
 const TASKS_BY_CONVERSATION: u8 = b'I';
 const HASHED_TASKS_BY_CONVERSATION: u8 = b'i';
 const TASKS_BY_PRINCIPAL: u8 = b'p';
-const CONVERSATIONS_BY_PRINCIPAL: u8 = b'l';
+pub(super) const CONVERSATIONS_BY_PRINCIPAL: u8 = b'l';
 const RUNNING_TASKS: u8 = b'r';
 const NEXT_CONVERSATION_NUMBER: &[u8] = b"#conversations";
 

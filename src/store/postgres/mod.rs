@@ -10,6 +10,7 @@
 //! Operations run on a small runtime of the store's own, so connections never live on (and
 //! stall with) an actor's thread. Every commit is durable when PostgreSQL acknowledges it.
 
+mod console;
 mod failover;
 mod group;
 mod ops;
@@ -406,6 +407,17 @@ async fn report_pool_use(pool: Pool) {
 }
 
 impl ConversationStore for PgStore {
+    fn console_conversations(
+        &self,
+        filter: super::ConversationFilter,
+    ) -> BoxFuture<'static, StoreResult<super::Page<ConversationMeta>>> {
+        self.run(move |ops| async move { retrying(|| ops.console_conversations(&filter)).await })
+    }
+
+    fn held_leases(&self, limit: usize) -> BoxFuture<'static, StoreResult<Vec<super::HeldLease>>> {
+        self.run(move |ops| async move { retrying(|| ops.held_leases(limit)).await })
+    }
+
     fn begin_turn(&self, turn: BeginTurn) -> BoxFuture<'static, StoreResult<TurnBegun>> {
         // `Ops::begin` wakes the delivery worker itself, when it went the general way.
         self.run(|ops| async move { retrying(|| ops.begin(&turn)).await })

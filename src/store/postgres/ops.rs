@@ -106,12 +106,12 @@ pub(super) fn decode<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, Fail
 }
 
 /// An id column: its UTF-8 bytes.
-fn text(row: &Row, column: &str) -> Result<String, Failure> {
+pub(super) fn text(row: &Row, column: &str) -> Result<String, Failure> {
     let bytes: Vec<u8> = row.try_get(column)?;
     String::from_utf8(bytes).map_err(|e| StoreError::corrupt(e).into())
 }
 
-fn opt_text(row: &Row, column: &str) -> Result<Option<String>, Failure> {
+pub(super) fn opt_text(row: &Row, column: &str) -> Result<Option<String>, Failure> {
     let bytes: Option<Vec<u8>> = row.try_get(column)?;
     bytes
         .map(|b| String::from_utf8(b).map_err(|e| StoreError::corrupt(e).into()))
@@ -148,11 +148,11 @@ fn task_row(row: &Row) -> Result<TaskRow, Failure> {
 }
 
 /// A listing's page token, resuming after the row ordered by `ordinal`, then `tail`.
-fn resume_token(ordinal: i64, tail: &[u8]) -> String {
+pub(super) fn resume_token(ordinal: i64, tail: &[u8]) -> String {
     page_token::for_listing(ordinal.to_be_bytes(), tail)
 }
 
-fn parse_page_token(token: Option<&str>) -> Result<Option<(i64, Vec<u8>)>, Failure> {
+pub(super) fn parse_page_token(token: Option<&str>) -> Result<Option<(i64, Vec<u8>)>, Failure> {
     let Some(token) = token.filter(|t| !t.is_empty()) else {
         return Ok(None);
     };

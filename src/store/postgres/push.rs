@@ -135,6 +135,7 @@ pub(super) async fn enqueue(
             not_before: now,
             claim: None,
             trace: trace.map(str::to_owned),
+            last_error: None,
         };
         // Another node may take the same position at the same moment: take the next one.
         loop {
