@@ -1,8 +1,9 @@
 //! After a known workload, /metrics shows exactly those counts, and parses as Prometheus text;
 //! before any, every documented series is there at zero.
 //! The metrics recorder is process-wide and every in-process server of this test binary counts
-//! into it: the workload test, which counts exactly, runs alone in a child process of the binary
-//! (`common::rerun_alone`); the others either spawn `colloquy serve` or make no JSON-RPC calls.
+//! into it: the tests that count exactly (the workload, a backend's counter at zero) run alone in
+//! a child process of the binary (`common::rerun_alone`); the others either spawn `colloquy
+//! serve` or make no JSON-RPC calls.
 
 use crate::common;
 
@@ -289,8 +290,12 @@ async fn a_fresh_server_shows_every_documented_series_at_zero() {
 
 #[actix_rt::test]
 async fn each_server_in_a_process_registers_its_own_backend() {
-    // Other tests' servers (other backends: scripted, asker, ...) have likely started first in
-    // this process. None of them makes the echo backend fail.
+    // Alone: other suites' echo servers may fail turns (a shutdown mid-turn) in this process.
+    if rerun_alone("metrics::each_server_in_a_process_registers_its_own_backend") {
+        return;
+    }
+    // Another backend's server starts first in the process; the echo one still registers its own.
+    let first = start_scripted(|_| {}).await;
     let server = start_echo().await;
     let scrape = scrape(&server.client, &format!("{}metrics", server.url)).await;
     let echo_errors = scrape.samples.iter().find(|s| {
@@ -299,6 +304,7 @@ async fn each_server_in_a_process_registers_its_own_backend() {
     let echo_errors = echo_errors.expect("the echo backend's error counter, before any error");
     assert!(matches!(echo_errors.value, prometheus_parse::Value::Counter(v) if v == 0.0));
     server.stop().await;
+    first.stop().await;
 }
 
 async fn status_of(client: &reqwest::Client, url: &str, token: Option<&str>) -> u16 {
