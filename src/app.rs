@@ -185,6 +185,7 @@ fn load_auth(config: &Config) -> Result<Auth, StartError> {
              --allow-unauthenticated"
         )));
     }
+    check_open_console(config)?;
     if !auth.enabled() && config.card.extended.configured() {
         tracing::warn!(
             "card.extended is configured without tokens: every caller counts as authenticated \
@@ -192,6 +193,24 @@ fn load_auth(config: &Config) -> Result<Auth, StartError> {
         );
     }
     Ok(auth)
+}
+
+/// The operator console shows every principal's conversations and may delete them: one without
+/// a token (`console.token`, `metrics.token`) is served on a loopback `admin_listen` only,
+/// unless `allow_unauthenticated` says otherwise.
+fn check_open_console(config: &Config) -> Result<(), StartError> {
+    let Some(admin) = config.admin_listen() else {
+        return Ok(());
+    };
+    let open = config.console.enabled
+        && config.console.token.is_none()
+        && config.metrics.token.is_none();
+    if open && !is_loopback(admin) && !config.allow_unauthenticated {
+        return Err(StartError::Config(format!(
+            "refusing to serve the operator console on {admin} without a token: set              console.token (or metrics.token), turn it off (console.enabled = false), or pass              --allow-unauthenticated"
+        )));
+    }
+    Ok(())
 }
 
 /// The shortest `cluster.secret` accepted: one anybody could guess lets them act as any caller.

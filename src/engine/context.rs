@@ -31,8 +31,9 @@ pub struct StartTurn {
     pub when: When,
     /// Push-notification configs stored with the task's start.
     pub push_configs: Vec<crate::model::PushConfig>,
-    /// The request's span: the turn's parent, across the actor's mailbox.
-    pub span: tracing::Span,
+    /// The request's trace context (traces on): the turn's parent, across the actor's mailbox.
+    /// Not the request's `tracing` span, which would stay open until the turn ends.
+    pub trace: Option<opentelemetry::Context>,
 }
 
 /// When the sender of a [`StartTurn`] hears back.
@@ -179,14 +180,16 @@ impl ContextActor {
         // default level (fields formatted on creation). Log lines of a turn name it themselves.
         // Traces get it (`crate::telemetry::traces`), with the conversation as its key's hash.
         let span = tracing::debug_span!(
-            parent: &start.span,
+            parent: None,
             "turn",
             conversation = %self.key,
             task_id = %task_id,
             trace_id = tracing::field::Empty,
             span_id = tracing::field::Empty,
         );
-        crate::telemetry::traces::tag(&span);
+        if let Some(parent) = start.trace {
+            crate::telemetry::propagation::continue_in(&span, parent);
+        }
         let request = TurnRequest {
             principal: self.principal.clone(),
             context_id: self.context_id.clone(),

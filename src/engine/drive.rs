@@ -280,8 +280,8 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
     metrics::histogram!("colloquy_agent_seconds", "backend" => kind).record(elapsed);
     if outcome.state == TaskState::Failed {
         metrics::counter!("colloquy_agent_errors_total", "backend" => kind).increment(1);
-        let reason = outcome.status_text.clone().unwrap_or_default();
-        crate::telemetry::traces::fail(&span, reason);
+        // Not the status text: it may hold what the agent wrote.
+        crate::telemetry::traces::fail(&span, "the turn failed");
     }
     outcome
 }

@@ -203,7 +203,7 @@ impl Engine {
             new_context,
             when,
             push_configs,
-            span: tracing::Span::current(),
+            trace: crate::telemetry::propagation::current(),
         };
         self.directory
             .call(&key, principal, &context_id, start)

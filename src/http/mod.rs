@@ -305,7 +305,7 @@ fn start_admin(
     let handle = server.handle();
     let task = actix_rt::spawn(server);
     match &console {
-        Some(console) if !console.requires_token() => tracing::info!(
+        Some(console) if !console.requires_token() => tracing::warn!(
             %addr,
             "operator endpoints (/metrics, /healthz, /readyz, /console) are listening; the console has no token (console.token, metrics.token): anyone who reaches this address may use it"
         ),

@@ -94,10 +94,13 @@ const GIVEN_UP_KEPT: usize = 100;
 #[derive(Default)]
 pub struct GivenUp(parking_lot::Mutex<std::collections::VecDeque<GaveUp>>);
 
-/// A notification given up, why, and when.
+/// A notification given up (what the console shows of it), why, and when.
 #[derive(Clone)]
 pub struct GaveUp {
-    pub notification: Notification,
+    pub principal: String,
+    pub task_id: String,
+    pub url: String,
+    pub attempts: u32,
     pub why: String,
     pub at: DateTime<Utc>,
 }
@@ -106,7 +109,10 @@ impl GivenUp {
     fn keep(&self, notification: &Notification, why: &str) {
         let mut kept = self.0.lock();
         kept.push_front(GaveUp {
-            notification: notification.clone(),
+            principal: notification.principal.clone(),
+            task_id: notification.config.task_id.clone(),
+            url: notification.config.url.clone(),
+            attempts: notification.attempts + 1,
             why: why.to_owned(),
             at: now(),
         });

@@ -30,24 +30,42 @@ fn propagator() -> &'static TextMapCompositePropagator {
 
 /// Makes the caller's context (if it sent one) the parent of `span`, which starts a request.
 pub fn continue_from(span: &tracing::Span, carrier: &dyn Extractor) {
-    if !super::traces::enabled() || span.is_disabled() {
-        return;
+    if super::traces::enabled() {
+        continue_in(span, propagator().extract(carrier));
     }
-    let parent = propagator().extract(carrier);
-    // Fails only for a span already started, which a request's span never is here.
-    let _ = span.set_parent(parent);
-    super::traces::tag(span);
 }
 
-/// The headers that carry the current span's context to what colloquy calls next; empty with
-/// traces off.
+/// The context a command was started in ([`continue_from_environment`]) when it exports no
+/// traces itself: passed on unchanged, so the trace goes on past it.
+static INHERITED: OnceLock<HashMap<String, String>> = OnceLock::new();
+
+/// The headers that carry the current span's context to what colloquy calls next. With traces
+/// off: the context a command inherited, if any, else nothing.
 pub fn outgoing() -> HashMap<String, String> {
     let mut headers = HashMap::new();
     if super::traces::enabled() {
         let context = tracing::Span::current().context();
         propagator().inject_context(&context, &mut headers);
+    } else if let Some(inherited) = INHERITED.get() {
+        headers.clone_from(inherited);
     }
     headers
+}
+
+/// The current span's context, to be the parent of a span started elsewhere (across the
+/// conversation actor's mailbox); None with traces off.
+pub fn current() -> Option<opentelemetry::Context> {
+    super::traces::enabled().then(|| tracing::Span::current().context())
+}
+
+/// Makes `parent` (from [`current`]) the parent of `span`, which has not started yet.
+pub fn continue_in(span: &tracing::Span, parent: opentelemetry::Context) {
+    if span.is_disabled() {
+        return;
+    }
+    // Fails only for a span already started, which the spans given here never are.
+    let _ = span.set_parent(parent);
+    super::traces::tag(span);
 }
 
 /// The current span's `traceparent`, to be kept with what outlives it (a push notification).
@@ -80,13 +98,19 @@ pub fn environment() -> Vec<(&'static str, String)> {
 }
 
 /// Makes the context this process was started in (its environment, [`ENVIRONMENT`]) the
-/// parent of `span`: a `colloquy send` that an agent ran continues the agent's turn.
+/// parent of `span`: a `colloquy send` that an agent ran continues the agent's turn. With
+/// traces off the command passes that context on as it found it (the `exec` backend clears a
+/// child's environment, so a `colloquy send` it runs has no collector named, only the context).
 pub fn continue_from_environment(span: &tracing::Span) {
     let carrier: HashMap<String, String> = ENVIRONMENT
         .iter()
         .filter_map(|(header, variable)| Some((header.to_string(), std::env::var(variable).ok()?)))
         .collect();
-    continue_from(span, &carrier);
+    if super::traces::enabled() {
+        continue_from(span, &carrier);
+    } else if !carrier.is_empty() {
+        let _ = INHERITED.set(carrier);
+    }
 }
 
 /// An actix-web request's headers, as a carrier to read from.

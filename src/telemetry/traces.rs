@@ -68,12 +68,16 @@ impl Traces {
         }
     }
 
-    /// Exports what is still queued (bounded by the exporter's timeout).
+    /// Exports what is still queued (bounded by the exporter's timeout). May be called from
+    /// async code (`colloquy send` does): the gRPC exporter's runtime is let go, not waited for.
     pub fn shutdown(self) {
         if let Some(provider) = self.provider
             && let Err(error) = provider.shutdown()
         {
             tracing::warn!(%error, "the last spans could not be exported");
+        }
+        if let Some(runtime) = self._runtime {
+            runtime.shutdown_background();
         }
     }
 }

@@ -263,7 +263,40 @@ async fn the_console_can_be_turned_off_and_without_a_token_is_open() {
     let (status, body) = get(&open, "/conversations", None).await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("open-1"), "{body}");
+    // Open, it answers requests addressed to an address or localhost only: a page whose domain
+    // was rebound to this address (DNS rebinding) gets nothing.
+    let admin = open.server.admin_addr.expect("admin_listen is set");
+    for (host, expected) in [
+        (format!("localhost:{}", admin.port()), 200),
+        (format!("evil.example:{}", admin.port()), 403),
+        ("evil.example".to_owned(), 403),
+    ] {
+        let response = open
+            .client
+            .get(console_url(&open, "/conversations"))
+            .header("Host", &host)
+            .send()
+            .await
+            .expect("console answers");
+        assert_eq!(response.status().as_u16(), expected, "Host: {host}");
+    }
     open.stop().await;
+
+    // Open beyond loopback: refused at start, unless allow_unauthenticated says so.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = test_config(dir.path());
+    config.admin_listen = Some("0.0.0.0:0".into());
+    let refused = colloquy::app::start(config.clone(), Arc::new(EchoAgent::new(0, Duration::ZERO)))
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .expect("an open console beyond loopback is refused");
+    assert!(refused.contains("console.token"), "{refused}");
+    config.console.enabled = false;
+    let started = colloquy::app::start(config, Arc::new(EchoAgent::new(0, Duration::ZERO)))
+        .await
+        .expect("without the console it starts");
+    started.stop().await;
 
     // metrics.token guards the console when console.token is not set.
     let metrics = start_echo_with(|c| {

@@ -551,7 +551,19 @@ async fn push_deliveries_and_the_openai_backend_carry_the_turns_trace() {
 async fn colloquy_send_continues_the_trace_it_was_started_in() {
     let collector = Collector::start().await;
     let server = serve(&collector.url, "answering", |_| {}).await;
+    // Exporting over gRPC too: its exporter's runtime is let go at exit (once, a panic).
+    let (grpc_endpoint, _) = grpc_collector::start().await;
     let home = tempfile::tempdir().expect("tempdir");
+    let over_grpc = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
+        .args(["send", "--to", &server.url, "hello over grpc"])
+        .env("COLLOQUY_HOME", home.path())
+        .env("COLLOQUY_TELEMETRY__OTLP_ENDPOINT", &grpc_endpoint)
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("colloquy send runs");
+    assert!(over_grpc.status.success(), "{over_grpc:?}");
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
         .args(["send", "--to", &server.url, "hello from a script"])
         .env("COLLOQUY_HOME", home.path())
@@ -585,6 +597,31 @@ async fn colloquy_send_continues_the_trace_it_was_started_in() {
     for request in requests {
         assert_eq!(request.parent, send.span_id, "{request:#?}");
     }
+
+    // Exporting nothing itself (as under an `exec` agent, whose environment names no
+    // collector), it passes on the context it was started in, unchanged.
+    const OTHER_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+    let passed_on = tokio::process::Command::new(env!("CARGO_BIN_EXE_colloquy"))
+        .args(["send", "--to", &server.url, "hello, passed on"])
+        .env("COLLOQUY_HOME", home.path())
+        .env("TRACEPARENT", format!("00-{OTHER_TRACE}-{CALLER_SPAN}-01"))
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("colloquy send runs");
+    assert!(passed_on.status.success(), "{passed_on:?}");
+    let spans = collector
+        .wait_for(OTHER_TRACE, |spans| {
+            all_of(spans, &[("answering", "request"), ("answering", "turn")])
+        })
+        .await;
+    assert!(
+        spans
+            .iter()
+            .filter(|s| s.name == "request")
+            .all(|s| s.parent == CALLER_SPAN),
+        "{spans:#?}"
+    );
     collector.handle.stop(true).await;
 }
 

@@ -58,14 +58,25 @@ impl Console {
         self.token.is_some()
     }
 
-    fn admits(&self, req: &HttpRequest) -> bool {
+    fn admit(&self, req: &HttpRequest) -> Result<(), ConsoleError> {
         let Some(expected) = &self.token else {
-            return true;
+            return if names_this_machine(req) {
+                Ok(())
+            } else {
+                Err(ConsoleError::Forbidden(
+                    "a console without a token answers requests addressed to an IP address or                      localhost only"
+                        .into(),
+                ))
+            };
         };
         let bearer = authorization(req.headers()).is_ok_and(|a| bearer_matches(a, expected));
-        bearer
-            || cookie(req)
-                .is_some_and(|value| bool::from(value.as_bytes().ct_eq(self.session.as_bytes())))
+        let session = cookie(req)
+            .is_some_and(|value| bool::from(value.as_bytes().ct_eq(self.session.as_bytes())));
+        if bearer || session {
+            Ok(())
+        } else {
+            Err(ConsoleError::Unauthorized)
+        }
     }
 
     /// Refuses a POST that is not this session's own form: a foreign `Origin`, or a form token
@@ -105,6 +116,21 @@ fn cookie(req: &HttpRequest) -> Option<String> {
         .map(|(_, value)| value.to_owned())
 }
 
+/// Whether the request's `Host` is an address or `localhost`, never a domain name: a console
+/// without a token is open to whoever reaches it, and a page elsewhere whose domain name was
+/// rebound to this address (DNS rebinding) must not be whoever.
+fn names_this_machine(req: &HttpRequest) -> bool {
+    let Some(host) = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
 /// Whether `Origin`, when sent, names the host the request was sent to.
 fn same_origin(req: &HttpRequest) -> bool {
     let Some(origin) = req.headers().get(header::ORIGIN) else {
@@ -139,14 +165,10 @@ impl FromRequest for Operator {
                 "the console is not set up".into(),
             )));
         };
-        ready(if console.admits(req) {
-            Ok(Operator {
-                csrf: console.csrf.clone(),
-                signed_in: console.requires_token(),
-            })
-        } else {
-            Err(ConsoleError::Unauthorized)
-        })
+        ready(console.admit(req).map(|()| Operator {
+            csrf: console.csrf.clone(),
+            signed_in: console.requires_token(),
+        }))
     }
 }
 

@@ -85,16 +85,13 @@ pub async fn page(op: Operator, state: web::Data<AppState>) -> Result<HttpRespon
         .map(|push| push.given_up())
         .unwrap_or_default()
         .into_iter()
-        .map(|gave_up| {
-            let n = gave_up.notification;
-            GaveUpEntry {
-                task_href: super::task::task_href(&n.principal, &n.config.task_id),
-                task_id: n.config.task_id,
-                url: n.config.url,
-                attempts: n.attempts + 1,
-                why: gave_up.why,
-                at: time(&gave_up.at),
-            }
+        .map(|gave_up| GaveUpEntry {
+            task_href: super::task::task_href(&gave_up.principal, &gave_up.task_id),
+            task_id: gave_up.task_id,
+            url: gave_up.url,
+            attempts: gave_up.attempts,
+            why: gave_up.why,
+            at: time(&gave_up.at),
         })
         .collect();
     let retrying = entries.iter().filter(|e| e.attempts > 0).count();
