@@ -202,9 +202,8 @@ fn check_open_console(config: &Config) -> Result<(), StartError> {
     let Some(admin) = config.admin_listen() else {
         return Ok(());
     };
-    let open = config.console.enabled
-        && config.console.token.is_none()
-        && config.metrics.token.is_none();
+    let open =
+        config.console.enabled && config.console.token.is_none() && config.metrics.token.is_none();
     if open && !is_loopback(admin) && !config.allow_unauthenticated {
         return Err(StartError::Config(format!(
             "refusing to serve the operator console on {admin} without a token: set              console.token (or metrics.token), turn it off (console.enabled = false), or pass              --allow-unauthenticated"

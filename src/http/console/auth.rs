@@ -120,7 +120,11 @@ fn cookie(req: &HttpRequest) -> Option<String> {
 /// without a token is open to whoever reaches it, and a page elsewhere whose domain name was
 /// rebound to this address (DNS rebinding) must not be whoever.
 fn names_this_machine(req: &HttpRequest) -> bool {
-    let Some(host) = req.headers().get(header::HOST).and_then(|h| h.to_str().ok()) else {
+    let Some(host) = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+    else {
         return false;
     };
     let name = match host.rsplit_once(':') {
