@@ -36,8 +36,8 @@ run() { # label, then env assignments for the server
   ok=$(echo "$r" | jq .turns_ok)
   printf '%-4s turns/s %7.0f  p99 %6.1f ms  server CPU %4.0f us/turn  collector %4.0f us/turn\n' \
     "$label" "$(echo "$r" | jq .turns_per_s)" "$(echo "$r" | jq .latency_ms.p99)" \
-    "$(echo "1e6 * ($after - $before) / $HZ / $ok" | bc -l)" \
-    "$(echo "1e6 * ($sink_after - $sink_before) / $HZ / $ok" | bc -l)"
+    "$(echo "1000000 * ($after - $before) / $HZ / $ok" | bc -l)" \
+    "$(echo "1000000 * ($sink_after - $sink_before) / $HZ / $ok" | bc -l)"
 }
 for round in $(seq "$ROUNDS"); do
   run off OTEL_SDK_DISABLED=false

@@ -336,6 +336,13 @@ pub struct Artifact {
     pub metadata: Option<Metadata>,
 }
 
+impl Artifact {
+    /// Its text parts, concatenated (a streamed reply's chunks are its parts).
+    pub fn text(&self) -> String {
+        self.parts.iter().filter_map(Part::as_text).collect()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {
     pub id: String,

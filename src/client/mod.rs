@@ -927,11 +927,7 @@ pub struct TaskAssembler {
 
 /// The text parts of an artifact, concatenated.
 pub fn artifact_text(artifact: &Artifact) -> String {
-    artifact
-        .parts
-        .iter()
-        .filter_map(crate::model::Part::as_text)
-        .collect()
+    artifact.text()
 }
 
 /// All artifact text of a task, in order.

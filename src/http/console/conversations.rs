@@ -254,10 +254,7 @@ async fn show(
 fn shown_message(principal: &str, message: &Message, prompt: Option<String>) -> Shown {
     let task_id = message.task_id.clone().unwrap_or_default();
     Shown {
-        role: match message.role {
-            Role::User => "user",
-            Role::Agent => "agent",
-        },
+        role: super::role_label(message.role),
         text: message.text(),
         message_id: message.message_id.clone(),
         task_href: message

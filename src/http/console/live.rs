@@ -69,15 +69,11 @@ fn event(data: &Value) -> sse::Event {
     sse::Event::Data(sse::Data::new(data.to_string()))
 }
 
-fn text_of(artifact: &Artifact) -> String {
-    artifact.parts.iter().filter_map(|p| p.as_text()).collect()
-}
-
 /// The reply so far: the text of the task's artifacts, as the page lists them.
 fn reply_so_far(task: &Task) -> String {
     task.artifacts
         .iter()
-        .map(text_of)
+        .map(Artifact::text)
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -97,7 +93,7 @@ fn describe(item: &StreamItem) -> Value {
         StreamItem::Event(TaskEvent::Artifact {
             artifact, append, ..
         }) => {
-            let text = text_of(artifact);
+            let text = artifact.text();
             if *append {
                 json!({ "text": text })
             } else {

@@ -131,6 +131,13 @@ fn task_id(value: &str) -> Result<&str, ConsoleError> {
 
 /// A principal as an operator reads it: its name, and its tenant after a slash (the store
 /// joins them with a control character, shown as nothing at all in a browser).
+fn role_label(role: crate::model::Role) -> &'static str {
+    match role {
+        crate::model::Role::User => "user",
+        crate::model::Role::Agent => "agent",
+    }
+}
+
 fn principal_label(principal: &str) -> String {
     match crate::model::tenant_of(principal) {
         Some(tenant) => {

@@ -5,7 +5,7 @@ use super::auth::{Console, Operator};
 use super::conversations::conversation_href;
 use super::{ConsoleError, PATH, ok, optional_name, principal_label, query, see_other, time};
 use crate::http::state::AppState;
-use crate::model::{Artifact, Message, Role, Task};
+use crate::model::{Artifact, Message, Task};
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 
@@ -51,12 +51,7 @@ impl ArtifactView {
                 .name
                 .clone()
                 .unwrap_or_else(|| artifact.artifact_id.clone()),
-            text: artifact
-                .parts
-                .iter()
-                .filter_map(|p| p.as_text())
-                .collect::<Vec<_>>()
-                .join("\n"),
+            text: artifact.text(),
         }
     }
 }
@@ -70,10 +65,7 @@ struct MessageView {
 impl MessageView {
     fn of(message: &Message) -> MessageView {
         MessageView {
-            role: match message.role {
-                Role::User => "user",
-                Role::Agent => "agent",
-            },
+            role: super::role_label(message.role),
             text: message.text(),
             at: message.timestamp.as_ref().map(time).unwrap_or_default(),
         }
