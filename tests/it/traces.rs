@@ -200,13 +200,11 @@ async fn serve(endpoint: &str, service: &str, tweak: impl FnOnce(&mut Command)) 
     panic!("colloquy serve did not come up on {}", served.url);
 }
 
-/// Sends `text` to `url` as the caller whose trace is [`TRACE_ID`]; the answer's task.
-async fn send_traced(url: &str, text: &str) -> Value {
-    let body = json!({
-        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
-        "params": {"message": {"messageId": uuid(), "role": "ROLE_USER", "parts": [{"text": text}]}},
-    });
-    let response: Value = reqwest::Client::new()
+/// `SendMessage` with `params` to `url`, as the caller whose trace is [`TRACE_ID`]; the
+/// response.
+async fn send_traced_params(url: &str, params: Value) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": params});
+    reqwest::Client::new()
         .post(url)
         .header("A2A-Version", "1.0")
         .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
@@ -217,7 +215,16 @@ async fn send_traced(url: &str, text: &str) -> Value {
         .expect("send")
         .json()
         .await
-        .expect("json");
+        .expect("json")
+}
+
+fn text_message(text: &str) -> Value {
+    json!({"messageId": uuid(), "role": "ROLE_USER", "parts": [{"text": text}]})
+}
+
+/// Sends `text` to `url` as the caller whose trace is [`TRACE_ID`]; the answer's task.
+async fn send_traced(url: &str, text: &str) -> Value {
+    let response = send_traced_params(url, json!({"message": text_message(text)})).await;
     assert!(response["error"].is_null(), "{response}");
     response["result"]["task"].clone()
 }
@@ -475,24 +482,15 @@ async fn push_deliveries_and_the_openai_backend_carry_the_turns_trace() {
             .env("COLLOQUY_PUSH__ALLOW_PRIVATE_NETWORKS", "true");
     })
     .await;
-    let body = json!({
-        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
-        "params": {
-            "message": {"messageId": uuid(), "role": "ROLE_USER", "parts": [{"text": "hello"}]},
-            "configuration": {"taskPushNotificationConfig": {"url": format!("{}/hook", recorder.url)}},
-        },
-    });
-    let response: Value = reqwest::Client::new()
-        .post(&server.url)
-        .header("A2A-Version", "1.0")
-        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let hook = format!("{}/hook", recorder.url);
+    let response = send_traced_params(
+        &server.url,
+        json!({
+            "message": text_message("hello"),
+            "configuration": {"taskPushNotificationConfig": {"url": hook}},
+        }),
+    )
+    .await;
     assert_eq!(
         response["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
         "{response}"
@@ -823,21 +821,7 @@ async fn json_log_lines_in_a_turn_carry_its_trace_and_span_ids() {
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    let body = json!({
-        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
-        "params": {"message": {"messageId": uuid(), "role": "ROLE_USER", "parts": [{"text": "x"}]}},
-    });
-    let answer: Value = client
-        .post(&url)
-        .header("A2A-Version", "1.0")
-        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+    let answer = send_traced_params(&url, json!({"message": text_message("x")})).await;
     assert_eq!(
         answer["result"]["task"]["status"]["state"], "TASK_STATE_FAILED",
         "{answer}"
