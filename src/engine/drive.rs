@@ -206,7 +206,8 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
                 Some(event) => {
                     let Some(status) = progress.apply(event, hub) else { continue };
                     let write = store.record_status(lease, status.clone());
-                    if let Err(e) = write.instrument(tracing::debug_span!("store.record_status")).await {
+                    let span = tracing::debug_span!("store.record_status");
+                    if let Err(e) = crate::telemetry::traces::within(span, write).await {
                         tracing::error!(error = %chain(&e), task_id = %lease.task_id, "could not record a status");
                         stopped = Some((TaskState::Failed, format!("could not record a status: {e}")));
                         break;

@@ -21,7 +21,6 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
-use tracing::Instrument;
 
 /// Who holds a conversation: the turn running in it, or a delete.
 struct Occupant {
@@ -336,10 +335,8 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
     end.stream = hub.outline_at_end(&result);
     let reply = end.reply.clone();
     let write = shared.store.finish_turn(end);
-    let result = match write
-        .instrument(tracing::debug_span!("store.finish_turn"))
-        .await
-    {
+    let span = tracing::debug_span!("store.finish_turn");
+    let result = match crate::telemetry::traces::within(span, write).await {
         Ok(()) => {
             let stored = ConversationMark {
                 next_seq: mark.next_seq + u64::from(reply.is_some()),
@@ -370,11 +367,8 @@ async fn begin_turn(
     kept: Option<Window>,
 ) -> EngineResult<(TurnBegun, Arc<Vec<HistoryEntry>>)> {
     let limit = begin.history_limit;
-    let begun = shared
-        .store
-        .begin_turn(begin)
-        .instrument(tracing::debug_span!("store.begin_turn"))
-        .await?;
+    let span = tracing::debug_span!("store.begin_turn");
+    let begun = crate::telemetry::traces::within(span, shared.store.begin_turn(begin)).await?;
     let history = match (&begun.recent, kept) {
         (Some(recent), _) => recent.iter().map(HistoryEntry::from).collect(),
         (None, Some(kept)) => kept.entries,

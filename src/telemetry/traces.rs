@@ -322,6 +322,19 @@ pub fn tag(span: &tracing::Span) {
     }
 }
 
+/// Runs `work` in `span`, marking the span failed when it fails (a store's durable write).
+pub async fn within<T, E: std::fmt::Display>(
+    span: tracing::Span,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    use tracing::Instrument;
+    let result = work.instrument(span.clone()).await;
+    if let Err(error) = &result {
+        fail(&span, error.to_string());
+    }
+    result
+}
+
 /// Marks `span` failed, with the error's description.
 pub fn fail(span: &tracing::Span, description: impl Into<std::borrow::Cow<'static, str>>) {
     if enabled() && !span.is_disabled() {

@@ -263,6 +263,20 @@ async fn the_console_can_be_turned_off_and_without_a_token_is_open() {
     let (status, body) = get(&open, "/conversations", None).await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("open-1"), "{body}");
+    // A query that does not parse gets the console's own page, with its policy.
+    let response = open
+        .client
+        .get(console_url(&open, "/conversations?size=abc"))
+        .send()
+        .await
+        .expect("console answers");
+    assert_eq!(response.status().as_u16(), 400);
+    assert!(response.headers().contains_key("content-security-policy"));
+    let page = response.text().await.unwrap_or_default();
+    assert!(
+        page.contains("Bad request") && page.contains("invalid digit"),
+        "{page}"
+    );
     // Open, it answers requests addressed to an address or localhost only: a page whose domain
     // was rebound to this address (DNS rebinding) gets nothing.
     let admin = open.server.admin_addr.expect("admin_listen is set");

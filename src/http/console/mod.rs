@@ -38,6 +38,15 @@ pub fn routes(cfg: &mut web::ServiceConfig, console: web::Data<Console>) {
     cfg.service(
         web::scope(PATH)
             .app_data(console)
+            // A query or form that does not parse gets the console's own 400 page.
+            .app_data(
+                web::QueryConfig::default()
+                    .error_handler(|error, _| ConsoleError::BadRequest(error.to_string()).into()),
+            )
+            .app_data(
+                web::FormConfig::default()
+                    .error_handler(|error, _| ConsoleError::BadRequest(error.to_string()).into()),
+            )
             .route("", web::get().to(home))
             .route("/", web::get().to(home))
             .route("/style.css", web::get().to(style))
