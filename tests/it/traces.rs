@@ -80,6 +80,12 @@ impl Collector {
         Collector { url, spans, handle }
     }
 
+    /// The spans of `trace_id` once they hold each `(service, name)` of `expected`.
+    async fn wait_for_all(&self, trace_id: &str, expected: &[(&str, &str)]) -> Vec<Received> {
+        self.wait_for(trace_id, |spans| all_of(spans, expected))
+            .await
+    }
+
     /// The spans of `trace_id` once `done` holds for them (within 20 s).
     async fn wait_for(&self, trace_id: &str, done: impl Fn(&[Received]) -> bool) -> Vec<Received> {
         for _ in 0..200 {
@@ -282,9 +288,7 @@ async fn a_delegated_turn_is_one_trace_across_both_servers() {
         ("delegate", "request"),
         ("delegate", "turn"),
     ];
-    let spans = collector
-        .wait_for(TRACE_ID, |spans| all_of(spans, &expected))
-        .await;
+    let spans = collector.wait_for_all(TRACE_ID, &expected).await;
 
     // The front server's request continues the caller's span, and names its call.
     let request = one(&spans, "front", "request");
@@ -497,16 +501,14 @@ async fn push_deliveries_and_the_openai_backend_carry_the_turns_trace() {
     );
 
     let spans = collector
-        .wait_for(TRACE_ID, |spans| {
-            all_of(
-                spans,
-                &[
-                    ("pushing", "turn"),
-                    ("pushing", "agent.run"),
-                    ("pushing", "openai"),
-                ],
-            )
-        })
+        .wait_for_all(
+            TRACE_ID,
+            &[
+                ("pushing", "turn"),
+                ("pushing", "agent.run"),
+                ("pushing", "openai"),
+            ],
+        )
         .await;
     let turn = one(&spans, "pushing", "turn");
     // The upstream was called from the backend's span, within the turn's agent run.
@@ -574,16 +576,14 @@ async fn colloquy_send_continues_the_trace_it_was_started_in() {
         .expect("colloquy send runs");
     assert!(output.status.success(), "{output:?}");
     let spans = collector
-        .wait_for(TRACE_ID, |spans| {
-            all_of(
-                spans,
-                &[
-                    ("sender", "send"),
-                    ("answering", "request"),
-                    ("answering", "turn"),
-                ],
-            )
-        })
+        .wait_for_all(
+            TRACE_ID,
+            &[
+                ("sender", "send"),
+                ("answering", "request"),
+                ("answering", "turn"),
+            ],
+        )
         .await;
     let send = one(&spans, "sender", "send");
     assert_eq!(send.parent, CALLER_SPAN);
@@ -609,9 +609,10 @@ async fn colloquy_send_continues_the_trace_it_was_started_in() {
         .expect("colloquy send runs");
     assert!(passed_on.status.success(), "{passed_on:?}");
     let spans = collector
-        .wait_for(OTHER_TRACE, |spans| {
-            all_of(spans, &[("answering", "request"), ("answering", "turn")])
-        })
+        .wait_for_all(
+            OTHER_TRACE,
+            &[("answering", "request"), ("answering", "turn")],
+        )
         .await;
     assert!(
         spans
@@ -669,16 +670,14 @@ async fn a_request_forwarded_to_the_node_running_its_task_stays_in_its_trace() {
         "read live from the node running it: {read}"
     );
     let spans = collector
-        .wait_for(TRACE_ID, |spans| {
-            all_of(
-                spans,
-                &[
-                    ("asked", "request"),
-                    ("asked", "forward"),
-                    ("running", "request"),
-                ],
-            )
-        })
+        .wait_for_all(
+            TRACE_ID,
+            &[
+                ("asked", "request"),
+                ("asked", "forward"),
+                ("running", "request"),
+            ],
+        )
         .await;
     let request = one(&spans, "asked", "request");
     assert_eq!(request.parent, CALLER_SPAN);
@@ -827,9 +826,7 @@ async fn json_log_lines_in_a_turn_carry_its_trace_and_span_ids() {
         "{answer}"
     );
     let spans = collector
-        .wait_for(TRACE_ID, |spans| {
-            all_of(spans, &[("logging", "turn"), ("logging", "agent.run")])
-        })
+        .wait_for_all(TRACE_ID, &[("logging", "turn"), ("logging", "agent.run")])
         .await;
     let turn = one(&spans, "logging", "turn");
     // The agent's span is failed, with the turn's reason.
