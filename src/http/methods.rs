@@ -5,7 +5,7 @@ use super::sse;
 use super::state::AppState;
 use crate::engine::{EngineError, EventId, Scope, ValidMessage};
 use crate::model::{SendResult, format_time};
-use crate::protocol::codec::{self, TaskView};
+use crate::protocol::codec::{self, JsonText, TaskView};
 use crate::protocol::params::{
     self, ContextParams, GetConversationParams, GetTaskParams, ListConversationsParams,
     ListTasksParams, SubscribeParams, TaskIdParams,
@@ -19,10 +19,28 @@ const MAX_PAGE_SIZE: u64 = 100;
 
 type RpcResult<T> = Result<T, RpcError>;
 
-/// What a method answers: one JSON result, or an SSE stream of them.
+/// What a method answers: one JSON result (as a tree, or as text already written), or an SSE
+/// stream of them.
 pub enum Reply {
     Json(Value),
+    Text(JsonText),
     Stream(sse::EventStream),
+}
+
+impl Reply {
+    /// A one-result answer as a tree, for a binding that reshapes it (HTTP+JSON v0.3). Text
+    /// that does not parse back, or a stream, is our own bug: an internal error.
+    pub fn into_json(self) -> Result<Value, RpcError> {
+        match self {
+            Reply::Json(value) => Ok(value),
+            Reply::Text(text) => serde_json::from_str(text.get()).map_err(|e| {
+                RpcError::Internal(format!("an answer that does not parse back: {e}"))
+            }),
+            Reply::Stream(_) => Err(RpcError::Internal(
+                "a stream where one answer was due".into(),
+            )),
+        }
+    }
 }
 
 pub async fn dispatch(
@@ -43,7 +61,7 @@ pub async fn dispatch(
         params: &params,
     };
     match method {
-        Method::SendMessage => call.send_message().await.map(Reply::Json),
+        Method::SendMessage => call.send_message().await.map(Reply::Text),
         Method::SendStreamingMessage => call.send_streaming().await.map(Reply::Stream),
         Method::GetTask => call.get_task().await.map(Reply::Json),
         Method::ListTasks => call.list_tasks().await.map(Reply::Json),
@@ -128,7 +146,7 @@ impl Call<'_> {
         Ok((message, options))
     }
 
-    async fn send_message(&self) -> RpcResult<Value> {
+    async fn send_message(&self) -> RpcResult<JsonText> {
         let (message, options) = self.decode_send().await?;
         let engine = &self.state.engine;
         let result = if options.return_immediately {

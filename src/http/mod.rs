@@ -365,13 +365,14 @@ async fn method_not_allowed() -> HttpResponse {
 
 /// A 200 whose body is `value` as JSON, written into one buffer sized for a usual reply
 /// (actix's `json` starts at 128 bytes and grows the buffer four or five times for a task).
-pub(crate) fn json_ok(value: &serde_json::Value) -> HttpResponse {
+pub(crate) fn json_ok(value: &(impl serde::Serialize + ?Sized)) -> HttpResponse {
     let mut body = Vec::with_capacity(4096);
     match serde_json::to_writer(&mut body, value) {
         Ok(()) => HttpResponse::Ok()
             .content_type(actix_web::http::header::ContentType::json())
             .body(body),
-        // A `Value` always serializes; kept an error response rather than a panic regardless.
+        // Our answers always serialize (string keys, no fallible serializers); kept an error
+        // response rather than a panic regardless.
         Err(e) => HttpResponse::InternalServerError().body(e.to_string()),
     }
 }

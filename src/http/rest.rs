@@ -344,18 +344,8 @@ async fn serve(
     )
     .await
     {
-        Ok(Reply::Json(mut result)) => {
-            if dialect == Dialect::V03 {
-                if method == Method::GetExtendedAgentCard {
-                    rest03::card_to_v03(&mut result);
-                } else if method.is_push_config() {
-                    rest03::push_result_to_v03(&mut result);
-                } else {
-                    rest03::result_to_v03(&mut result);
-                }
-            }
-            super::json_ok(&result)
-        }
+        Ok(Reply::Json(result)) if dialect == Dialect::V1 => super::json_ok(&result),
+        Ok(Reply::Text(result)) if dialect == Dialect::V1 => super::json_ok(&*result),
         Ok(Reply::Stream(stream)) => {
             let framing = match dialect {
                 Dialect::V1 => sse::Framing::Rest,
@@ -363,6 +353,19 @@ async fn serve(
             };
             sse::respond(stream, framing)
         }
+        Ok(reply) => match reply.into_json() {
+            Ok(mut result) => {
+                if method == Method::GetExtendedAgentCard {
+                    rest03::card_to_v03(&mut result);
+                } else if method.is_push_config() {
+                    rest03::push_result_to_v03(&mut result);
+                } else {
+                    rest03::result_to_v03(&mut result);
+                }
+                super::json_ok(&result)
+            }
+            Err(error) => error_response(&error, None),
+        },
         Err(error) => error_response(&error, None),
     }
 }

@@ -254,7 +254,8 @@ async fn respond(
     )
     .await
     {
-        Ok(Reply::Json(result)) => super::json_ok(&success(&id, result)),
+        Ok(Reply::Json(result)) => super::json_ok(&success(&id, &result)),
+        Ok(Reply::Text(result)) => super::json_ok(&success(&id, &*result)),
         Ok(Reply::Stream(stream)) => sse::respond(stream, sse::Framing::JsonRpc { id, version }),
         Err(error) if version == WireVersion::V03 && method == Method::SubscribeToTask => {
             sse::respond_error(&error, sse::Framing::JsonRpc { id, version })

@@ -140,16 +140,17 @@ impl Framing {
 
     fn result(&self, outgoing: Outgoing) -> sse::Event {
         let Outgoing { id, result } = outgoing;
-        let value = match self {
-            Framing::JsonRpc { id, .. } => success(id, result),
-            Framing::Rest => result,
+        let text = match self {
+            Framing::JsonRpc { id, .. } => serde_json::to_string(&success(id, &result)),
+            Framing::Rest => serde_json::to_string(&result),
             Framing::Rest03 => {
                 let mut result = result;
                 crate::protocol::rest03::result_to_v03(&mut result);
-                result
+                serde_json::to_string(&result)
             }
         };
-        let data = sse::Data::new(value.to_string());
+        // A `Value` always serializes (string keys); an empty event stands in if it ever did not.
+        let data = sse::Data::new(text.unwrap_or_default());
         sse::Event::Data(match id {
             Some(id) => data.id(id.to_string()),
             None => data,

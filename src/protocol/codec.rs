@@ -75,6 +75,16 @@ pub(super) fn to_json(value: impl serde::Serialize) -> Value {
     serde_json::to_value(value).unwrap_or(Value::Null)
 }
 
+/// A result written as JSON text at once. A sent message's answer, the hottest of all, skips
+/// the `Value` tree: building, serializing and dropping it cost more than writing the text.
+pub type JsonText = Box<serde_json::value::RawValue>;
+
+/// A wire type as JSON text (see [`to_json`] on why it cannot fail).
+pub(super) fn to_text(value: impl serde::Serialize) -> JsonText {
+    serde_json::value::to_raw_value(&value)
+        .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned())
+}
+
 // ---- decoding ----
 
 /// A Message, each version by its own typed mapping ([`super::v1`], [`super::v03`]).
@@ -123,7 +133,7 @@ pub fn encode_task(version: WireVersion, task: &Task, view: TaskView) -> Value {
 }
 
 /// `{"task":..}` / `{"message":..}` in v1.0; the bare object in v0.3.
-pub fn encode_send_result(version: WireVersion, result: &SendResult, view: TaskView) -> Value {
+pub fn encode_send_result(version: WireVersion, result: &SendResult, view: TaskView) -> JsonText {
     match version {
         WireVersion::V1 => super::v1::encode_send_result(result, view),
         WireVersion::V03 => super::v03::encode_send_result(result, view),

@@ -672,10 +672,10 @@ pub fn encode_task(task: &Task, view: TaskView) -> Value {
 }
 
 /// v0.3 results are the bare Task or Message (their `kind` tells).
-pub fn encode_send_result(result: &SendResult, view: TaskView) -> Value {
+pub fn encode_send_result(result: &SendResult, view: TaskView) -> codec::JsonText {
     match result {
-        SendResult::Task(task) => encode_task(task, view),
-        SendResult::Message(message) => encode_message(message),
+        SendResult::Task(task) => codec::to_text(TaskOut::new(task, view)),
+        SendResult::Message(message) => codec::to_text(MessageOut::from(message)),
     }
 }
 

@@ -601,8 +601,8 @@ pub fn encode_task(task: &Task, view: TaskView) -> Value {
     codec::to_json(TaskOut::new(task, view))
 }
 
-pub fn encode_send_result(result: &SendResult, view: TaskView) -> Value {
-    codec::to_json(match result {
+pub fn encode_send_result(result: &SendResult, view: TaskView) -> codec::JsonText {
+    codec::to_text(match result {
         SendResult::Task(task) => StreamResponseOut::Task(TaskOut::new(task, view)),
         SendResult::Message(message) => StreamResponseOut::Message(MessageOut::from(message)),
     })

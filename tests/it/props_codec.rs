@@ -247,7 +247,7 @@ fn event(profile: Profile, version: WireVersion) -> impl Strategy<Value = TaskEv
 }
 
 /// Through the bytes a peer would send, as the front and the client read them.
-fn through_text(value: &Value) -> Value {
+fn through_text(value: &(impl serde::Serialize + ?Sized)) -> Value {
     let bytes = serde_json::to_vec(value).expect("serialises");
     serde_json::from_slice(&bytes).expect("parses")
 }

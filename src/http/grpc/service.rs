@@ -16,6 +16,7 @@ use crate::http::rpc;
 use crate::http::sse::{EventStream, LiveStream};
 use crate::http::state::AppState;
 use crate::http::traced;
+use crate::protocol::codec::JsonText;
 use crate::protocol::{Method, RpcError, WireVersion};
 use crate::telemetry::propagation;
 use a2a_pb::proto as pb;
@@ -62,8 +63,25 @@ where
     J: Message + Default + DeserializeOwned,
     P: Message + Default,
 {
-    let twin: J = serde_json::from_value(value)
-        .map_err(|e| RpcError::Internal(format!("an answer without a proto form: {e}")))?;
+    from_twin::<J, P>(serde_json::from_value(value))
+}
+
+/// [`from_json`] from an answer written as text, read without a `Value` in between.
+fn from_text<J, P>(text: &JsonText) -> Result<P, RpcError>
+where
+    J: Message + Default + DeserializeOwned,
+    P: Message + Default,
+{
+    from_twin::<J, P>(serde_json::from_str(text.get()))
+}
+
+fn from_twin<J, P>(twin: Result<J, serde_json::Error>) -> Result<P, RpcError>
+where
+    J: Message + Default,
+    P: Message + Default,
+{
+    let twin =
+        twin.map_err(|e| RpcError::Internal(format!("an answer without a proto form: {e}")))?;
     P::decode(twin.encode_to_vec().as_slice())
         .map_err(|e| RpcError::Internal(format!("an answer that does not encode: {e}")))
 }
@@ -185,16 +203,15 @@ impl A2aGrpc {
         K: Message + Default + DeserializeOwned,
         R: Message + Default,
     {
-        let value = match self.call::<J>(method, request).await? {
-            Answer::Here(Reply::Json(value)) => value,
+        let answer = match self.call::<J>(method, request).await? {
+            Answer::Here(Reply::Json(value)) => from_json::<K, R>(value),
+            Answer::Here(Reply::Text(text)) => from_text::<K, R>(&text),
             Answer::Here(Reply::Stream(_)) => {
                 return Err(Status::internal("a unary method answered a stream"));
             }
-            Answer::Forwarded(answer) => forwarded::unary(answer).await?,
+            Answer::Forwarded(answer) => from_json::<K, R>(forwarded::unary(answer).await?),
         };
-        from_json::<K, R>(value)
-            .map(Response::new)
-            .map_err(|error| to_status(&error))
+        answer.map(Response::new).map_err(|error| to_status(&error))
     }
 
     /// A call answered with a stream of `StreamResponse`s.
@@ -208,7 +225,7 @@ impl A2aGrpc {
     {
         match self.call::<J>(method, request).await? {
             Answer::Here(Reply::Stream(events)) => Ok(Response::new(stream_responses(events))),
-            Answer::Here(Reply::Json(_)) => {
+            Answer::Here(Reply::Json(_) | Reply::Text(_)) => {
                 Err(Status::internal("a streaming method answered one message"))
             }
             // Subscriptions are relayed by the engine, never passed on whole (`forward`).
