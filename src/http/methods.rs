@@ -33,7 +33,7 @@ impl Reply {
     pub fn into_json(self) -> Result<Value, RpcError> {
         match self {
             Reply::Json(value) => Ok(value),
-            Reply::Text(text) => serde_json::from_str(text.get()).map_err(|e| {
+            Reply::Text(text) => serde_json::from_slice(text.as_bytes()).map_err(|e| {
                 RpcError::Internal(format!("an answer that does not parse back: {e}"))
             }),
             Reply::Stream(_) => Err(RpcError::Internal(

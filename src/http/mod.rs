@@ -368,13 +368,18 @@ async fn method_not_allowed() -> HttpResponse {
 pub(crate) fn json_ok(value: &(impl serde::Serialize + ?Sized)) -> HttpResponse {
     let mut body = Vec::with_capacity(4096);
     match serde_json::to_writer(&mut body, value) {
-        Ok(()) => HttpResponse::Ok()
-            .content_type(actix_web::http::header::ContentType::json())
-            .body(body),
+        Ok(()) => json_body(body),
         // Our answers always serialize (string keys, no fallible serializers); kept an error
         // response rather than a panic regardless.
         Err(e) => HttpResponse::InternalServerError().body(e.to_string()),
     }
+}
+
+/// A 200 whose body is JSON already written.
+pub(crate) fn json_body(body: Vec<u8>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type(actix_web::http::header::ContentType::json())
+        .body(body)
 }
 
 async fn healthz() -> HttpResponse {

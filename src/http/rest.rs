@@ -345,7 +345,7 @@ async fn serve(
     .await
     {
         Ok(Reply::Json(result)) if dialect == Dialect::V1 => super::json_ok(&result),
-        Ok(Reply::Text(result)) if dialect == Dialect::V1 => super::json_ok(&*result),
+        Ok(Reply::Text(result)) if dialect == Dialect::V1 => super::json_body(result.into_bytes()),
         Ok(Reply::Stream(stream)) => {
             let framing = match dialect {
                 Dialect::V1 => sse::Framing::Rest,

@@ -5,7 +5,7 @@ use super::forward;
 use super::methods::{self, Reply};
 use super::sse;
 use super::state::AppState;
-use crate::protocol::jsonrpc::{RequestId, failure, success};
+use crate::protocol::jsonrpc::{RequestId, failure, success, success_text};
 use crate::protocol::{Method, RpcError, RpcRequest, WireVersion};
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
@@ -255,7 +255,7 @@ async fn respond(
     .await
     {
         Ok(Reply::Json(result)) => super::json_ok(&success(&id, &result)),
-        Ok(Reply::Text(result)) => super::json_ok(&success(&id, &*result)),
+        Ok(Reply::Text(result)) => super::json_body(success_text(&id, &result)),
         Ok(Reply::Stream(stream)) => sse::respond(stream, sse::Framing::JsonRpc { id, version }),
         Err(error) if version == WireVersion::V03 && method == Method::SubscribeToTask => {
             sse::respond_error(&error, sse::Framing::JsonRpc { id, version })

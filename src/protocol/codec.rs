@@ -75,14 +75,31 @@ pub(super) fn to_json(value: impl serde::Serialize) -> Value {
     serde_json::to_value(value).unwrap_or(Value::Null)
 }
 
-/// A result written as JSON text at once. A sent message's answer, the hottest of all, skips
-/// the `Value` tree: building, serializing and dropping it cost more than writing the text.
-pub type JsonText = Box<serde_json::value::RawValue>;
+/// A result written as JSON text at once, by serde_json (so valid JSON). A sent message's
+/// answer, the hottest of all, skips the `Value` tree: building, serializing and dropping it
+/// cost more than writing the text.
+#[derive(Debug, Clone)]
+pub struct JsonText(Vec<u8>);
+
+impl JsonText {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+}
 
 /// A wire type as JSON text (see [`to_json`] on why it cannot fail).
 pub(super) fn to_text(value: impl serde::Serialize) -> JsonText {
-    serde_json::value::to_raw_value(&value)
-        .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned())
+    // Sized for a usual task, so that it is written without growing the buffer again and again.
+    let mut text = Vec::with_capacity(4096);
+    if serde_json::to_writer(&mut text, &value).is_err() {
+        text.clear();
+        text.extend_from_slice(b"null");
+    }
+    JsonText(text)
 }
 
 // ---- decoding ----

@@ -4,6 +4,7 @@
 //! business (`http::errors`).
 
 use super::WireVersion;
+use super::codec::JsonText;
 use super::fields::FieldError;
 use serde_json::{Map, Value, json};
 
@@ -369,6 +370,21 @@ pub fn success<'a, R: ?Sized + serde::Serialize>(
         id,
         result,
     }
+}
+
+/// A success around a result already written as JSON text: the envelope is written around
+/// the text, which is copied once.
+pub fn success_text(id: &RequestId, result: &JsonText) -> Vec<u8> {
+    let mut body = Vec::with_capacity(result.as_bytes().len() + 64);
+    body.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    if serde_json::to_writer(&mut body, id).is_err() {
+        // An id is a string, a number or null (`RpcRequest::parse`): it always serializes.
+        body.extend_from_slice(b"null");
+    }
+    body.extend_from_slice(br#","result":"#);
+    body.extend_from_slice(result.as_bytes());
+    body.push(b'}');
+    body
 }
 
 pub fn failure(id: &RequestId, error: &RpcError, version: WireVersion) -> Value {

@@ -72,7 +72,7 @@ where
     J: Message + Default + DeserializeOwned,
     P: Message + Default,
 {
-    from_twin::<J, P>(serde_json::from_str(text.get()))
+    from_twin::<J, P>(serde_json::from_slice(text.as_bytes()))
 }
 
 fn from_twin<J, P>(twin: Result<J, serde_json::Error>) -> Result<P, RpcError>
