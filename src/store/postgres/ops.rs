@@ -97,8 +97,15 @@ pub(super) const META_COLUMNS: &str = "context_id, principal, created_at, update
 const MESSAGE_BATCH: i64 = 256;
 
 pub(super) fn encode<T: Serialize>(value: &T) -> String {
-    // Serialising our own plain data types to JSON cannot fail (no maps with non-string keys).
-    serde_json::to_string(value).unwrap_or_default()
+    // Sized for a usual record (a message, a task), so that it is written without growing the
+    // buffer again and again; it lives only until its statement is sent.
+    let mut text = Vec::with_capacity(2048);
+    // Serialising our own plain data types to JSON cannot fail (no maps with non-string keys),
+    // and serde_json writes UTF-8.
+    match serde_json::to_writer(&mut text, value) {
+        Ok(()) => String::from_utf8(text).unwrap_or_default(),
+        Err(_) => String::new(),
+    }
 }
 
 pub(super) fn decode<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, Failure> {

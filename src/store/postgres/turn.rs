@@ -200,9 +200,14 @@ pub(super) struct StartedTurn {
 /// `prefix ++ seq ++ "]}"` once the statement knows the caller's message's `seq`. `history_seqs`
 /// is the record's last field (`…,"history_seqs":[]}`); None if it is not.
 fn record_around_seq(stored: &StoredTask) -> Option<(String, &'static str)> {
-    let mut open = stored.clone();
-    open.history_seqs.clear();
-    let record = encode(&open);
+    let record = match stored.history_seqs.is_empty() {
+        true => encode(stored),
+        false => {
+            let mut open = stored.clone();
+            open.history_seqs.clear();
+            encode(&open)
+        }
+    };
     let prefix = record.strip_suffix("\"history_seqs\":[]}")?;
     Some((format!("{prefix}\"history_seqs\":["), "]}"))
 }
