@@ -4,6 +4,7 @@
 #
 #   benches/callgrind_turns.sh [BINARY]        # default target/release/colloquy
 #   C=64 TURNS=5 TOTAL=256 benches/callgrind_turns.sh
+#   PG=1 benches/callgrind_turns.sh BINARY     # a node on a throwaway PostgreSQL
 #
 # Runs `colloquy serve` under callgrind on a fresh data folder, warms up with one turn per
 # conversation, zeroes the counters, runs TOTAL conversations x TURNS turns with the load
@@ -13,6 +14,9 @@
 # Checkpoints (the memtable moving into sled, about once a second) are left out by default
 # (CHECKPOINT_MS=3600000): how many land in the measured window depends on how slowly valgrind
 # runs, which would make the count vary. CHECKPOINT_MS=1000 puts them back in.
+#
+# PG=1 runs the node on a throwaway PostgreSQL instead (Debian's initdb/pg_ctl, as nobody when
+# run as root; durable defaults): the count is then the node's instructions only.
 set -euo pipefail
 # The servers started here serve HTTP only (gRPC on, at its default port, would clash).
 export COLLOQUY_GRPC_LISTEN="${COLLOQUY_GRPC_LISTEN-}"
@@ -21,7 +25,20 @@ BIN=${1:-target/release/colloquy}
 C=${C:-64}; TURNS=${TURNS:-5}; TOTAL=${TOTAL:-256}; PORT=${PORT:-18131}
 LOADGEN=${LOADGEN:-$BIN}
 WORK=$(mktemp -d); echo "work: $WORK" >&2
-trap 'kill $PID 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
+PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
+AS=()
+[ "$(id -u)" = 0 ] && AS=(runuser -u nobody --)
+stop_db() { [ -f "$WORK/db/data/postmaster.pid" ] && "${AS[@]}" "$PG_BIN/pg_ctl" -D "$WORK/db/data" -m fast -w stop >/dev/null 2>&1 || true; }
+trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; stop_db; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
+if [ -n "${PG:-}" ]; then
+  DB_PORT=$((PORT + 1))
+  chmod 755 "$WORK"; mkdir "$WORK/db"
+  [ ${#AS[@]} -gt 0 ] && chown nobody "$WORK/db"
+  "${AS[@]}" "$PG_BIN/initdb" -D "$WORK/db/data" -U postgres --auth=trust -E UTF8 --locale=C >/dev/null
+  "${AS[@]}" "$PG_BIN/pg_ctl" -D "$WORK/db/data" -l "$WORK/db/log" -w -o "-p $DB_PORT -k $WORK/db \
+    -c listen_addresses=127.0.0.1 -c max_connections=200 -c min_wal_size=1GB" start >/dev/null
+  export COLLOQUY_STORE__URL="postgres://postgres@127.0.0.1:$DB_PORT/postgres"
+fi
 COLLOQUY_STORE__CHECKPOINT_INTERVAL_MS=${CHECKPOINT_MS:-3600000} \
   valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" --instr-atstart=no \
   "$BIN" serve --listen 127.0.0.1:$PORT --data "$WORK/d" 2>"$WORK/vg.log" &

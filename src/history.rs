@@ -69,7 +69,14 @@ pub fn render_prompt(history: &[HistoryEntry], current: &str, limits: HistoryLim
     if shown.is_empty() {
         return current.to_owned();
     }
-    let mut out = String::with_capacity(current.len() + 128 + shown.len() * 64);
+    // Sized for the texts as they usually are (one line each), so the prompt is written
+    // without growing: a few hundred bytes a message, not 64.
+    let texts: usize = shown
+        .iter()
+        .map(|entry| entry.text.len().min(limits.max_chars.saturating_mul(4)) + 16)
+        .sum();
+    let mut out =
+        String::with_capacity(OPEN_MARKER.len() + CLOSE_MARKER.len() + texts + current.len() + 4);
     out.push_str(OPEN_MARKER);
     out.push('\n');
     for entry in shown {

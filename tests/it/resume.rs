@@ -181,7 +181,9 @@ async fn next(events: &mut Events) -> Option<Event> {
 }
 
 fn parse_id(id: &str) -> (u64, u32) {
-    let (turn, n) = id.split_once('.').expect("an id <turn>.<n>");
+    let (turn, n) = id
+        .split_once('.')
+        .unwrap_or_else(|| panic!("an id <turn>.<n>, not {id:?}"));
     (turn.parse().expect("turn"), n.parse().expect("n"))
 }
 
