@@ -86,8 +86,15 @@ impl TaskRegistry {
         self.shard(&hub.task_id).insert(hub.task_id.clone(), hub);
     }
 
-    pub(super) fn remove(&self, hub: &TaskHub) {
-        self.shard(&hub.task_id).remove(&hub.task_id);
+    /// Unlists `hub`, and only it: the task's next turn may have listed its own since.
+    pub(super) fn remove(&self, hub: &Arc<TaskHub>) {
+        let mut shard = self.shard(&hub.task_id);
+        if shard
+            .get(&hub.task_id)
+            .is_some_and(|listed| Arc::ptr_eq(listed, hub))
+        {
+            shard.remove(&hub.task_id);
+        }
     }
 
     /// The hub of a running task, if it belongs to `principal`.

@@ -211,11 +211,15 @@ impl Turn {
         hub
     }
 
-    /// Frees everything, then publishes the outcome: the conversation is free before anyone
-    /// hears the reply.
+    /// Frees the conversation, then publishes the outcome: the conversation is free before
+    /// anyone hears the reply. The task stays listed live until its hub has published: a
+    /// resume arriving meanwhile asks the hub, which logs the last events under its lock, rather
+    /// than finding neither a running hub nor a log that has ended (it then answered with the
+    /// stored task, without an event id).
     fn end(mut self, result: SendResult) {
         self.ended = true;
         let hub = self.hub.take();
+        let listed = self.listed.take();
         drop(self);
         if let SendResult::Task(task) = &result {
             metrics::counter!("colloquy_tasks_total", "state" => task.status.state.as_str())
@@ -224,6 +228,7 @@ impl Turn {
         if let Some(hub) = hub {
             hub.finish(result);
         }
+        drop(listed);
     }
 }
 
