@@ -198,16 +198,9 @@ pub(super) struct StartedTurn {
 
 /// The task record with its history's sequence numbers left open: the record is
 /// `prefix ++ seq ++ "]}"` once the statement knows the caller's message's `seq`. `history_seqs`
-/// is the record's last field (`…,"history_seqs":[]}`); None if it is not.
+/// is the record's last field and a new task's is empty (`…,"history_seqs":[]}`); None if not.
 fn record_around_seq(stored: &StoredTask) -> Option<(String, &'static str)> {
-    let record = match stored.history_seqs.is_empty() {
-        true => encode(stored),
-        false => {
-            let mut open = stored.clone();
-            open.history_seqs.clear();
-            encode(&open)
-        }
-    };
+    let record = encode(stored);
     let prefix = record.strip_suffix("\"history_seqs\":[]}")?;
     Some((format!("{prefix}\"history_seqs\":["), "]}"))
 }
