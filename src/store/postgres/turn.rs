@@ -223,7 +223,7 @@ impl Ops {
         turn: &BeginTurn,
     ) -> Result<Option<TurnBegun>, Failure> {
         let key = turn.key;
-        let mut stored = new_task(turn);
+        let stored = new_task(turn);
         let Some((record_prefix, record_suffix)) = record_around_seq(&stored) else {
             return Ok(None);
         };
@@ -241,20 +241,39 @@ impl Ops {
             record_suffix,
             window_len: read_len,
         };
-        let row = match self.steps.start(step).await {
-            Ok(row) => row,
-            Err(failure) => {
-                // A lost connection leaves it unknown whether the commit was stored.
-                if failure.connection_lost() {
-                    // The caller is told to retry: take back what may have been stored.
-                    failover::undo_unanswered_start(self.pool.clone(), self.unanswered(turn, &key));
-                }
-                return Err(failure);
+        let row = self.steps.start(step).await.inspect_err(|failure| {
+            // A lost connection leaves it unknown whether the commit was stored.
+            if failure.connection_lost() {
+                // The caller is told to retry: take back what may have been stored.
+                failover::undo_unanswered_start(self.pool.clone(), self.unanswered(turn, &key));
             }
+        })?;
+        // The start is committed from here on: whatever fails now (reading the row, the
+        // window's read, a failover between the two round trips) tells the caller to retry, so
+        // the start must be taken back as well, or the conversation would keep a message
+        // nobody answered.
+        let take_back = |_: &Failure| {
+            failover::undo_unanswered_start(self.pool.clone(), self.unanswered(turn, &key));
         };
-        let Some(taken) = Taken::of(&row)? else {
+        let Some(taken) = Taken::of(&row).inspect_err(take_back)? else {
             return busy_or_general(turn, &row);
         };
+        self.after_start(turn, key, stored, taken, &row, window_len)
+            .await
+            .inspect_err(take_back)
+            .map(Some)
+    }
+
+    /// A taken start's committed row, read into the turn begun.
+    async fn after_start(
+        &self,
+        turn: &BeginTurn,
+        key: ConversationKey,
+        mut stored: StoredTask,
+        taken: Taken,
+        row: &Row,
+        window_len: i64,
+    ) -> Result<TurnBegun, Failure> {
         let seq = taken.next_seq - 1;
         // The snapshot is the conversation as the take found it unless a turn ended between
         // them (it moved `next_seq`; a fencing step that moved only the token changed no message).
@@ -283,7 +302,7 @@ impl Ops {
         stored.history_seqs.push(seq);
         let mut task = stored.task.clone();
         task.history = vec![turn.message.clone()];
-        Ok(Some(self.begun(turn, key, taken, stored, task, recent)))
+        Ok(self.begun(turn, key, taken, stored, task, recent))
     }
 
     /// A committed start: remembered for its end and counted.
