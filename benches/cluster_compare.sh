@@ -142,9 +142,9 @@ run() { # name urls node-pids...
   for pid in "$@"; do node_ticks=$((node_ticks + $(ticks "$pid") - before[i])); i=$((i + 1)); done
   tail -1 "$WORK/last.out" | jq -c --arg name "$name" --argjson nodes "$node_ticks" \
     --argjson loadgen "${lg_ticks:-0}" --arg pgb "$pg_before" --arg pga "$pg_after" \
-    --argjson hz "$(getconf CLK_TCK)" --argjson walb "$wal_before" --argjson wala "$wal_after" \
+    --argjson hz "$(getconf CLK_TCK)" --argjson round "${ROUND:-0}" --argjson walb "$wal_before" --argjson wala "$wal_after" \
     --rawfile statements "$WORK/statements.$name" \
-    '. + {name: $name, hz: $hz, node_ticks: $nodes, loadgen_ticks: $loadgen, pg_before: $pgb, pg_after: $pga, wal_before: $walb, wal_after: $wala, statements: $statements}'
+    '. + {name: $name, round: $round, hz: $hz, node_ticks: $nodes, loadgen_ticks: $loadgen, pg_before: $pgb, pg_after: $pga, wal_before: $walb, wal_after: $wala, statements: $statements}'
 }
 
 RESULTS="$WORK/results.jsonl"
@@ -158,9 +158,9 @@ TOTAL_SAVED=$TOTAL; TOTAL=$CONVERSATIONS
 run warm "$SLED_URL" "$SLED_PID" >/dev/null
 run warm "$A_URL,$B_URL" "$PG_A_PID" "$PG_B_PID" >/dev/null
 TOTAL=$TOTAL_SAVED
-for round in $(seq 1 "$ROUNDS"); do
+for ROUND in $(seq 1 "$ROUNDS"); do
   configs=("sled" "pg_one" "pg_two")
-  [ $((round % 2)) -eq 0 ] && configs=("pg_two" "pg_one" "sled")
+  [ $((ROUND % 2)) -eq 0 ] && configs=("pg_two" "pg_one" "sled")
   for config in "${configs[@]}"; do
     case $config in
       sled) run "1 node, sled" "$SLED_URL" "$SLED_PID" >>"$RESULTS" ;;
@@ -182,8 +182,13 @@ def pg_delta(r):
     return {k: after.get(k, 0) - before.get(k, 0) for k in after}
 sled = [r["turns_per_s"] for r in rows if r["name"] == "1 node, sled"]
 base = sum(sled) / len(sled) if sled else float("nan")
+# The machine is shared and its speed drifts over a long run (sled's own node too): each run is
+# also compared with the sled run of its own round, three runs apart at most.
+round_sled = {r["round"]: r["turns_per_s"] for r in rows if r["name"] == "1 node, sled"}
+def x_round(r):
+    return r["turns_per_s"] / round_sled.get(r["round"], float("nan"))
 print()
-print(f"{'setup':<20} {'turns/s':>8} {'x sled':>6} {'p50 ms':>7} {'p99 ms':>7} {'max':>7} "
+print(f"{'setup':<20} {'turns/s':>8} {'x sled':>6} {'x round':>7} {'p50 ms':>7} {'p99 ms':>7} {'max':>7} "
       f"{'ok/sent':>11} {'errors':>6}  {'CPU us/turn: nodes':>18} {'postgres':>8} {'loadgen':>7} {'total':>6}")
 for r in rows:
     hz, ok = r["hz"], max(r["turns_ok"], 1)
@@ -192,11 +197,16 @@ for r in rows:
     l = r["latency_ms"]
     errors = sum(r["errors"].values())
     total = r["node_ticks"] + pg + r["loadgen_ticks"]
-    print(f"{r['name']:<20} {r['turns_per_s']:>8.0f} {r['turns_per_s'] / base:>6.2f} {l['p50']:>7.2f} "
+    print(f"{r['name']:<20} {r['turns_per_s']:>8.0f} {r['turns_per_s'] / base:>6.2f} {x_round(r):>7.2f} {l['p50']:>7.2f} "
           f"{l['p99']:>7.2f} {l['max']:>7.1f} {str(r['turns_ok']) + '/' + str(r['turns_sent']):>11} "
           f"{errors:>6}  {us(r['node_ticks']):>18.0f} {us(pg):>8.0f} {us(r['loadgen_ticks']):>7.0f} {us(total):>6.0f}")
     if r["errors"]:
         print(f"{'':<20} errors: {r['errors']}")
+for name in ("1 node, PostgreSQL", "2 nodes, PostgreSQL"):
+    ratios = [x_round(r) for r in rows if r["name"] == name]
+    if ratios:
+        print(f"{name}: x its round's sled, mean {sum(ratios) / len(ratios):.2f} "
+              f"({min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} runs)")
 print("\nPostgreSQL CPU by process kind, us per turn:")
 for r in rows:
     if "PostgreSQL" not in r["name"]:
