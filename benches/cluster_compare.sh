@@ -8,6 +8,8 @@
 #   PG_SETTINGS="-c synchronous_commit=off" benches/cluster_compare.sh   # server settings to try
 #   DB_DELAY_MS=1 benches/cluster_compare.sh       # the nodes reach the database 1 ms away (each way)
 #   PARTITIONS=8 benches/cluster_compare.sh        # tables hash-partitioned by conversation key
+#   PREFILL=200000 ROUNDS=6 benches/cluster_compare.sh  # a database in service: that many turns
+#                                                  # stored first, then vacuumed and checkpointed
 #
 # Builds release (unless COLLOQUY names a binary); starts its own throwaway PostgreSQL (Debian's
 # initdb/pg_ctl, as nobody when run as root; durable defaults: fsync and synchronous_commit on;
@@ -153,6 +155,17 @@ echo "nproc=$(nproc) load=$(cut -d' ' -f1-3 /proc/loadavg) postgres=$("$PG_BIN/p
 SLED_URL="http://127.0.0.1:$SLED_PORT/"
 A_URL="http://127.0.0.1:$PG_A_PORT/"
 B_URL="http://127.0.0.1:$PG_B_PORT/"
+if [ "${PREFILL:-0}" -gt 0 ]; then
+  # The database as a service's would be: large, its dead rows vacuumed, its pages checkpointed.
+  # The two nodes store PREFILL turns first (each turn as measured: CONVERSATIONS in flight).
+  echo "prefill: $PREFILL turns..." >&2
+  TOTAL_SAVED=$TOTAL; TOTAL=$((PREFILL / TURNS))
+  run prefill "http://127.0.0.1:$PG_A_PORT/,http://127.0.0.1:$PG_B_PORT/" "$PG_A_PID" "$PG_B_PID" |
+    jq -r '"prefill: \(.turns_ok) turns at \(.turns_per_s | floor) turns/s"' >&2
+  TOTAL=$TOTAL_SAVED
+  psql -c "VACUUM ANALYZE" -c "CHECKPOINT" >/dev/null
+  psql -c "SELECT 'prefill: ' || pg_size_pretty(pg_database_size('postgres'))" >&2
+fi
 # Warm every node (connections, pools, allocator, page cache).
 TOTAL_SAVED=$TOTAL; TOTAL=$CONVERSATIONS
 run warm "$SLED_URL" "$SLED_PID" >/dev/null
