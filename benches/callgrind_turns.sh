@@ -25,19 +25,13 @@ BIN=${1:-target/release/colloquy}
 C=${C:-64}; TURNS=${TURNS:-5}; TOTAL=${TOTAL:-256}; PORT=${PORT:-18131}
 LOADGEN=${LOADGEN:-$BIN}
 WORK=$(mktemp -d); echo "work: $WORK" >&2
-PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
-AS=()
-[ "$(id -u)" = 0 ] && AS=(runuser -u nobody --)
-stop_db() { [ -f "$WORK/db/data/postmaster.pid" ] && "${AS[@]}" "$PG_BIN/pg_ctl" -D "$WORK/db/data" -m fast -w stop >/dev/null 2>&1 || true; }
-trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; stop_db; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
+source benches/pg.sh
+trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; pg_stop "$WORK"; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
 if [ -n "${PG:-}" ]; then
   DB_PORT=$((PORT + 1))
-  chmod 755 "$WORK"; mkdir "$WORK/db"
-  [ ${#AS[@]} -gt 0 ] && chown nobody "$WORK/db"
-  "${AS[@]}" "$PG_BIN/initdb" -D "$WORK/db/data" -U postgres --auth=trust -E UTF8 --locale=C >/dev/null
-  "${AS[@]}" "$PG_BIN/pg_ctl" -D "$WORK/db/data" -l "$WORK/db/log" -w -o "-p $DB_PORT -k $WORK/db \
-    -c listen_addresses=127.0.0.1 -c max_connections=200 -c min_wal_size=1GB" start >/dev/null
-  export COLLOQUY_STORE__URL="postgres://postgres@127.0.0.1:$DB_PORT/postgres"
+  pg_start "$WORK" "$DB_PORT" -c min_wal_size=1GB
+  COLLOQUY_STORE__URL=$(pg_url "$DB_PORT")
+  export COLLOQUY_STORE__URL
 fi
 COLLOQUY_STORE__CHECKPOINT_INTERVAL_MS=${CHECKPOINT_MS:-3600000} \
   valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" --instr-atstart=no \

@@ -38,42 +38,32 @@ if [ -z "${COLLOQUY:-}" ]; then
 fi
 COLLOQUY=$(realpath "${COLLOQUY:-target/release/colloquy}")
 
-PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
-[ -x "$PG_BIN/initdb" ] || { echo "no PostgreSQL binaries (set PG_BIN)" >&2; exit 1; }
-AS=()
-[ "$(id -u)" = 0 ] && AS=(runuser -u nobody --)
+source benches/pg.sh
 
 WORK=$(mktemp -d)
-chmod 755 "$WORK"
 PIDS=()
 cleanup() {
   for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  [ -f "$WORK/db/data/postmaster.pid" ] && "${AS[@]}" "$PG_BIN/pg_ctl" -D "$WORK/db/data" -m fast -w stop >/dev/null 2>&1 || true
+  pg_stop "$WORK"
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-mkdir "$WORK/db"
-[ ${#AS[@]} -gt 0 ] && chown nobody "$WORK/db"
-"${AS[@]}" "$PG_BIN/initdb" -D "$WORK/db/data" -U postgres --auth=trust -E UTF8 --locale=C >/dev/null
-"${AS[@]}" "$PG_BIN/pg_ctl" -D "$WORK/db/data" -l "$WORK/db/log" -w -t 60 \
-  -o "-p $DB_PORT -k $WORK/db -c listen_addresses=127.0.0.1 -c max_connections=200 \
-      -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_planning=on \
-      -c autovacuum_naptime=${NAPTIME:-1min} -c min_wal_size=1GB \
-      ${PG_SETTINGS:-}" \
-  start >/dev/null
-psql() { "$PG_BIN/psql" -h 127.0.0.1 -p "$DB_PORT" -U postgres -d postgres -qAtX "$@"; }
+pg_start "$WORK" "$DB_PORT" -c shared_preload_libraries=pg_stat_statements \
+  -c pg_stat_statements.track_planning=on -c autovacuum_naptime="${NAPTIME:-1min}" \
+  -c min_wal_size=1GB ${PG_SETTINGS:-}
+psql() { pg_psql "$DB_PORT" "$@"; }
 psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
 psql -f benches/pg_recycled_wal.sql >/dev/null
-DB_URL="postgres://postgres@127.0.0.1:$DB_PORT/postgres"
+DB_URL=$(pg_url "$DB_PORT")
 if [ -n "${DB_DELAY_MS:-}" ]; then
   # The nodes reach the database through a proxy that delays each read by DB_DELAY_MS.
   PROXY_PORT=$((BASE + 4))
   python3 benches/delay_proxy.py "$PROXY_PORT" 127.0.0.1 "$DB_PORT" "$DB_DELAY_MS" &
   PIDS+=($!)
   for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PROXY_PORT") 2>/dev/null && break; sleep 0.05; done
-  DB_URL="postgres://postgres@127.0.0.1:$PROXY_PORT/postgres"
+  DB_URL=$(pg_url "$PROXY_PORT")
 fi
 POSTMASTER=$(head -1 "$WORK/db/data/postmaster.pid")
 

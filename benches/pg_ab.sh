@@ -21,10 +21,7 @@ cd "$(dirname "$0")/.."
 BINARIES=("$(realpath "$1")" "$(realpath "$2")")
 NODES=${NODES:-1} ROUNDS=${ROUNDS:-3} CONVERSATIONS=${CONVERSATIONS:-64}
 TOTAL=${TOTAL:-2048} PORT=${PORT:-18399}
-PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
-[ -x "$PG_BIN/initdb" ] || { echo "no PostgreSQL binaries (set PG_BIN)" >&2; exit 1; }
-AS=()
-[ "$(id -u)" = 0 ] && AS=(runuser -u nobody --)
+source benches/pg.sh
 
 ticks() { # the summed utime + stime of the PIDs given (comma or space separated)
   for pid in ${1//,/ }; do awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null; done |
@@ -34,18 +31,13 @@ ticks() { # the summed utime + stime of the PIDs given (comma or space separated
 one_run() { # binary label -> one result line
   local bin=$1 label=$2 work urls="" nodes="" i
   work=$(mktemp -d)
-  chmod 755 "$work"
-  mkdir "$work/db"
-  [ ${#AS[@]} -gt 0 ] && chown nobody "$work/db"
-  "${AS[@]}" "$PG_BIN/initdb" -D "$work/db/data" -U postgres --auth=trust -E UTF8 --locale=C >/dev/null
-  "${AS[@]}" "$PG_BIN/pg_ctl" -D "$work/db/data" -l "$work/db/log" -w -o "-p $PORT -k $work/db \
-    -c listen_addresses=127.0.0.1 -c max_connections=200 -c autovacuum_naptime=${NAPTIME:-1min} \
-    -c min_wal_size=1GB -c shared_preload_libraries=pg_stat_statements" start >/dev/null
-  psql() { "$PG_BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -qAtX "$@"; }
+  pg_start "$work" "$PORT" -c autovacuum_naptime="${NAPTIME:-1min}" -c min_wal_size=1GB \
+    -c shared_preload_libraries=pg_stat_statements
+  psql() { pg_psql "$PORT" "$@"; }
   psql -c "CREATE EXTENSION pg_stat_statements" >/dev/null
   psql -f benches/pg_recycled_wal.sql >/dev/null
   for i in $(seq 1 "$NODES"); do
-    COLLOQUY_STORE__URL="postgres://postgres@127.0.0.1:$PORT/postgres" "$bin" serve \
+    COLLOQUY_STORE__URL=$(pg_url "$PORT") "$bin" serve \
       --listen "127.0.0.1:$((PORT - i))" --data "$work/node$i" --log-format json 2>"$work/node$i.log" &
     nodes="$nodes $!"
     urls="$urls,http://127.0.0.1:$((PORT - i))/"
@@ -75,7 +67,7 @@ one_run() { # binary label -> one result line
       statements: $statements}'
   for pid in $nodes; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  "${AS[@]}" "$PG_BIN/pg_ctl" -D "$work/db/data" -m fast -w stop >/dev/null
+  pg_stop "$work"
   rm -rf "$work"
 }
 
