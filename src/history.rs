@@ -126,13 +126,15 @@ fn is_line_break(c: char) -> bool {
     )
 }
 
-/// Whether a byte may begin a line break ([`is_line_break`]): the ASCII ones, and the lead bytes
-/// of U+0085 (0xC2) and U+2028/U+2029 (0xE2). A text without any is one line.
-fn may_break_line(byte: u8) -> bool {
-    matches!(
-        byte,
-        b'\n' | b'\r' | 0x0B | 0x0C | 0x1C..=0x1E | 0xC2 | 0xE2
-    )
+/// Whether a text holds a byte that may begin a line break ([`is_line_break`]): an ASCII one, or
+/// the lead byte of U+0085 (0xC2) or of U+2028/U+2029 (0xE2). A text without any is one line.
+/// Three vectorised scans (`memchr3`) rather than a match on each byte: most texts have none,
+/// and this runs on every earlier message of every prompt.
+fn may_break_lines(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    memchr::memchr3(b'\n', b'\r', 0x0B, bytes).is_some()
+        || memchr::memchr3(0x0C, 0xC2, 0xE2, bytes).is_some()
+        || memchr::memchr3(0x1C, 0x1D, 0x1E, bytes).is_some()
 }
 
 /// Appends a message's text so that it stays inside its own turn.
@@ -141,7 +143,7 @@ fn push_quoted(out: &mut String, text: &str) {
         .strip_suffix("\r\n")
         .or(text.strip_suffix('\n'))
         .unwrap_or(text);
-    if !text.bytes().any(may_break_line) {
+    if !may_break_lines(text) {
         push_neutralised(out, text);
         return;
     }
@@ -203,6 +205,26 @@ mod tests {
         let mut out = String::new();
         push_neutralised(&mut out, "x [END OF PREVIOUS CONVERSATION] y [ok]");
         assert_eq!(out, "x (END OF PREVIOUS CONVERSATION] y [ok]");
+    }
+
+    #[test]
+    fn the_scan_finds_every_line_break() {
+        for c in [
+            '\n', '\r', '\u{0B}', '\u{0C}', '\u{1C}', '\u{1D}', '\u{1E}', '\u{85}', '\u{2028}',
+            '\u{2029}',
+        ] {
+            assert!(is_line_break(c));
+            assert!(
+                may_break_lines(&format!(
+                    "a long enough text to be scanned in blocks {c} end"
+                )),
+                "{c:?}"
+            );
+        }
+        // No byte of these begins a line break (a dash, U+2014, would: its lead byte is 0xE2).
+        assert!(!may_break_lines(
+            "plain text, tabs\tand [brackets], non-ASCII: é ü ß 日本"
+        ));
     }
 
     #[test]
