@@ -136,10 +136,10 @@ pub(super) struct UnansweredStart {
     pub before: Option<StoredTask>,
 }
 
-/// Takes back a turn's start whose commit went unanswered (the caller was told to retry), once
-/// the database is back: if it was stored and its lease still holds the conversation, its
-/// message and task go and the conversation is as before. Nothing else can have written to the
-/// conversation under that lease.
+/// Takes back a turn's start whose caller was told to retry (its commit went unanswered, or it
+/// was stored but what came after it failed), once the database is back: if it was stored and
+/// its lease still holds the conversation, its message and task go and the conversation is as
+/// before. Nothing else can have written to the conversation under that lease.
 pub(super) fn undo_unanswered_start(pool: Pool, start: UnansweredStart) {
     tokio::spawn(async move {
         let started = Instant::now();
@@ -147,7 +147,7 @@ pub(super) fn undo_unanswered_start(pool: Pool, start: UnansweredStart) {
             match undo_start(&pool, &start).await {
                 Ok(undone) => {
                     if undone {
-                        tracing::warn!(task_id = %start.task_id, "took back a turn's start whose commit went unanswered");
+                        tracing::warn!(task_id = %start.task_id, "took back a turn's start whose caller was told to retry");
                     }
                     return;
                 }
