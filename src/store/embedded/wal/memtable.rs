@@ -21,10 +21,12 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 /// A key's latest write since the table was frozen: its value, or None for deleted.
 type Slot = Option<Vec<u8>>;
 
-/// A lock-free skiplist. (A B-tree behind a reader-writer lock was tried: 5% fewer instructions
-/// per turn, but with it sled failed to reopen in about one power-cut test run in five (20 cuts
-/// each), panicking in its own recovery, where the skiplist passed 16 runs; why is not
-/// understood, so the skiplist stays: docs/performance.md.)
+/// A lock-free skiplist. (A B-tree behind a reader-writer lock was tried on 2026-11-30: 5% fewer
+/// instructions per turn, but sled then failed to reopen in about one power-cut test run in
+/// five. That failure was later traced to sled itself (its log buffers were not durably synced
+/// before reuse; fixed in the vendored sled, vendor/sled/COLLOQUY.md), so the B-tree is worth
+/// measuring again: the skiplist's searches are about 38k instructions of a turn now,
+/// docs/architecture.md.)
 #[derive(Default)]
 pub(super) struct Memtable {
     map: SkipMap<Vec<u8>, Slot>,
