@@ -11,8 +11,9 @@
 
 use crate::store::StoreResult;
 use crate::store::embedded::kv::{KvOp, KvPair};
-use crossbeam_skiplist::SkipMap;
+use parking_lot::RwLock;
 use std::cmp::Ordering;
+use std::collections::BTreeMap;
 use std::iter::Peekable;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -21,15 +22,15 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 /// A key's latest write since the table was frozen: its value, or None for deleted.
 type Slot = Option<Vec<u8>>;
 
-/// A lock-free skiplist. (A B-tree behind a reader-writer lock was tried on 2026-11-30: 5% fewer
-/// instructions per turn, but sled then failed to reopen in about one power-cut test run in
-/// five. That failure was later traced to sled itself (its log buffers were not durably synced
-/// before reuse; fixed in the vendored sled, vendor/sled/COLLOQUY.md), so the B-tree is worth
-/// measuring again: the skiplist's searches are about 38k instructions of a turn now,
-/// docs/architecture.md.)
+/// A B-tree behind a reader-writer lock: one write lock a batch (the store thread is the only
+/// writer), a read lock a lookup or a cursor step. (A lock-free skiplist came first; its
+/// searches cost about 38k instructions a turn, a `memcmp` call a step down its levels. The
+/// B-tree was tried on 2026-11-30 and set aside when sled then failed to reopen in about one
+/// power-cut test run in five; that failure was later traced to sled itself, its log buffers
+/// not durably synced before reuse, fixed in the vendored sled: vendor/sled/COLLOQUY.md.)
 #[derive(Default)]
 pub(super) struct Memtable {
-    map: SkipMap<Vec<u8>, Slot>,
+    map: RwLock<BTreeMap<Vec<u8>, Slot>>,
     /// Bytes written into the table (an upper bound on its size: a key written twice counts
     /// twice; a lookup per write to be exact would cost more than an early checkpoint).
     bytes: AtomicUsize,
@@ -37,16 +38,20 @@ pub(super) struct Memtable {
 
 impl Memtable {
     pub(super) fn insert(&self, ops: Vec<KvOp>) {
+        let mut bytes = 0;
+        let mut map = self.map.write();
         for op in ops {
             let (key, value) = split(op);
-            self.bytes.fetch_add(entry_bytes(&key, &value), Relaxed);
-            self.map.insert(key, value);
+            bytes += entry_bytes(&key, &value);
+            map.insert(key, value);
         }
+        drop(map);
+        self.bytes.fetch_add(bytes, Relaxed);
     }
 
     /// Some(value or None for deleted) when the table holds a write of the key.
     pub(super) fn get(&self, key: &[u8]) -> Option<Slot> {
-        self.map.get(key).map(|entry| entry.value().clone())
+        self.map.read().get(key).cloned()
     }
 
     pub(super) fn bytes(&self) -> usize {
@@ -54,21 +59,26 @@ impl Memtable {
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.map.read().is_empty()
     }
 
-    /// Every write, in key order, to hand to the inner store.
+    /// Every write, in key order, to hand to the inner store (a frozen table: no writer waits
+    /// on the read lock held meanwhile).
     pub(super) fn writes(&self) -> impl Iterator<Item = KvOp> + '_ {
-        self.map.iter().map(|entry| match entry.value() {
-            Some(value) => KvOp::Put(entry.key().clone(), value.clone()),
-            None => KvOp::Delete(entry.key().clone()),
-        })
+        let map = self.map.read();
+        let writes: Vec<KvOp> = map
+            .iter()
+            .map(|(key, slot)| match slot {
+                Some(value) => KvOp::Put(key.clone(), value.clone()),
+                None => KvOp::Delete(key.clone()),
+            })
+            .collect();
+        writes.into_iter()
     }
 }
 
-/// Writes gathered by one thread (replaying the log) into a memtable built in key order at
-/// the end: a skiplist filled in key order finds each place in cache, several times faster
-/// than filling it in log order.
+/// Writes gathered by one thread (replaying the log) without a lock, into a memtable at the
+/// end.
 #[derive(Default)]
 pub(super) struct Collecting {
     map: std::collections::BTreeMap<Vec<u8>, Slot>,
@@ -89,14 +99,10 @@ impl Collecting {
     }
 
     pub(super) fn into_memtable(self) -> Memtable {
-        let table = Memtable {
-            map: SkipMap::new(),
+        Memtable {
+            map: RwLock::new(self.map),
             bytes: AtomicUsize::new(self.bytes),
-        };
-        for (key, value) in self.map {
-            table.map.insert(key, value);
         }
-        table
     }
 }
 
@@ -146,20 +152,40 @@ impl Iterator for Cursor {
     type Item = (Vec<u8>, Slot);
 
     fn next(&mut self) -> Option<Self::Item> {
-        let mut range = self.table.map.range((self.from.clone(), self.to.clone()));
-        let entry = if self.reverse {
-            range.next_back()
-        } else {
-            range.next()
-        }?;
-        let key = entry.key().clone();
+        if holds_nothing(&self.from, &self.to) {
+            // `BTreeMap::range` panics on such bounds (a cursor's moved past its end, or a
+            // caller's empty range): there is nothing to find.
+            return None;
+        }
+        let (key, slot) = {
+            let map = self.table.map.read();
+            let mut range = map.range((self.from.clone(), self.to.clone()));
+            let (key, slot) = if self.reverse {
+                range.next_back()
+            } else {
+                range.next()
+            }?;
+            (key.clone(), slot.clone())
+        };
         let past = Bound::Excluded(key.clone());
         if self.reverse {
             self.to = past;
         } else {
             self.from = past;
         }
-        Some((key, entry.value().clone()))
+        Some((key, slot))
+    }
+}
+
+/// Whether no key lies between the bounds: the start past the end, or both at one key with
+/// either side excluded.
+fn holds_nothing(from: &Bound<Vec<u8>>, to: &Bound<Vec<u8>>) -> bool {
+    use Bound::{Excluded, Included};
+    match (from, to) {
+        (Included(start) | Excluded(start), Included(end) | Excluded(end)) => {
+            start > end || (start == end && !matches!((from, to), (Included(_), Included(_))))
+        }
+        _ => false,
     }
 }
 
@@ -194,6 +220,71 @@ impl Iterator for Merge<'_> {
                 return Some(Ok((key, value)));
             }
             // Deleted since the table was started: hides the entry underneath, if any.
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(keys: &[&[u8]]) -> Arc<Memtable> {
+        let table = Memtable::default();
+        table.insert(
+            keys.iter()
+                .map(|key| KvOp::Put(key.to_vec(), b"v".to_vec()))
+                .collect(),
+        );
+        Arc::new(table)
+    }
+
+    fn walk(
+        table: &Arc<Memtable>,
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        reverse: bool,
+    ) -> Vec<Vec<u8>> {
+        let cursor = Cursor {
+            table: table.clone(),
+            from: from.map(<[u8]>::to_vec),
+            to: to.map(<[u8]>::to_vec),
+            reverse,
+        };
+        cursor.map(|(key, _)| key).collect()
+    }
+
+    #[test]
+    fn a_cursor_walks_its_range_either_way() {
+        let t = table(&[b"a", b"b", b"c", b"d"]);
+        let keys = |list: &[&[u8]]| list.iter().map(|k| k.to_vec()).collect::<Vec<_>>();
+        use Bound::{Excluded, Included, Unbounded};
+        assert_eq!(
+            walk(&t, Included(b"b"), Excluded(b"d"), false),
+            keys(&[b"b", b"c"])
+        );
+        assert_eq!(
+            walk(&t, Included(b"b"), Excluded(b"d"), true),
+            keys(&[b"c", b"b"])
+        );
+        assert_eq!(
+            walk(&t, Unbounded, Unbounded, true),
+            keys(&[b"d", b"c", b"b", b"a"])
+        );
+        assert_eq!(
+            walk(&t, Included(b"c"), Included(b"c"), false),
+            keys(&[b"c"])
+        );
+    }
+
+    #[test]
+    fn bounds_that_hold_nothing_walk_nothing_rather_than_panic() {
+        let t = table(&[b"a", b"b", b"c"]);
+        use Bound::{Excluded, Included};
+        for reverse in [false, true] {
+            assert!(walk(&t, Included(b"c"), Included(b"a"), reverse).is_empty());
+            assert!(walk(&t, Excluded(b"b"), Excluded(b"b"), reverse).is_empty());
+            assert!(walk(&t, Included(b"b"), Excluded(b"b"), reverse).is_empty());
+            assert!(walk(&t, Excluded(b"b"), Included(b"b"), reverse).is_empty());
         }
     }
 }
