@@ -62,18 +62,19 @@ impl Memtable {
         self.map.read().is_empty()
     }
 
-    /// Every write, in key order, to hand to the inner store (a frozen table: no writer waits
-    /// on the read lock held meanwhile).
-    pub(super) fn writes(&self) -> impl Iterator<Item = KvOp> + '_ {
+    /// The next `count` writes in key order after the key `after` (from the first when None),
+    /// to hand to the inner store a slice at a time: the read lock is held for one slice, and
+    /// only one slice is copied out at once.
+    pub(super) fn writes_after(&self, after: Option<&[u8]>, count: usize) -> Vec<KvOp> {
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
         let map = self.map.read();
-        let writes: Vec<KvOp> = map
-            .iter()
+        map.range::<[u8], _>((from, Bound::Unbounded))
+            .take(count)
             .map(|(key, slot)| match slot {
                 Some(value) => KvOp::Put(key.clone(), value.clone()),
                 None => KvOp::Delete(key.clone()),
             })
-            .collect();
-        writes.into_iter()
+            .collect()
     }
 }
 
@@ -274,6 +275,33 @@ mod tests {
             walk(&t, Included(b"c"), Included(b"c"), false),
             keys(&[b"c"])
         );
+    }
+
+    #[test]
+    fn writes_come_out_in_slices_in_key_order_deletes_included() {
+        let t = table(&[b"c", b"a", b"d", b"b", b"e"]);
+        t.insert(vec![KvOp::Delete(b"b".to_vec())]);
+        let mut seen = Vec::new();
+        let mut last: Option<Vec<u8>> = None;
+        loop {
+            let slice = t.writes_after(last.as_deref(), 2);
+            let Some(KvOp::Put(key, _) | KvOp::Delete(key)) = slice.last() else {
+                break;
+            };
+            assert!(slice.len() <= 2);
+            last = Some(key.clone());
+            seen.extend(slice);
+        }
+        let seen: Vec<(Vec<u8>, Slot)> = seen.into_iter().map(split).collect();
+        let put = |k: &[u8]| (k.to_vec(), Some(b"v".to_vec()));
+        let expected = vec![
+            put(b"a"),
+            (b"b".to_vec(), None),
+            put(b"c"),
+            put(b"d"),
+            put(b"e"),
+        ];
+        assert_eq!(seen, expected);
     }
 
     #[test]

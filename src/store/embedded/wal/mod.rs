@@ -390,11 +390,15 @@ fn applied(seq: u64) -> KvOp {
 /// position. Returns the writes moved.
 fn move_into<B: KvBackend>(inner: &B, table: &Memtable, covered: u64) -> StoreResult<usize> {
     let mut moved = 0;
-    let mut writes = table.writes().peekable();
+    let mut last: Option<Vec<u8>> = None;
     // One write at a time: sled's atomic batches lock its readers out. A crash part way
     // leaves the old position, and recovery replays every batch of the cut from the log.
-    while writes.peek().is_some() {
-        let slice: Vec<KvOp> = writes.by_ref().take(INNER_BATCH_OPS).collect();
+    loop {
+        let slice = table.writes_after(last.as_deref(), INNER_BATCH_OPS);
+        let Some(KvOp::Put(key, _) | KvOp::Delete(key)) = slice.last() else {
+            break;
+        };
+        last = Some(key.clone());
         moved += slice.len();
         inner.apply_each(slice)?;
     }
