@@ -12,6 +12,14 @@ pub enum KvOp {
     Delete(Vec<u8>),
 }
 
+impl KvOp {
+    pub fn key(&self) -> &[u8] {
+        match self {
+            KvOp::Put(key, _) | KvOp::Delete(key) => key,
+        }
+    }
+}
+
 /// An ordered key-value store with atomic batches and explicit durability.
 pub trait KvBackend: Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>>;

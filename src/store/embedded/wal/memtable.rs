@@ -78,35 +78,6 @@ impl Memtable {
     }
 }
 
-/// Writes gathered by one thread (replaying the log) without a lock, into a memtable at the
-/// end.
-#[derive(Default)]
-pub(super) struct Collecting {
-    map: std::collections::BTreeMap<Vec<u8>, Slot>,
-    bytes: usize,
-}
-
-impl Collecting {
-    pub(super) fn insert(&mut self, ops: Vec<KvOp>) {
-        for op in ops {
-            let (key, value) = split(op);
-            self.bytes += entry_bytes(&key, &value);
-            self.map.insert(key, value);
-        }
-    }
-
-    pub(super) fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    pub(super) fn into_memtable(self) -> Memtable {
-        Memtable {
-            map: RwLock::new(self.map),
-            bytes: AtomicUsize::new(self.bytes),
-        }
-    }
-}
-
 fn split(op: KvOp) -> (Vec<u8>, Slot) {
     match op {
         KvOp::Put(key, value) => (key, Some(value)),
@@ -285,11 +256,11 @@ mod tests {
         let mut last: Option<Vec<u8>> = None;
         loop {
             let slice = t.writes_after(last.as_deref(), 2);
-            let Some(KvOp::Put(key, _) | KvOp::Delete(key)) = slice.last() else {
+            let Some(op) = slice.last() else {
                 break;
             };
             assert!(slice.len() <= 2);
-            last = Some(key.clone());
+            last = Some(op.key().to_vec());
             seen.extend(slice);
         }
         let seen: Vec<(Vec<u8>, Slot)> = seen.into_iter().map(split).collect();

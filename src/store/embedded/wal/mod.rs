@@ -395,10 +395,10 @@ fn move_into<B: KvBackend>(inner: &B, table: &Memtable, covered: u64) -> StoreRe
     // leaves the old position, and recovery replays every batch of the cut from the log.
     loop {
         let slice = table.writes_after(last.as_deref(), INNER_BATCH_OPS);
-        let Some(KvOp::Put(key, _) | KvOp::Delete(key)) = slice.last() else {
+        let Some(op) = slice.last() else {
             break;
         };
-        last = Some(key.clone());
+        last = Some(op.key().to_vec());
         moved += slice.len();
         inner.apply_each(slice)?;
     }
@@ -430,7 +430,7 @@ fn recover<B: KvBackend>(
     let mut last_seq = applied;
     let mut replayed = 0u64;
     // Collected as a checkpoint would, so a key written by many batches is written once.
-    let mut table = memtable::Collecting::default();
+    let mut table = Memtable::default();
     log::read_all(dir, |seq, mut ops| {
         if seq > last_seq {
             // The position is written last, once the writes are durable.
@@ -439,12 +439,11 @@ fn recover<B: KvBackend>(
             last_seq = seq;
             replayed += 1;
             if table.bytes() > table_bytes {
-                move_into(inner, &std::mem::take(&mut table).into_memtable(), last_seq)?;
+                move_into(inner, &std::mem::take(&mut table), last_seq)?;
             }
         }
         Ok(())
     })?;
-    let table = table.into_memtable();
     if replayed > 0 {
         tracing::info!(
             batches = replayed,
