@@ -274,7 +274,7 @@ fn turn(c: &mut Criterion) {
             let hub = engine.send(ANONYMOUS, valid).await.expect("turn starts");
             let result = hub.wait_final().await;
             assert!(
-                matches!(result, Some(colloquy::model::SendResult::Task(ref t)) if t.status.state == colloquy::model::TaskState::Completed),
+                matches!(result.as_deref(), Some(colloquy::model::SendResult::Task(t)) if t.status.state == colloquy::model::TaskState::Completed),
                 "the turn completes: {result:?}"
             );
         }

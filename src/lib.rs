@@ -4,14 +4,15 @@
 //! shows the agent the whole thread behind a guard marker, runs one task at a time per
 //! conversation, and keeps conversations strictly apart.
 //!
-//! Layout: [`model`] the internal types; [`store`] persistence; [`history`] guarded rendering;
-//! [`agent`] backends; [`engine`] the actors; [`protocol`] the two wire versions; [`http`] the
-//! JSON-RPC front; [`app`] the composition root that builds and wires them; [`telemetry`] the
-//! metrics recorder; [`cli`] the commands; [`config`] layered configuration; [`error`] what every
-//! layer's errors share (causes, and rendering them for logs).
+//! Layout: [`model`] the internal types; [`json`] JSON text of them; [`store`] persistence;
+//! [`history`] guarded rendering; [`agent`] backends; [`engine`] the actors; [`protocol`] the two
+//! wire versions; [`http`] the JSON-RPC front; [`app`] the composition root that builds and wires
+//! them; [`telemetry`] the metrics recorder; [`cli`] the commands; [`config`] layered
+//! configuration; [`error`] what every layer's errors share (causes, and rendering them for
+//! logs).
 //!
-//! Dependencies point one way: `protocol` is a pure wire library (model only), `store` knows
-//! neither engine nor HTTP, nothing below `http` knows `http` (`tests/it/layering.rs` checks).
+//! Dependencies point one way: `protocol` is a pure wire library (model and json only), `store`
+//! knows neither engine nor HTTP, nothing below `http` knows `http` (`tests/it/layering.rs` checks).
 
 pub mod agent;
 pub mod app;
@@ -24,6 +25,7 @@ pub mod engine;
 pub mod error;
 pub mod history;
 pub mod http;
+pub mod json;
 pub mod model;
 pub mod protocol;
 pub mod push;

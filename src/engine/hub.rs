@@ -28,7 +28,7 @@ pub struct TaskHub {
     turn: u64,
     logs: Arc<ResumeLogs>,
     state: Mutex<HubState>,
-    done: watch::Sender<Option<SendResult>>,
+    done: watch::Sender<Option<Arc<SendResult>>>,
     buffer: usize,
 }
 
@@ -305,8 +305,8 @@ impl TaskHub {
         let id = Some(self.newest(state));
         if state.finished {
             if snapshot {
-                let item = match self.done.borrow().clone() {
-                    Some(SendResult::Message(message)) => StreamItem::Message(message),
+                let item = match self.done.borrow().as_deref() {
+                    Some(SendResult::Message(message)) => StreamItem::Message(message.clone()),
                     _ => StreamItem::Task(state.task.clone()),
                 };
                 let _ = tx.try_send(Sequenced { id, item });
@@ -444,12 +444,12 @@ impl TaskHub {
 
     /// Ends the turn: closes the reply artifact, sends the final status, closes every stream and
     /// wakes blocking senders. Call only after the outcome is durable.
-    pub fn finish(&self, result: SendResult) {
+    pub fn finish(&self, result: Arc<SendResult>) {
         let mut state = self.lock();
         if state.finished {
             return;
         }
-        match &result {
+        match &*result {
             SendResult::Message(message) if !state.open => {
                 self.broadcast(&mut state, StreamItem::Message(message.clone()));
             }
@@ -501,7 +501,7 @@ impl TaskHub {
     }
 
     /// Resolves with the turn's outcome once [`TaskHub::finish`] ran.
-    pub async fn wait_final(&self) -> Option<SendResult> {
+    pub async fn wait_final(&self) -> Option<Arc<SendResult>> {
         let mut rx = self.done.subscribe();
         let result = rx.wait_for(Option::is_some).await.ok()?;
         result.clone()

@@ -151,9 +151,9 @@ impl Engine {
         &self,
         principal: &str,
         message: ValidMessage,
-    ) -> EngineResult<SendResult> {
+    ) -> EngineResult<Arc<SendResult>> {
         match self.start_turn(principal, message, When::Finished).await? {
-            Answer::Finished(result) => Ok(*result),
+            Answer::Finished(result) => Ok(result),
             Answer::Started { hub, .. } => hub
                 .wait_final()
                 .await
@@ -286,8 +286,8 @@ impl Engine {
             CancelOutcome::Stopping(stopping) => stopping,
         };
         let hub = turn::stopped_hub(stopping, task_id).await?;
-        match hub.wait_final().await {
-            Some(SendResult::Task(task)) => Ok(task),
+        match hub.wait_final().await.as_deref() {
+            Some(SendResult::Task(task)) => Ok(task.clone()),
             _ => self.get_task(principal, task_id).await,
         }
     }

@@ -137,8 +137,8 @@ pub enum Answer {
         hub: Arc<TaskHub>,
         subscription: Option<Subscription>,
     },
-    /// Once the outcome is stored.
-    Finished(Box<SendResult>),
+    /// Once the outcome is stored: the one the hub publishes, shared rather than copied.
+    Finished(Arc<SendResult>),
 }
 
 pub(super) enum AnswerWhen {
@@ -216,12 +216,12 @@ impl Turn {
     /// resume arriving meanwhile asks the hub, which logs the last events under its lock, rather
     /// than finding neither a running hub nor a log that has ended (it then answered with the
     /// stored task, without an event id).
-    fn end(mut self, result: SendResult) {
+    fn end(mut self, result: Arc<SendResult>) {
         self.ended = true;
         let hub = self.hub.take();
         let listed = self.listed.take();
         drop(self);
-        if let SendResult::Task(task) = &result {
+        if let SendResult::Task(task) = &*result {
             metrics::counter!("colloquy_tasks_total", "state" => task.status.state.as_str())
                 .increment(1);
         }
@@ -260,7 +260,7 @@ impl Drop for Turn {
                 }
             });
         }
-        hub.finish(SendResult::Task(task));
+        hub.finish(Arc::new(SendResult::Task(task)));
     }
 }
 
@@ -357,9 +357,10 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
             unstored(&hub, &e.to_string())
         }
     };
+    let result = Arc::new(result);
     turn.end(result.clone());
     if let Some(answer) = answer {
-        let _ = answer.send(Ok(Answer::Finished(Box::new(result))));
+        let _ = answer.send(Ok(Answer::Finished(result)));
     }
 }
 

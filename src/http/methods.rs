@@ -13,6 +13,7 @@ use crate::protocol::params::{
 use crate::protocol::{Method, RpcError, WireVersion, protojson};
 use crate::store::TaskQuery;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 const DEFAULT_PAGE_SIZE: u64 = 50;
 const MAX_PAGE_SIZE: u64 = 100;
@@ -151,12 +152,14 @@ impl Call<'_> {
         let engine = &self.state.engine;
         let result = if options.return_immediately {
             let hub = engine.send(self.principal, message).await;
-            SendResult::Task(hub.map_err(|e| self.engine_error(e))?.snapshot())
+            Arc::new(SendResult::Task(
+                hub.map_err(|e| self.engine_error(e))?.snapshot(),
+            ))
         } else {
             let result = engine.send_blocking(self.principal, message).await;
             result.map_err(|e| self.engine_error(e))?
         };
-        if let SendResult::Task(task) = &result {
+        if let SendResult::Task(task) = &*result {
             Self::record_task(Some(&task.id));
         }
         let view = TaskView {

@@ -77,9 +77,7 @@ pub(super) fn to_json(value: impl serde::Serialize) -> Value {
 
 /// A result written as JSON text at once (so valid JSON). A sent message's answer, the hottest
 /// of all, skips the `Value` tree: building, serializing and dropping it cost more than writing
-/// the text. The text is written by sonic-rs, whose string escaping scans 16 bytes at a time
-/// where serde_json looks up every byte (a turn's answer carries its texts three times); the
-/// output is serde_json's, byte for byte (a unit test pins it).
+/// the text ([`crate::json`]).
 #[derive(Debug, Clone)]
 pub struct JsonText(Vec<u8>);
 
@@ -93,16 +91,10 @@ impl JsonText {
     }
 }
 
-/// A wire type as JSON text (see [`to_json`] on why it cannot fail). Our wire types hold no
-/// `serde_json::value::RawValue`, which only serde_json's own serializer writes raw.
+/// A wire type as JSON text.
 pub(super) fn to_text(value: impl serde::Serialize) -> JsonText {
     // Sized for a usual task, so that it is written without growing the buffer again and again.
-    let mut text = Vec::with_capacity(4096);
-    if sonic_rs::to_writer(&mut text, &value).is_err() {
-        text.clear();
-        text.extend_from_slice(b"null");
-    }
-    JsonText(text)
+    JsonText(crate::json::to_vec(&value, 4096))
 }
 
 // ---- decoding ----
@@ -207,33 +199,5 @@ pub fn decode_send_result(version: WireVersion, value: &Value) -> FieldResult<Se
             "result",
             "expected a Task or a Message, got a stream event",
         )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn json_text_is_what_serde_json_writes() {
-        let texts = [
-            "plain text, long enough to take the vectorised path of the escaper: 0123456789",
-            "quotes \" and backslashes \\ and / slashes",
-            "controls \u{0}\u{1}\u{8}\u{9}\u{a}\u{c}\u{d}\u{1f}\u{7f} in a row",
-            "unicode é 漢字 🦀 and the separators \u{2028}\u{2029}",
-            "",
-        ];
-        for text in texts {
-            let value = serde_json::json!({
-                "text": text,
-                "nested": [{"k": text, "n": 12345678901234567u64, "m": -3, "b": true}, null],
-                text: "as a key",
-            });
-            let expected = serde_json::to_vec(&value).expect("serializable");
-            assert_eq!(
-                String::from_utf8_lossy(to_text(&value).as_bytes()),
-                String::from_utf8_lossy(&expected)
-            );
-        }
     }
 }

@@ -35,8 +35,8 @@ async fn turn(engine: &Engine, text: &str, context_id: Option<&str>) -> Result<T
     let hub = engine
         .send(ANONYMOUS, valid(engine, user(text, context_id))?)
         .await?;
-    match hub.wait_final().await {
-        Some(SendResult::Task(task)) => Ok(task),
+    match hub.wait_final().await.as_deref() {
+        Some(SendResult::Task(task)) => Ok(task.clone()),
         other => panic!("expected a task, got {other:?}"),
     }
 }
@@ -339,7 +339,7 @@ async fn the_kept_history_window_is_the_stored_one() {
             .send(ANONYMOUS, valid(&engine, message).unwrap())
             .await
             .unwrap();
-        let Some(SendResult::Task(task)) = hub.wait_final().await else {
+        let Some(SendResult::Task(task)) = hub.wait_final().await.as_deref().cloned() else {
             panic!("a task");
         };
         match text {
@@ -401,7 +401,7 @@ async fn input_required_does_not_hold_the_context_and_continues_by_task_id() {
         .send(ANONYMOUS, valid(&engine, answer).unwrap())
         .await
         .unwrap();
-    let Some(SendResult::Task(done)) = hub.wait_final().await else {
+    let Some(SendResult::Task(done)) = hub.wait_final().await.as_deref().cloned() else {
         panic!("task")
     };
     assert_eq!(done.id, asked.id);

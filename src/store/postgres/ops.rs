@@ -98,14 +98,8 @@ const MESSAGE_BATCH: i64 = 256;
 
 pub(super) fn encode<T: Serialize>(value: &T) -> String {
     // Sized for a usual record (a message, a task), so that it is written without growing the
-    // buffer again and again; it lives only until its statement is sent.
-    let mut text = Vec::with_capacity(2048);
-    // Serialising our own plain data types to JSON cannot fail (no maps with non-string keys),
-    // and serde_json writes UTF-8.
-    match serde_json::to_writer(&mut text, value) {
-        Ok(()) => String::from_utf8(text).unwrap_or_default(),
-        Err(_) => String::new(),
-    }
+    // buffer again and again; it lives only until its statement is sent. JSON text is UTF-8.
+    String::from_utf8(crate::json::to_vec(value, 2048)).unwrap_or_default()
 }
 
 pub(super) fn decode<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, Failure> {
