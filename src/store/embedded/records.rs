@@ -182,22 +182,37 @@ impl Place {
         }
     }
 
-    /// The record type byte (`numbered` or `hashed`) and the conversation's part of the key.
-    fn prefix(&self, numbered: u8, hashed: u8) -> Vec<u8> {
-        match self {
-            Place::Numbered(number) => prefixed(numbered, &[&number.to_be_bytes()]),
-            Place::Hashed(key) => prefixed(hashed, &[key.as_bytes()]),
+    /// A key of this conversation's: the record type byte (`numbered` or `hashed`), the
+    /// conversation's part, then `rest`, in one allocation of the key's length.
+    fn key(&self, numbered: u8, hashed: u8, rest: &[&[u8]]) -> Vec<u8> {
+        let number;
+        let (kind, own): (u8, &[u8]) = match self {
+            Place::Numbered(n) => {
+                number = n.to_be_bytes();
+                (numbered, &number)
+            }
+            Place::Hashed(key) => (hashed, key.as_bytes()),
+        };
+        let len = 1 + own.len() + rest.iter().map(|part| part.len()).sum::<usize>();
+        let mut key = Vec::with_capacity(len);
+        key.push(kind);
+        key.extend_from_slice(own);
+        for part in rest {
+            key.extend_from_slice(part);
         }
-    }
-
-    fn message_key(&self, seq: u64) -> Vec<u8> {
-        let mut key = self.prefix(MESSAGE, HASHED_MESSAGE);
-        key.extend_from_slice(&seq.to_be_bytes());
         key
     }
 
+    fn message_key(&self, seq: u64) -> Vec<u8> {
+        self.key(MESSAGE, HASHED_MESSAGE, &[&seq.to_be_bytes()])
+    }
+
     fn task_index_prefix(&self) -> Vec<u8> {
-        self.prefix(TASKS_BY_CONVERSATION, HASHED_TASKS_BY_CONVERSATION)
+        self.task_index_key(&[])
+    }
+
+    fn task_index_key(&self, rest: &[&[u8]]) -> Vec<u8> {
+        self.key(TASKS_BY_CONVERSATION, HASHED_TASKS_BY_CONVERSATION, rest)
     }
 }
 
@@ -260,11 +275,8 @@ impl Keys {
 fn task_index_keys(keys: &Keys, record: &TaskRecord) -> [Vec<u8>; 2] {
     let ts = inverted_millis(&record.task.status.timestamp);
     let id = record.task.id.as_bytes();
-    let mut by_conversation = record.place().task_index_prefix();
-    by_conversation.extend_from_slice(&ts);
-    by_conversation.extend_from_slice(id);
     [
-        by_conversation,
+        record.place().task_index_key(&[&ts, id]),
         prefixed(TASKS_BY_PRINCIPAL, &[keys.principal.as_bytes(), &ts, id]),
     ]
 }
