@@ -49,7 +49,7 @@ pub async fn dispatch(
     version: WireVersion,
     method: Method,
     principal: &str,
-    base_url: &str,
+    base_url: Option<&str>,
     mut params: Value,
 ) -> RpcResult<Reply> {
     if version == WireVersion::V1 {
@@ -76,9 +76,12 @@ pub async fn dispatch(
                 .await
                 .map(Reply::Json)
         }
-        Method::GetExtendedAgentCard => {
-            super::card::extended_card(state, base_url).map(Reply::Json)
-        }
+        Method::GetExtendedAgentCard => match base_url {
+            Some(url) => super::card::extended_card(state, url).map(Reply::Json),
+            None => Err(RpcError::Internal(
+                "the binding gave no base URL for the extended card".into(),
+            )),
+        },
         Method::ListConversations => call.list_conversations().await.map(Reply::Json),
         Method::GetConversation => call.get_conversation().await.map(Reply::Json),
         Method::DeleteConversation => call.delete_conversation().await.map(Reply::Json),

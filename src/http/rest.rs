@@ -338,9 +338,15 @@ async fn serve(
         Dialect::V1 => WireVersion::V1,
     };
     let params = Value::Object(params);
-    let base_url = super::origin::base_url(state, req);
+    let base_url = super::origin::base_url_for(state, req, method);
     match rpc::call(
-        state, version, method, &principal, &base_url, params, started,
+        state,
+        version,
+        method,
+        &principal,
+        base_url.as_deref(),
+        params,
+        started,
     )
     .await
     {

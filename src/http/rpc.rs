@@ -242,7 +242,7 @@ async fn respond(
         return response;
     }
     let id = request.id.clone();
-    let base_url = super::origin::base_url(&state, &req);
+    let base_url = super::origin::base_url_for(&state, &req, method);
     let mut params = request.params;
     if method == Method::SubscribeToTask
         && let serde_json::Value::Object(params) = &mut params
@@ -250,7 +250,13 @@ async fn respond(
         sse::resume_point(&req, params);
     }
     match call(
-        &state, version, method, &principal, &base_url, params, started,
+        &state,
+        version,
+        method,
+        &principal,
+        base_url.as_deref(),
+        params,
+        started,
     )
     .await
     {
@@ -319,7 +325,7 @@ pub(super) async fn call(
     version: WireVersion,
     method: Method,
     principal: &str,
-    base_url: &str,
+    base_url: Option<&str>,
     params: serde_json::Value,
     started: Instant,
 ) -> Result<Reply, RpcError> {

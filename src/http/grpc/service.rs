@@ -162,7 +162,7 @@ impl A2aGrpc {
             WireVersion::V1,
             method,
             &principal,
-            &self.base_url,
+            Some(&self.base_url),
             params,
             started,
         )
