@@ -33,6 +33,8 @@ pub struct TaskHub {
 }
 
 struct HubState {
+    /// The task as the turn builds it. A finished turn's task is its outcome's, in `done`
+    /// ([`TaskHub::task_now`]): finishing copies nothing into this one.
     task: Task,
     reply_artifact: Option<usize>,
     /// Streams get the task once it is open; until then a message-capable agent may still answer
@@ -230,7 +232,15 @@ impl TaskHub {
     }
 
     pub fn snapshot(&self) -> Task {
-        self.lock().task.clone()
+        self.task_now(&self.lock())
+    }
+
+    /// The task as it stands: the outcome's once the turn finished with a task, else as built.
+    fn task_now(&self, state: &HubState) -> Task {
+        match self.done.borrow().as_deref() {
+            Some(SendResult::Task(task)) => task.clone(),
+            _ => state.task.clone(),
+        }
     }
 
     /// The id of the last event published (`n` 0 before the first).
@@ -282,7 +292,7 @@ impl TaskHub {
         let log = self.logs.open(&self.principal, &self.task_id);
         let newest = self.newest(state);
         if state.open && newest.n > 0 && log.newest() < Some(newest) {
-            log.record(newest, &StreamItem::Task(state.task.clone()));
+            log.record(newest, &StreamItem::Task(self.task_now(state)));
         }
         state.log = Some(log.clone());
         log
@@ -307,7 +317,8 @@ impl TaskHub {
             if snapshot {
                 let item = match self.done.borrow().as_deref() {
                     Some(SendResult::Message(message)) => StreamItem::Message(message.clone()),
-                    _ => StreamItem::Task(state.task.clone()),
+                    Some(SendResult::Task(task)) => StreamItem::Task(task.clone()),
+                    None => StreamItem::Task(state.task.clone()),
                 };
                 let _ = tx.try_send(Sequenced { id, item });
             }
@@ -469,7 +480,6 @@ impl TaskHub {
                     is_final: true,
                 };
                 self.broadcast(&mut state, StreamItem::Event(event));
-                state.task = task.clone();
             }
         }
         state.finished = true;
