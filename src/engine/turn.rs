@@ -320,7 +320,10 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
         AnswerWhen::Finished => Some(answer),
     };
     let (context_id, task_id) = (begun.task.context_id.clone(), begun.task.id.clone());
-    let request = agent_request(&begun, history.clone(), limits);
+    // The caller's message as the window will keep it, and as the prompt shows it.
+    let caller = begun.task.history.last().map(HistoryEntry::from);
+    let caller_text = caller.as_ref().map_or("", |entry| entry.text.as_str());
+    let request = agent_request(&begun, history.clone(), caller_text, limits);
     let outcome = drive(
         &shared.agent,
         request,
@@ -335,7 +338,6 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
     )
     .await;
     let mark = begun.mark;
-    let message = begun.task.history.last().cloned();
     let (result, mut end) = conclude(begun, outcome, hub.artifacts(), hub.reply_text());
     end.stream = hub.outline_at_end(&result);
     let reply = end.reply.clone();
@@ -347,8 +349,8 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
                 next_seq: mark.next_seq + u64::from(reply.is_some()),
                 ..mark
             };
-            if let Some(message) = &message {
-                window.keep_after(&shared, history, message, reply.as_ref(), stored);
+            if let Some(caller) = caller {
+                window.keep_after(&shared, history, caller, reply.as_ref(), stored);
             }
             result
         }
@@ -418,6 +420,7 @@ async fn stored_window(shared: &Shared, begun: &TurnBegun, limit: usize) -> Vec<
 fn agent_request(
     begun: &TurnBegun,
     history: Arc<Vec<HistoryEntry>>,
+    caller_text: &str,
     limits: crate::history::HistoryLimits,
 ) -> AgentRequest {
     let render_started = Instant::now();
@@ -425,7 +428,7 @@ fn agent_request(
         begun.task.history.last().cloned().unwrap_or_else(|| {
             Message::agent_text("", &begun.task.context_id, Some(&begun.task.id))
         });
-    let prompt = render_prompt(&history, &message.text(), limits);
+    let prompt = render_prompt(&history, caller_text, limits);
     metrics::histogram!("colloquy_history_render_seconds").record(render_started.elapsed());
     metrics::counter!("colloquy_history_messages_rendered_total").increment(history.len() as u64);
     AgentRequest {

@@ -104,13 +104,13 @@ impl Window {
     /// reply, cut to the latest `limit`; None if the budget cannot hold it.
     pub(super) fn after_turn(
         mut entries: Vec<HistoryEntry>,
-        message: &Message,
+        message: HistoryEntry,
         reply: Option<&Message>,
         mark: ConversationMark,
         limit: usize,
         budget: &Arc<WindowBudget>,
     ) -> Option<Window> {
-        entries.push(HistoryEntry::from(message));
+        entries.push(message);
         entries.extend(reply.map(HistoryEntry::from));
         let excess = entries.len().saturating_sub(limit);
         entries.drain(..excess);
@@ -149,13 +149,13 @@ impl KeptWindow {
         *self.0.lock() = Some(window);
     }
 
-    /// Keeps the window after a turn that stored `message` and `reply` and left its
-    /// conversation at `mark`; `shown` is the window its agent was shown.
+    /// Keeps the window after a turn that stored the caller's `message` and `reply` and left
+    /// its conversation at `mark`; `shown` is the window its agent was shown.
     pub(super) fn keep_after(
         &self,
         shared: &Shared,
         shown: Arc<Vec<HistoryEntry>>,
-        message: &Message,
+        message: HistoryEntry,
         reply: Option<&Message>,
         mark: ConversationMark,
     ) {
