@@ -484,7 +484,8 @@ impl TaskHub {
         }
         state.finished = true;
         state.subscribers.clear();
-        drop(state);
+        // Published under the lock: a finished hub's task is the outcome's (`task_now`), so no
+        // reader may find the hub finished before the outcome is there.
         self.done.send_replace(Some(result));
     }
 
