@@ -315,6 +315,7 @@ impl TaskHub {
         let id = Some(self.newest(state));
         if state.finished {
             if snapshot {
+                // `task_now`'s choice, with a message besides (one borrow of `done`).
                 let item = match self.done.borrow().as_deref() {
                     Some(SendResult::Message(message)) => StreamItem::Message(message.clone()),
                     Some(SendResult::Task(task)) => StreamItem::Task(task.clone()),

@@ -338,18 +338,7 @@ async fn serve(
         Dialect::V1 => WireVersion::V1,
     };
     let params = Value::Object(params);
-    let base_url = super::origin::base_url_for(state, req, method);
-    match rpc::call(
-        state,
-        version,
-        method,
-        &principal,
-        base_url.as_deref(),
-        params,
-        started,
-    )
-    .await
-    {
+    match rpc::call_over_http(req, state, version, method, &principal, params, started).await {
         Ok(Reply::Json(result)) if dialect == Dialect::V1 => super::json_ok(&result),
         Ok(Reply::Text(result)) if dialect == Dialect::V1 => super::json_body(result.into_bytes()),
         Ok(Reply::Stream(stream)) => {

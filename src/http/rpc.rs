@@ -242,24 +242,13 @@ async fn respond(
         return response;
     }
     let id = request.id.clone();
-    let base_url = super::origin::base_url_for(&state, &req, method);
     let mut params = request.params;
     if method == Method::SubscribeToTask
         && let serde_json::Value::Object(params) = &mut params
     {
         sse::resume_point(&req, params);
     }
-    match call(
-        &state,
-        version,
-        method,
-        &principal,
-        base_url.as_deref(),
-        params,
-        started,
-    )
-    .await
-    {
+    match call_over_http(&req, &state, version, method, &principal, params, started).await {
         Ok(Reply::Json(result)) => super::json_ok(&success(&id, &result)),
         Ok(Reply::Text(result)) => super::json_body(success_text(&id, &result)),
         Ok(Reply::Stream(stream)) => sse::respond(stream, sse::Framing::JsonRpc { id, version }),
@@ -317,6 +306,30 @@ pub(super) async fn read_limited_body(
     let limits = &state.config.limits;
     let deadline = Duration::from_millis(limits.body_timeout_ms);
     read_body(req, payload, limits.body_bytes, deadline).await
+}
+
+/// [`call`] for a request of an HTTP binding (JSON-RPC, HTTP+JSON): the base URL is the one
+/// its client reached this server by (`origin.rs`).
+pub(super) async fn call_over_http(
+    req: &HttpRequest,
+    state: &AppState,
+    version: WireVersion,
+    method: Method,
+    principal: &str,
+    params: serde_json::Value,
+    started: Instant,
+) -> Result<Reply, RpcError> {
+    let base_url = super::origin::base_url_for(state, req, method);
+    call(
+        state,
+        version,
+        method,
+        principal,
+        base_url.as_deref(),
+        params,
+        started,
+    )
+    .await
 }
 
 /// One method call, whichever binding it came by: traced, dispatched, counted.

@@ -193,14 +193,7 @@ impl Place {
             }
             Place::Hashed(key) => (hashed, key.as_bytes()),
         };
-        let len = 1 + own.len() + rest.iter().map(|part| part.len()).sum::<usize>();
-        let mut key = Vec::with_capacity(len);
-        key.push(kind);
-        key.extend_from_slice(own);
-        for part in rest {
-            key.extend_from_slice(part);
-        }
-        key
+        joined(kind, own, rest)
     }
 
     fn message_key(&self, seq: u64) -> Vec<u8> {
@@ -224,10 +217,16 @@ pub struct Conversation {
 }
 
 fn prefixed(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
-    let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
+    joined(kind, &[], parts)
+}
+
+/// `kind`, `first`, then `rest`, in one allocation of the key's length.
+fn joined(kind: u8, first: &[u8], rest: &[&[u8]]) -> Vec<u8> {
+    let len = 1 + first.len() + rest.iter().map(|part| part.len()).sum::<usize>();
     let mut key = Vec::with_capacity(len);
     key.push(kind);
-    for part in parts {
+    key.extend_from_slice(first);
+    for part in rest {
         key.extend_from_slice(part);
     }
     key
