@@ -209,7 +209,8 @@ impl ContextActor {
             window: self.window.clone(),
         };
         let turn = Turn::new(self.shared.clone(), claim, permit);
-        actix_rt::spawn(turn::run(turn, request).instrument(span));
+        // Boxed: a turn's future is a few KB, which spawning and finishing would each copy.
+        actix_rt::spawn(Box::pin(turn::run(turn, request)).instrument(span));
         Ok(answered)
     }
 }

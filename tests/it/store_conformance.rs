@@ -538,6 +538,103 @@ pub async fn listings_page_newest_first_each_once(f: Fixture) {
     assert!(matches!(bad, Err(StoreError::BadPageToken)));
 }
 
+/// The ids of a principal's tasks as listed, page by page (`page_size` a page), and the
+/// total each page reported.
+async fn listed_ids(store: &SharedStore, principal: &str, base: TaskQuery) -> (Vec<String>, usize) {
+    let (mut ids, mut token) = (Vec::new(), None);
+    loop {
+        let query = TaskQuery {
+            page_token: token,
+            ..base.clone()
+        };
+        let page = store.list_tasks(principal, query).await.unwrap();
+        ids.extend(page.items.into_iter().map(|t| t.id));
+        if page.next_page_token.is_empty() {
+            return (ids, page.total_size);
+        }
+        token = Some(page.next_page_token);
+    }
+}
+
+/// A running task is listed with the settled ones (newest status first, once, in every
+/// scope and filter), exported with its conversation, and listed once more when it ends.
+pub async fn running_tasks_are_listed_and_exported_with_the_rest(f: Fixture) {
+    let store = &f.store;
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(3));
+    let done = store_turn(&**store, "runner", "done", "finished", Some("ok")).await;
+    pause().await;
+    let waiting = store
+        .begin_turn(begin_request("runner", "waits", "ask me"))
+        .await
+        .unwrap();
+    let asked = finish_request(&waiting, Some("which?"), TaskState::InputRequired);
+    store.finish_turn(asked).await.unwrap();
+    pause().await;
+    let running = store
+        .begin_turn(begin_request("runner", "runs", "still going"))
+        .await
+        .unwrap();
+    let newest_first = vec![
+        running.task.id.clone(),
+        waiting.task.id.clone(),
+        done.task.id.clone(),
+    ];
+    let all = TaskQuery::default();
+    assert_eq!(
+        listed_ids(store, "runner", all.clone()).await,
+        (newest_first.clone(), 3)
+    );
+    let one_a_page = TaskQuery {
+        page_size: 1,
+        ..TaskQuery::default()
+    };
+    assert_eq!(
+        listed_ids(store, "runner", one_a_page).await,
+        (newest_first.clone(), 3),
+        "pages run across running and settled tasks"
+    );
+    let page = store.list_tasks("runner", all.clone()).await.unwrap();
+    assert_eq!(page.items[0].status.state, TaskState::Working);
+    let working = TaskQuery {
+        state: Some(TaskState::Working),
+        ..TaskQuery::default()
+    };
+    assert_eq!(
+        listed_ids(store, "runner", working).await,
+        (vec![running.task.id.clone()], 1)
+    );
+    for (context_id, task_id) in [("runs", &running.task.id), ("done", &done.task.id)] {
+        let one = TaskQuery {
+            context_id: Some(context_id.into()),
+            ..TaskQuery::default()
+        };
+        assert_eq!(
+            listed_ids(store, "runner", one).await,
+            (vec![task_id.clone()], 1)
+        );
+    }
+    assert_eq!(
+        listed_ids(store, "someone else", all.clone()).await,
+        (Vec::new(), 0)
+    );
+    let exported = export_all(store, Some("runner")).await;
+    let runs = exported
+        .iter()
+        .find(|c| c.meta.context_id == "runs")
+        .expect("the running conversation is exported");
+    let tasks: Vec<&str> = runs.tasks.iter().map(|t| t.task.id.as_str()).collect();
+    assert_eq!(tasks, [running.task.id.as_str()]);
+
+    pause().await;
+    let end = finish_request(&running, Some("done now"), TaskState::Completed);
+    store.finish_turn(end).await.unwrap();
+    assert_eq!(
+        listed_ids(store, "runner", all).await,
+        (newest_first, 3),
+        "once, settled"
+    );
+}
+
 pub async fn principals_and_look_alike_ids_stay_apart(f: Fixture) {
     let store = &f.store;
     let ids = ["a", "A", "a ", "a/", "tenant/a", "tenanta", "a\u{0}"];
@@ -768,6 +865,7 @@ macro_rules! conformance {
                 history_windows_and_message_pages,
                 a_known_mark_spares_the_window_until_someone_else_writes,
                 listings_page_newest_first_each_once,
+                running_tasks_are_listed_and_exported_with_the_rest,
                 principals_and_look_alike_ids_stay_apart,
                 waiting_tasks_continue_and_cancel,
                 delete_removes_everything_of_one_conversation,

@@ -67,7 +67,8 @@ impl Ops {
     }
 
     /// The conversations whose lease is held (expired ones not yet swept too), soonest to
-    /// expire first, with their holders: the partial index on `lease_expires` serves it.
+    /// expire first, with their holders: read from the index of running conversations (it holds
+    /// nothing else), sorted.
     pub(super) async fn held_leases(&self, limit: usize) -> Result<Vec<HeldLease>, Failure> {
         let limit = limit.min(10_000) as i64;
         let client = self.client().await?;

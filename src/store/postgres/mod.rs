@@ -374,7 +374,10 @@ impl PgStore {
         })
     }
 
-    /// Runs an operation on the store's runtime.
+    /// Runs an operation on the store's runtime. The operation's future is boxed before it is
+    /// spawned: a turn step's is several KB (every state of every path it may take, inline), and
+    /// the runtime moves a task's whole future-or-output slot when it stores and takes the
+    /// output, so unboxed each step copied about 20 KB (docs/performance.md).
     fn run<T, F, Fut>(&self, op: F) -> BoxFuture<'static, StoreResult<T>>
     where
         T: Send + 'static,
@@ -386,7 +389,7 @@ impl PgStore {
         Box::pin(async move {
             let handle = handle.ok_or_else(|| StoreError::backend_msg("the store is closed"))?;
             handle
-                .spawn(op(ops))
+                .spawn(Box::pin(op(ops)))
                 .await
                 .map_err(|e| StoreError::backend("store operation", e))?
         })

@@ -65,6 +65,23 @@ const LOAD_TASK_SQL: &str =
 const LOCK_TASK_SQL: &str =
     "SELECT conv_key, principal, record FROM colloquy_tasks WHERE task_id = $1 FOR UPDATE";
 
+/// The tasks of one conversation or principal (`t.{scope} = $1`, `scope` a column both tables
+/// have: `conv_key` or `principal_key`) that meet `condition` (on `t`), each of the two parts
+/// ending with `tail` (an order and limit): the settled tasks (past working: `TaskState::code`,
+/// submitted 0, working 1), which the listing indexes hold (migration 8), and the running
+/// conversations' tasks, which they do not. A task that is not settled is its conversation's
+/// running task: the same transactions set its state and `running_task`.
+pub(super) fn scoped_tasks(scope: &str, columns: &str, condition: &str, tail: &str) -> String {
+    format!(
+        "(SELECT {columns} FROM colloquy_tasks t \
+             WHERE t.{scope} = $1 AND t.state > 1 AND {condition} {tail}) \
+         UNION ALL (SELECT {columns} FROM colloquy_conversations c JOIN colloquy_tasks t \
+                 ON t.task_id = c.running_task AND t.conv_key = c.conv_key \
+             WHERE c.{scope} = $1 AND c.running_task IS NOT NULL AND t.state <= 1 \
+                 AND {condition} {tail})"
+    )
+}
+
 /// Turn starts and ends written the general way, in several round trips (`turn.rs` says when).
 const GENERAL_STEPS: &str = "colloquy_store_general_turn_steps_total";
 
@@ -185,7 +202,9 @@ impl Ops {
             return Ok(begun);
         }
         metrics::counter!(GENERAL_STEPS).increment(1);
-        let begun = self.begin_in_transaction(turn).await;
+        // Boxed, as the end's: the general path's states would otherwise make every start's
+        // future their size, and it is moved whole when spawned.
+        let begun = Box::pin(self.begin_in_transaction(turn)).await;
         self.outbox.notify_one();
         begun
     }
@@ -334,7 +353,7 @@ impl Ops {
             return Ok(());
         }
         metrics::counter!(GENERAL_STEPS).increment(1);
-        let finished = self.finish_in_transaction(end).await;
+        let finished = Box::pin(self.finish_in_transaction(end)).await;
         self.outbox.notify_one();
         finished
     }
@@ -650,26 +669,31 @@ impl Ops {
         };
         let state = query.state.map(|s| s.code() as i16);
         let status_after = query.status_after.map(|t| t.timestamp_millis().max(0));
-        let filters = format!(
-            "{} = $1 AND ($2::SMALLINT IS NULL OR state = $2) \
-             AND ($3::BIGINT IS NULL OR status_ms > $3)",
-            scope.0
-        );
+        let filters =
+            "($2::SMALLINT IS NULL OR t.state = $2) AND ($3::BIGINT IS NULL OR t.status_ms > $3)";
         let client = self.client().await?;
+        let counts = scoped_tasks(scope.0, "count(*) AS n", filters, "");
         let total: i64 = client
             .query_one(
-                &format!("SELECT count(*) FROM colloquy_tasks WHERE {filters}"),
+                &format!("SELECT COALESCE(sum(n), 0)::BIGINT FROM ({counts}) AS counts"),
                 &[&scope.1, &state, &status_after],
             )
             .await?
             .get(0);
         let limit = query.page_size.min(i64::MAX as usize - 1) as i64 + 1;
+        let page = scoped_tasks(
+            scope.0,
+            "t.conv_key, t.principal, t.record, t.status_ms, t.task_id",
+            &format!(
+                "{filters} AND ($4::BIGINT IS NULL OR t.status_ms < $4 \
+                     OR (t.status_ms = $4 AND t.task_id > $5))"
+            ),
+            "ORDER BY t.status_ms DESC, t.task_id LIMIT $6",
+        );
         let rows = client
             .query(
                 &format!(
-                    "SELECT conv_key, principal, record, status_ms, task_id FROM colloquy_tasks \
-                     WHERE {filters} AND ($4::BIGINT IS NULL OR status_ms < $4 \
-                         OR (status_ms = $4 AND task_id > $5)) \
+                    "SELECT conv_key, principal, record, status_ms, task_id FROM ({page}) AS page \
                      ORDER BY status_ms DESC, task_id LIMIT $6"
                 ),
                 &[
@@ -788,14 +812,18 @@ impl Ops {
             }
             .into());
         }
-        for table in [
-            "colloquy_push_configs",
-            "colloquy_messages",
-            "colloquy_tasks",
-            "colloquy_conversations",
+        let tasks = scoped_tasks("conv_key", "t.task_id", "TRUE", "");
+        for (table, which) in [
+            ("colloquy_push_configs", String::new()),
+            ("colloquy_messages", String::new()),
+            (
+                "colloquy_tasks",
+                format!(" AND task_id IN (SELECT task_id FROM ({tasks}) AS tasks)"),
+            ),
+            ("colloquy_conversations", String::new()),
         ] {
             tx.execute(
-                &format!("DELETE FROM {table} WHERE conv_key = $1"),
+                &format!("DELETE FROM {table} WHERE conv_key = $1{which}"),
                 &[&key_bytes],
             )
             .await?;

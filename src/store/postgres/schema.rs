@@ -199,6 +199,29 @@ const MIGRATIONS: &[Migration] = &[
     DROP INDEX colloquy_tasks_by_id;
     "#,
     },
+    // 8: the listing indexes of tasks hold settled tasks only (any state after working): a
+    // task is inserted working at its turn's start and updated at its end, and each write of a
+    // row adds an entry to every index whose condition it meets, so the start now adds its
+    // key's entry alone (two entries fewer a turn; the database's CPU a turn about a tenth
+    // less, docs/performance.md). A submitted or working task is its conversation's running
+    // task (`running_task`, set and cleared in the same transactions as its state), so
+    // listings add those from the running conversations, which the lease index, now keyed by
+    // principal first, finds for one principal; the sweep and the console read all of it (it
+    // holds running conversations only).
+    Migration {
+        by_conversation: &[],
+        sql: r#"
+    DROP INDEX colloquy_tasks_by_principal;
+    CREATE INDEX colloquy_tasks_by_principal
+        ON colloquy_tasks (principal_key, status_ms DESC, task_id) WHERE state > 1;
+    DROP INDEX colloquy_tasks_by_conversation;
+    CREATE INDEX colloquy_tasks_by_conversation
+        ON colloquy_tasks (conv_key, status_ms DESC, task_id) WHERE state > 1;
+    DROP INDEX colloquy_conversations_by_lease;
+    CREATE INDEX colloquy_conversations_running
+        ON colloquy_conversations (principal_key, lease_expires) WHERE running_task IS NOT NULL;
+    "#,
+    },
 ];
 
 /// Migration `version`'s SQL. With `partitions` > 0 the tables keyed by conversation are

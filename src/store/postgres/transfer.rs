@@ -102,9 +102,10 @@ async fn export_one(
         }
         messages.push(decode(&row.try_get::<_, String>("body")?)?);
     }
+    let tasks = super::ops::scoped_tasks("conv_key", "t.record, t.task_id", "TRUE", "");
     let rows = client
         .query(
-            "SELECT record FROM colloquy_tasks WHERE conv_key = $1 ORDER BY task_id",
+            &format!("SELECT record FROM ({tasks}) AS tasks ORDER BY task_id"),
             &[&key_bytes],
         )
         .await?;

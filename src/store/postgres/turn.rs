@@ -297,7 +297,8 @@ impl Ops {
         } else {
             // A turn ended after the snapshot (its messages are committed), or the caller's
             // window is not current: read it now.
-            Some(window_before(&self.client().await?, &key, seq, window_len).await?)
+            // Boxed: rare, and its states would make every start's future larger.
+            Some(Box::pin(self.window_before(&key, seq, window_len)).await?)
         };
         stored.history_seqs.push(seq);
         let mut task = stored.task.clone();
@@ -386,6 +387,26 @@ impl Ops {
         Ok(ended == 1)
     }
 
+    /// The `limit` messages before `seq`, oldest first.
+    async fn window_before(
+        &self,
+        key: &ConversationKey,
+        seq: u64,
+        limit: i64,
+    ) -> Result<Vec<Message>, Failure> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(WINDOW_BEFORE_SQL).await?;
+        let rows = client
+            .query(
+                &statement,
+                &[&key.as_bytes().as_slice(), &(seq as i64), &limit],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| decode(&row.try_get::<_, String>("body")?))
+            .collect()
+    }
+
     fn unanswered(&self, turn: &BeginTurn, key: &ConversationKey) -> failover::UnansweredStart {
         failover::UnansweredStart {
             key: *key,
@@ -410,25 +431,6 @@ fn busy_or_general(turn: &BeginTurn, row: &Row) -> Result<Option<TurnBegun>, Fai
         .into()),
         _ => Ok(None),
     }
-}
-
-/// The `limit` messages before `seq`, oldest first.
-async fn window_before(
-    client: &deadpool_postgres::Object,
-    key: &ConversationKey,
-    seq: u64,
-    limit: i64,
-) -> Result<Vec<Message>, Failure> {
-    let statement = client.prepare_cached(WINDOW_BEFORE_SQL).await?;
-    let rows = client
-        .query(
-            &statement,
-            &[&key.as_bytes().as_slice(), &(seq as i64), &limit],
-        )
-        .await?;
-    rows.iter()
-        .map(|row| decode(&row.try_get::<_, String>("body")?))
-        .collect()
 }
 
 #[cfg(test)]
