@@ -13,8 +13,36 @@ use crate::*;
 
 #[cfg(feature = "compression")]
 thread_local! {
-    static COMPRESSOR: std::cell::RefCell<zstd::block::Compressor> =
-        std::cell::RefCell::new(zstd::block::Compressor::new());
+    /// colloquy: this thread's zstd context and the level it is set to.
+    static COMPRESSOR: std::cell::RefCell<(zstd::zstd_safe::CCtx<'static>, Option<i32>)> =
+        std::cell::RefCell::new((zstd::zstd_safe::CCtx::create(), None));
+}
+
+/// colloquy: compresses `buf` at `level` with this thread's context, its literals left as
+/// they are: building their Huffman table was most of the cost of compressing a small page.
+#[cfg(feature = "compression")]
+fn compress(buf: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
+    use zstd::zstd_safe::{self, CParameter, ParamSwitch};
+    let fail = |code| {
+        let name = zstd_safe::get_error_name(code);
+        std::io::Error::new(std::io::ErrorKind::Other, name)
+    };
+    COMPRESSOR.with(|cell| {
+        let (context, set) = &mut *cell.borrow_mut();
+        if *set != Some(level) {
+            let literals = ParamSwitch::Disable;
+            context
+                .set_parameter(CParameter::CompressionLevel(level))
+                .map_err(fail)?;
+            context
+                .set_parameter(CParameter::LiteralCompressionMode(literals))
+                .map_err(fail)?;
+            *set = Some(level);
+        }
+        let mut out = Vec::with_capacity(zstd_safe::compress_bound(buf.len()));
+        context.compress2(&mut out, buf).map_err(fail)?;
+        Ok(out)
+    })
 }
 
 /// A sequential store which allows users to create
@@ -140,13 +168,8 @@ impl Log {
                 // colloquy: one zstd context per thread, reused; `zstd::block::compress`
                 // created and initialised a context for every page written, which cost more
                 // than compressing a small page.
-                let compressed_buf = COMPRESSOR
-                    .with(|compressor| {
-                        compressor
-                            .borrow_mut()
-                            .compress(&buf, self.config.compression_factor)
-                    })
-                    .unwrap();
+                let compressed_buf =
+                    compress(&buf, self.config.compression_factor).unwrap();
 
                 return self.reserve_inner(
                     log_kind,
