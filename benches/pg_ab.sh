@@ -22,14 +22,15 @@ BINARIES=("$(realpath "$1")" "$(realpath "$2")")
 NODES=${NODES:-1} ROUNDS=${ROUNDS:-3} CONVERSATIONS=${CONVERSATIONS:-64}
 TOTAL=${TOTAL:-2048} PORT=${PORT:-18399}
 source benches/pg.sh
+source benches/ab.sh
 
 ticks() { # the summed utime + stime of the PIDs given (comma or space separated)
   for pid in ${1//,/ }; do awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null; done |
     awk '{s += $1} END {print s + 0}'
 }
 
-one_run() { # binary label -> one result line
-  local bin=$1 label=$2 work urls="" nodes="" i
+one_run() { # which label -> one result line
+  local bin=${BINARIES[$1]} label=$2 work urls="" nodes="" i
   work=$(mktemp -d)
   pg_start "$work" "$PORT" -c autovacuum_naptime="${NAPTIME:-1min}" -c min_wal_size=1GB \
     -c shared_preload_libraries=pg_stat_statements
@@ -73,15 +74,7 @@ one_run() { # binary label -> one result line
 
 echo "nodes=$NODES rounds=$ROUNDS load=$(cut -d' ' -f1-3 /proc/loadavg)" >&2
 RESULTS=$(mktemp)
-for round in $(seq 1 "$ROUNDS"); do
-  order=(0 1)
-  [ $((round % 2)) -eq 0 ] && order=(1 0)
-  for which in "${order[@]}"; do
-    label=$([ "$which" = 0 ] && echo old || echo new)
-    one_run "${BINARIES[$which]}" "$label" | tee -a "$RESULTS" >&2
-  done
-done
-echo "load after=$(cut -d' ' -f1-3 /proc/loadavg)" >&2
+ab_rounds
 printf '%-4s %9s %8s %7s %16s %12s %20s\n' build turns/s "p99 ms" errors "PostgreSQL us" "node us" "statements a turn"
 jq -r '[.label, (.turns_per_s | floor), .p99, .errors, (.pg_us | floor), (.node_us | floor), .statements] | @tsv' \
   "$RESULTS" | sort -s -k1,1r | awk -F'\t' '{printf "%-4s %9s %8s %7s %16s %12s %20s\n", $1, $2, $3, $4, $5, $6, $7}'

@@ -18,6 +18,7 @@ BINARIES=("$(realpath "$1")" "$(realpath "$2")")
 ENVS=("${OLD_ENV:-}" "${NEW_ENV:-}")
 ROUNDS=${ROUNDS:-3} TOTAL=${TOTAL:-4096} PORT=${PORT:-18450}
 URL="http://127.0.0.1:$PORT/"
+source "$(dirname "$0")/ab.sh"
 
 load() { # binary conversations -> the load generator's summary line
   "$1" loadgen --url "$URL" --conversations 64 --turns 5 --total "$2" --text-bytes 200 \
@@ -52,15 +53,7 @@ one_run() { # which label -> one result line
 
 echo "rounds=$ROUNDS load=$(cut -d' ' -f1-3 /proc/loadavg)" >&2
 RESULTS=$(mktemp)
-for round in $(seq 1 "$ROUNDS"); do
-  order=(0 1)
-  [ $((round % 2)) -eq 0 ] && order=(1 0)
-  for which in "${order[@]}"; do
-    label=$([ "$which" = 0 ] && echo old || echo new)
-    one_run "$which" "$label" | tee -a "$RESULTS" >&2
-  done
-done
-echo "load after=$(cut -d' ' -f1-3 /proc/loadavg)" >&2
+ab_rounds
 printf '%-4s %9s %8s %7s %12s %16s %16s\n' build turns/s "p99 ms" errors "CPU us/turn" \
   "written B/turn" "folder B/turn"
 jq -r '[.label, (.turns_per_s | floor), .p99, .errors, (.cpu_us | floor), (.written | floor),
