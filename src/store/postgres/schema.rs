@@ -207,7 +207,8 @@ const MIGRATIONS: &[Migration] = &[
     // task (`running_task`, set and cleared in the same transactions as its state), so
     // listings add those from the running conversations, which the lease index, now keyed by
     // principal first, finds for one principal; the sweep and the console read all of it (it
-    // holds running conversations only).
+    // holds running conversations only). Building the indexes locks the two tables against
+    // writes while they build.
     Migration {
         by_conversation: &[],
         sql: r#"
@@ -456,5 +457,15 @@ mod tests {
             }
         }
         assert!(migration_sql(6, 0).contains("PRIMARY KEY (conv_key, seq)\n    );"));
+    }
+
+    /// Migration 8's indexes and `ops::scoped_tasks` tell settled tasks by `state > 1`.
+    #[test]
+    fn settled_states_are_the_codes_above_working() {
+        use crate::model::TaskState;
+        for state in TaskState::ALL {
+            let settled = !matches!(state, TaskState::Submitted | TaskState::Working);
+            assert_eq!(state.code() > 1, settled, "{state:?}");
+        }
     }
 }
