@@ -202,8 +202,8 @@ const MIGRATIONS: &[Migration] = &[
     // 8: the listing indexes of tasks hold settled tasks only (any state after working): a
     // task is inserted working at its turn's start and updated at its end, and each write of a
     // row adds an entry to every index whose condition it meets, so the start now adds its
-    // key's entry alone (two entries fewer a turn; the database's CPU a turn about a tenth
-    // less, docs/performance.md). A submitted or working task is its conversation's running
+    // key's entry alone (two entries fewer a turn; the database's CPU a turn 7% less in
+    // alternated runs, docs/performance.md). A submitted or working task is its conversation's running
     // task (`running_task`, set and cleared in the same transactions as its state), so
     // listings add those from the running conversations, which the lease index, now keyed by
     // principal first, finds for one principal; the sweep and the console read all of it (it
