@@ -29,9 +29,19 @@ ticks() { # the summed utime + stime of the PIDs given (comma or space separated
     awk '{s += $1} END {print s + 0}'
 }
 
+# A run's nodes and database, stopped however the run ends (it runs in a subshell of its
+# pipeline: a failed step, such as a node that cannot bind its port, would leave them running).
+stop_run() {
+  for pid in $nodes; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  pg_stop "$work"
+  rm -rf "$work"
+}
+
 one_run() { # which label -> one result line
-  local bin=${BINARIES[$1]} label=$2 work urls="" nodes="" i
-  work=$(mktemp -d)
+  local bin=${BINARIES[$1]} label=$2 urls="" i
+  work=$(mktemp -d) nodes=""
+  trap stop_run EXIT
   pg_start "$work" "$PORT" -c autovacuum_naptime="${NAPTIME:-1min}" -c min_wal_size=1GB \
     -c shared_preload_libraries=pg_stat_statements
   psql() { pg_psql "$PORT" "$@"; }
@@ -66,10 +76,6 @@ one_run() { # which label -> one result line
     '{label: $build, turns_per_s, p99: .latency_ms.p99, errors: (.errors | add // 0),
       pg_us: (1e6 * $pg / $hz / .turns_ok), node_us: (1e6 * $nodes / $hz / .turns_ok),
       statements: $statements}'
-  for pid in $nodes; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  pg_stop "$work"
-  rm -rf "$work"
 }
 
 echo "nodes=$NODES rounds=$ROUNDS load=$(cut -d' ' -f1-3 /proc/loadavg)" >&2

@@ -25,9 +25,17 @@ load() { # binary conversations -> the load generator's summary line
     --version 1.0 --json | tail -1
 }
 
+# A run's server, stopped however the run ends (it runs in a subshell of its pipeline).
+stop_run() {
+  kill "$pid" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+
 one_run() { # which label -> one result line
-  local bin=${BINARIES[$1]} label=$2 work pid
-  work=$(mktemp -d)
+  local bin=${BINARIES[$1]} label=$2
+  work=$(mktemp -d) pid=""
+  trap stop_run EXIT
   # shellcheck disable=SC2086 # the settings are words of `env`
   env ${ENVS[$1]} "$bin" serve --listen "127.0.0.1:$PORT" --data "$work/data" 2>"$work/log" &
   pid=$!
@@ -48,7 +56,6 @@ one_run() { # which label -> one result line
     '{label: $build, turns_per_s, p99: .latency_ms.p99, errors: (.errors | add // 0),
       cpu_us: (1e6 * $cpu / $hz / .turns_ok), written: ($written / .turns_ok),
       folder: ($folder / (.turns_ok + $warm))}'
-  rm -rf "$work"
 }
 
 echo "rounds=$ROUNDS load=$(cut -d' ' -f1-3 /proc/loadavg)" >&2
