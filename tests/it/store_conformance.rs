@@ -142,12 +142,32 @@ pub async fn store_turn(
     text: &str,
     reply: Option<&str>,
 ) -> TurnBegun {
+    store_turn_ending(
+        store,
+        principal,
+        context_id,
+        text,
+        reply,
+        TaskState::Completed,
+    )
+    .await
+}
+
+/// One whole turn, its task left in `state` (`InputRequired`: a task waiting for the caller).
+pub async fn store_turn_ending(
+    store: &dyn ConversationStore,
+    principal: &str,
+    context_id: &str,
+    text: &str,
+    reply: Option<&str>,
+    state: TaskState,
+) -> TurnBegun {
     let begun = store
         .begin_turn(begin_request(principal, context_id, text))
         .await
         .expect("turn begins");
     store
-        .finish_turn(finish_request(&begun, reply, TaskState::Completed))
+        .finish_turn(finish_request(&begun, reply, state))
         .await
         .expect("turn finishes");
     begun
@@ -507,24 +527,16 @@ pub async fn listings_page_newest_first_each_once(f: Fixture) {
     let expected: Vec<String> = (0..7).rev().map(|i| format!("c{i}")).collect();
     assert_eq!(seen, expected, "conversations newest first, each once");
 
-    let mut seen = Vec::new();
-    let mut token = None;
-    loop {
-        let query = TaskQuery {
-            page_size: 2,
-            page_token: token,
-            ..TaskQuery::default()
-        };
-        let page = store.list_tasks("lister", query).await.unwrap();
-        assert_eq!(page.total_size, 7);
-        seen.extend(page.items.into_iter().map(|t| t.id));
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        token = Some(page.next_page_token);
-    }
+    let two_a_page = TaskQuery {
+        page_size: 2,
+        ..TaskQuery::default()
+    };
     task_ids.reverse();
-    assert_eq!(seen, task_ids, "tasks newest first, each once");
+    assert_eq!(
+        listed_ids(store, "lister", two_a_page).await,
+        (task_ids, 7),
+        "tasks newest first, each once"
+    );
     let one = TaskQuery {
         context_id: Some("c3".into()),
         ..TaskQuery::default()
@@ -538,16 +550,18 @@ pub async fn listings_page_newest_first_each_once(f: Fixture) {
     assert!(matches!(bad, Err(StoreError::BadPageToken)));
 }
 
-/// The ids of a principal's tasks as listed, page by page (`page_size` a page), and the
-/// total each page reported.
+/// The ids of a principal's tasks as listed, page after page (`page_size` a page), and the
+/// total the pages reported (every page the same).
 async fn listed_ids(store: &SharedStore, principal: &str, base: TaskQuery) -> (Vec<String>, usize) {
-    let (mut ids, mut token) = (Vec::new(), None);
+    let (mut ids, mut token, mut first_total) = (Vec::new(), None, None);
     loop {
         let query = TaskQuery {
             page_token: token,
             ..base.clone()
         };
         let page = store.list_tasks(principal, query).await.unwrap();
+        let total = *first_total.get_or_insert(page.total_size);
+        assert_eq!(page.total_size, total, "every page reports the same total");
         ids.extend(page.items.into_iter().map(|t| t.id));
         if page.next_page_token.is_empty() {
             return (ids, page.total_size);
@@ -563,12 +577,8 @@ pub async fn running_tasks_are_listed_and_exported_with_the_rest(f: Fixture) {
     let pause = || tokio::time::sleep(std::time::Duration::from_millis(3));
     let done = store_turn(&**store, "runner", "done", "finished", Some("ok")).await;
     pause().await;
-    let waiting = store
-        .begin_turn(begin_request("runner", "waits", "ask me"))
-        .await
-        .unwrap();
-    let asked = finish_request(&waiting, Some("which?"), TaskState::InputRequired);
-    store.finish_turn(asked).await.unwrap();
+    let (question, state) = (Some("which?"), TaskState::InputRequired);
+    let waiting = store_turn_ending(&**store, "runner", "waits", "ask me", question, state).await;
     pause().await;
     let running = store
         .begin_turn(begin_request("runner", "runs", "still going"))
@@ -676,18 +686,8 @@ pub async fn principals_and_look_alike_ids_stay_apart(f: Fixture) {
 
 pub async fn waiting_tasks_continue_and_cancel(f: Fixture) {
     let store = &f.store;
-    let asked = store
-        .begin_turn(begin_request("p", "waits", "book a table"))
-        .await
-        .unwrap();
-    store
-        .finish_turn(finish_request(
-            &asked,
-            Some("which city?"),
-            TaskState::InputRequired,
-        ))
-        .await
-        .unwrap();
+    let (question, state) = (Some("which city?"), TaskState::InputRequired);
+    let asked = store_turn_ending(&**store, "p", "waits", "book a table", question, state).await;
     let mut answer = begin_request("p", "waits", "Paris");
     answer.task_id = asked.task.id.clone();
     answer.message.task_id = Some(asked.task.id.clone());
@@ -783,12 +783,8 @@ pub async fn export_and_import_keep_records_and_refuse_clashes(f: Fixture) {
         store_turn(&**store, "p", context_id, "one", Some("re one")).await;
         store_turn(&**store, "p", context_id, "two", Some("re two")).await;
     }
-    let waiting = store
-        .begin_turn(begin_request("q", "a", "ask me"))
-        .await
-        .unwrap();
-    let waiting_end = finish_request(&waiting, Some("which?"), TaskState::InputRequired);
-    store.finish_turn(waiting_end).await.unwrap();
+    let (question, state) = (Some("which?"), TaskState::InputRequired);
+    let waiting = store_turn_ending(&**store, "q", "a", "ask me", question, state).await;
     let before = export_all(store, None).await;
     assert_eq!(before.len(), 4);
     let keys: Vec<_> = before.iter().map(|c| c.meta.key()).collect();

@@ -203,12 +203,12 @@ const MIGRATIONS: &[Migration] = &[
     // task is inserted working at its turn's start and updated at its end, and each write of a
     // row adds an entry to every index whose condition it meets, so the start now adds its
     // key's entry alone (two entries fewer a turn; the database's CPU a turn 7% less in
-    // alternated runs, docs/performance.md). A submitted or working task is its conversation's running
-    // task (`running_task`, set and cleared in the same transactions as its state), so
-    // listings add those from the running conversations, which the lease index, now keyed by
-    // principal first, finds for one principal; the sweep and the console read all of it (it
-    // holds running conversations only). Building the indexes locks the two tables against
-    // writes while they build.
+    // alternated runs, docs/performance.md). A submitted or working task is its
+    // conversation's running task (`running_task`, set and cleared in the same transactions
+    // as its state), so listings add those from the running conversations, which the lease
+    // index, now keyed by principal first, finds for one principal; the sweep and the console
+    // read all of it (it holds running conversations only). Building the indexes locks the
+    // two tables against writes while they build.
     Migration {
         by_conversation: &[],
         sql: r#"
