@@ -5,6 +5,8 @@
 #   benches/callgrind_turns.sh [BINARY]        # default target/release/colloquy
 #   C=64 TURNS=5 TOTAL=256 benches/callgrind_turns.sh
 #   PG=1 benches/callgrind_turns.sh BINARY     # a node on a throwaway PostgreSQL
+#   BASELINE=1 benches/callgrind_turns.sh PATH # the bare actix-web handler (benches/baseline_server.rs,
+#                                              # `cargo bench --no-run --bench baseline_server` prints PATH)
 #
 # Runs `colloquy serve` under callgrind on a fresh data folder, warms up with one turn per
 # conversation, zeroes the counters, runs TOTAL conversations x TURNS turns with the load
@@ -23,7 +25,8 @@ export COLLOQUY_GRPC_LISTEN="${COLLOQUY_GRPC_LISTEN-}"
 cd "$(dirname "$0")/.."
 BIN=${1:-target/release/colloquy}
 C=${C:-64}; TURNS=${TURNS:-5}; TOTAL=${TOTAL:-256}; PORT=${PORT:-18131}
-LOADGEN=${LOADGEN:-$BIN}
+# The load generator: `colloquy loadgen` of BINARY, or of LOADGEN (the baseline has none).
+if [ -n "${BASELINE:-}" ]; then LOADGEN=${LOADGEN:-target/release/colloquy}; else LOADGEN=${LOADGEN:-$BIN}; fi
 WORK=$(mktemp -d); echo "work: $WORK" >&2
 source benches/pg.sh
 trap 'kill $PID 2>/dev/null || true; wait $PID 2>/dev/null || true; pg_stop "$WORK"; [ -n "${KEEP:-}" ] || rm -rf "$WORK"' EXIT
@@ -37,15 +40,18 @@ COLLOQUY_STORE__CHECKPOINT_INTERVAL_MS=${CHECKPOINT_MS:-3600000} \
   valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" --instr-atstart=no \
   "$BIN" serve --listen 127.0.0.1:$PORT --data "$WORK/d" 2>"$WORK/vg.log" &
 PID=$!
+# The baseline has no /readyz (any answer means it listens) and no history for the echo check.
+READY=(-sf "http://127.0.0.1:$PORT/readyz"); CHECK=()
+[ -z "${BASELINE:-}" ] || { READY=(-s "http://127.0.0.1:$PORT/"); CHECK=(--no-echo-check); }
 for _ in $(seq 1 600); do
-  curl -sf -o /dev/null "http://127.0.0.1:$PORT/readyz" && break
+  curl "${READY[@]}" -o /dev/null && break
   sleep 0.1
 done
 "$LOADGEN" loadgen --url "http://127.0.0.1:$PORT/" --conversations "$C" --turns 1 --total "$C" \
-  --timeout-secs 120 --json >/dev/null
+  --timeout-secs 120 "${CHECK[@]}" --json >/dev/null
 callgrind_control --instr=on "$PID" >/dev/null 2>&1
 R=$("$LOADGEN" loadgen --url "http://127.0.0.1:$PORT/" --conversations "$C" --turns "$TURNS" \
-  --total "$TOTAL" --timeout-secs 300 --json | tail -1)
+  --total "$TOTAL" --timeout-secs 300 "${CHECK[@]}" --json | tail -1)
 callgrind_control --instr=off "$PID" >/dev/null 2>&1
 kill -TERM "$PID"
 wait "$PID" || true

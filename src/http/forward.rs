@@ -13,7 +13,7 @@ use crate::engine::hub::Forwarder;
 use crate::engine::resume::Resumed;
 use crate::engine::{EventId, Relay, Sequenced, Subscription};
 use crate::error::chain;
-use crate::protocol::{Method, RpcRequest, WireVersion, codec};
+use crate::protocol::{Method, WireVersion, codec};
 use crate::store::SharedStore;
 use crate::telemetry::{propagation, traces};
 use actix_web::http::StatusCode;
@@ -74,17 +74,16 @@ thread_local! {
         .unwrap_or_default();
 }
 
-/// The holder's answer to a JSON-RPC request, if it follows a task another node runs and that
-/// node answered.
+/// The holder's answer to a JSON-RPC request, if it follows `task_id`, which another node runs,
+/// and that node answered.
 pub async fn rpc_to_holder(
     state: &AppState,
     req: &HttpRequest,
     principal: &str,
     method: Method,
-    request: &RpcRequest,
+    task_id: &str,
     body: &[u8],
 ) -> Option<HttpResponse> {
-    let task_id = request.params.get("id")?.as_str()?;
     to_holder(state, req, principal, method, task_id, PATH, || {
         body.to_vec()
     })

@@ -8,9 +8,9 @@ use crate::model::{SendResult, format_time};
 use crate::protocol::codec::{self, JsonText, TaskView};
 use crate::protocol::params::{
     self, ContextParams, GetConversationParams, GetTaskParams, ListConversationsParams,
-    ListTasksParams, SubscribeParams, TaskIdParams,
+    ListTasksParams, Params, SubscribeParams, TaskIdParams,
 };
-use crate::protocol::{Method, RpcError, WireVersion, protojson};
+use crate::protocol::{Method, RpcError, WireVersion};
 use crate::store::TaskQuery;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -50,11 +50,12 @@ pub async fn dispatch(
     method: Method,
     principal: &str,
     base_url: Option<&str>,
-    mut params: Value,
+    params: Params,
 ) -> RpcResult<Reply> {
-    if version == WireVersion::V1 {
-        protojson::to_json_names(&mut params, "")?;
-    }
+    let params = match version {
+        WireVersion::V1 => params.with_json_names()?,
+        WireVersion::V03 => params,
+    };
     let call = Call {
         state,
         version,
@@ -72,7 +73,7 @@ pub async fn dispatch(
         | Method::GetPushConfig
         | Method::ListPushConfigs
         | Method::DeletePushConfig => {
-            super::push::handle(state, version, principal, method, &params)
+            super::push::handle(state, version, principal, method, &*params.tree()?)
                 .await
                 .map(Reply::Json)
         }
@@ -92,7 +93,7 @@ struct Call<'a> {
     state: &'a AppState,
     version: WireVersion,
     principal: &'a str,
-    params: &'a Value,
+    params: &'a Params,
 }
 
 /// What a send asked for besides the message.
@@ -111,7 +112,7 @@ impl Call<'_> {
     }
 
     fn decode<T: serde::de::DeserializeOwned>(&self) -> RpcResult<T> {
-        Ok(params::decode(self.params)?)
+        Ok(self.params.decode()?)
     }
 
     /// The task a request names, on its span (its contextId is left out of traces: the turn's
@@ -129,7 +130,12 @@ impl Call<'_> {
             .engine
             .validate(request.message)
             .map_err(|e| self.engine_error(e))?;
-        if let Some(configuration) = self.params.get("configuration") {
+        // Only a send asking for notifications has a configuration for the push side to read.
+        let configuration = match request.push_notification {
+            true => self.params.tree()?.get("configuration").cloned(),
+            false => None,
+        };
+        if let Some(configuration) = &configuration {
             let continued = message.get().task_id.clone();
             let push = super::push::send_config(
                 self.state,

@@ -10,6 +10,7 @@ use super::methods::Reply;
 use super::rpc::{self, BodyError};
 use super::sse;
 use super::state::AppState;
+use crate::protocol::params::Params;
 use crate::protocol::{Method, RpcError, WireVersion, protojson, rest03};
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
@@ -337,7 +338,7 @@ async fn serve(
         }
         Dialect::V1 => WireVersion::V1,
     };
-    let params = Value::Object(params);
+    let params = Params::Tree(Value::Object(params));
     match rpc::call_over_http(req, state, version, method, &principal, params, started).await {
         Ok(Reply::Json(result)) if dialect == Dialect::V1 => super::json_ok(&result),
         Ok(Reply::Text(result)) if dialect == Dialect::V1 => super::json_body(result.into_bytes()),

@@ -6,6 +6,7 @@ use super::methods::{self, Reply};
 use super::sse;
 use super::state::AppState;
 use crate::protocol::jsonrpc::{RequestId, failure, success, success_text};
+use crate::protocol::params::Params;
 use crate::protocol::{Method, RpcError, RpcRequest, WireVersion};
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
@@ -225,26 +226,35 @@ async fn respond(
             return error_response(StatusCode::OK, &request.id, &error, version);
         }
     };
-    let principal =
-        match principal_in_tenant(&state, caller, identity, request.params.get("tenant")) {
-            Ok(principal) => principal,
-            Err(error) => {
-                record(method.label(), error.code(), started);
-                return error_response(StatusCode::OK, &request.id, &error, version);
-            }
-        };
+    let mut params = Params::Text(request.params);
+    let routing = match params.routing() {
+        Ok(routing) => routing,
+        Err(error) => {
+            let error = RpcError::from(error);
+            record(method.label(), error.code(), started);
+            return error_response(StatusCode::OK, &request.id, &error, version);
+        }
+    };
+    let principal = match principal_in_tenant(&state, caller, identity, routing.tenant.as_ref()) {
+        Ok(principal) => principal,
+        Err(error) => {
+            record(method.label(), error.code(), started);
+            return error_response(StatusCode::OK, &request.id, &error, version);
+        }
+    };
     // A task another node runs is served by that node (its lease names it).
+    let task_id = routing.id.as_ref().and_then(serde_json::Value::as_str);
     if caller == Caller::Client
+        && let Some(task_id) = task_id
         && let Some(response) =
-            forward::rpc_to_holder(&state, &req, &principal, method, &request, &body).await
+            forward::rpc_to_holder(&state, &req, &principal, method, task_id, &body).await
     {
         record(method.label(), 0, started);
         return response;
     }
-    let id = request.id.clone();
-    let mut params = request.params;
+    let id = request.id;
     if method == Method::SubscribeToTask
-        && let serde_json::Value::Object(params) = &mut params
+        && let Ok(serde_json::Value::Object(params)) = params.tree_mut()
     {
         sse::resume_point(&req, params);
     }
@@ -316,7 +326,7 @@ pub(super) async fn call_over_http(
     version: WireVersion,
     method: Method,
     principal: &str,
-    params: serde_json::Value,
+    params: Params,
     started: Instant,
 ) -> Result<Reply, RpcError> {
     let base_url = super::origin::base_url_for(state, req, method);
@@ -339,7 +349,7 @@ pub(super) async fn call(
     method: Method,
     principal: &str,
     base_url: Option<&str>,
-    params: serde_json::Value,
+    params: Params,
     started: Instant,
 ) -> Result<Reply, RpcError> {
     super::traced::name_request(method.label(), version.label());

@@ -6,6 +6,8 @@
 use super::WireVersion;
 use super::codec::JsonText;
 use super::fields::FieldError;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 /// Every JSON-RPC error colloquy answers with. [`RpcError::code`] is the one mapping to codes.
@@ -284,43 +286,68 @@ impl From<FieldError> for RpcError {
 /// A request id: a string, a number or null (JSON-RPC forbids objects and arrays).
 pub type RequestId = Value;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RpcRequest {
     pub id: RequestId,
     pub method: String,
-    pub params: Value,
+    /// The params object's text (`{}` when absent or null), read by the method into its own
+    /// typed params.
+    pub params: Box<RawValue>,
+}
+
+/// The envelope's members as the body spells them (`null` included), each checked apart, so
+/// each gets its own error. Other members are ignored.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default, deserialize_with = "given")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "given")]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "given")]
+    method: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "given")]
+    params: Option<&'a RawValue>,
+}
+
+/// A member that is there, even as `null` (an `Option` alone would read `null` as absent).
+fn given<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 impl RpcRequest {
     /// Checks the envelope. On error, returns the id to answer with (null when unknown).
     pub fn parse(body: &[u8]) -> Result<RpcRequest, (RequestId, RpcError)> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| {
-            (
-                Value::Null,
-                RpcError::Parse(format!("the body is not valid JSON: {e}")),
-            )
+        let not_json =
+            |e: serde_json::Error| RpcError::Parse(format!("the body is not valid JSON: {e}"));
+        let opens_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+        if !opens_object {
+            // Not an object: say what it is, or why it is no JSON at all.
+            let value: Value =
+                serde_json::from_slice(body).map_err(|e| (Value::Null, not_json(e)))?;
+            let problem = match value {
+                Value::Array(_) => "batch requests are not supported; send one request per call",
+                _ => "the request must be a JSON object",
+            };
+            return Err((Value::Null, RpcError::InvalidRequest(problem.into())));
+        }
+        let envelope: Envelope = serde_json::from_slice(body).map_err(|e| {
+            let error = match e.classify() {
+                // A member given twice.
+                serde_json::error::Category::Data => {
+                    RpcError::InvalidRequest(format!("the request is not a JSON-RPC envelope: {e}"))
+                }
+                _ => not_json(e),
+            };
+            (Value::Null, error)
         })?;
-        let mut object = match value {
-            Value::Object(object) => object,
-            Value::Array(_) => {
-                return Err((
-                    Value::Null,
-                    RpcError::InvalidRequest(
-                        "batch requests are not supported; send one request per call".into(),
-                    ),
-                ));
-            }
-            _ => {
-                return Err((
-                    Value::Null,
-                    RpcError::InvalidRequest("the request must be a JSON object".into()),
-                ));
-            }
+        // Each member was read as JSON already, so it parses; absent is null.
+        let member = |raw: Option<&RawValue>| -> Value {
+            raw.and_then(|raw| serde_json::from_str(raw.get()).ok())
+                .unwrap_or(Value::Null)
         };
-        let id = match object.get("id") {
-            None => Value::Null,
-            Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => id.clone(),
-            Some(_) => {
+        let id = match member(envelope.id) {
+            id @ (Value::String(_) | Value::Number(_) | Value::Null) => id,
+            _ => {
                 return Err((
                     Value::Null,
                     RpcError::InvalidRequest("id must be a string, a number or null".into()),
@@ -328,28 +355,32 @@ impl RpcRequest {
             }
         };
         let fail = |e: RpcError| Err((id.clone(), e));
-        match object.get("jsonrpc") {
-            Some(Value::String(v)) if v == "2.0" => {}
-            Some(_) => return fail(RpcError::InvalidRequest("jsonrpc must be \"2.0\"".into())),
-            None => {
+        match (envelope.jsonrpc, member(envelope.jsonrpc)) {
+            (_, Value::String(v)) if v == "2.0" => {}
+            (None, _) => {
                 return fail(RpcError::InvalidRequest(
                     "jsonrpc is required (\"2.0\")".into(),
                 ));
             }
+            _ => return fail(RpcError::InvalidRequest("jsonrpc must be \"2.0\"".into())),
         }
-        let method = match object.get("method") {
-            Some(Value::String(m)) => m.clone(),
-            Some(_) => return fail(RpcError::InvalidRequest("method must be a string".into())),
-            None => return fail(RpcError::InvalidRequest("method is required".into())),
+        let method = match (envelope.method, member(envelope.method)) {
+            (_, Value::String(m)) => m,
+            (None, _) => return fail(RpcError::InvalidRequest("method is required".into())),
+            _ => return fail(RpcError::InvalidRequest("method must be a string".into())),
         };
-        // Taken, not cloned: the params hold the message, the largest part of the request.
-        let params = match object.remove("params") {
-            None | Some(Value::Null) => Value::Object(Map::new()),
-            Some(params @ Value::Object(_)) => params,
+        let params = match envelope.params {
+            None => empty_params(),
+            Some(raw) if raw.get() == "null" => empty_params(),
+            Some(raw) if raw.get().starts_with('{') => raw.to_owned(),
             Some(_) => return fail(RpcError::InvalidParams("params must be an object".into())),
         };
         Ok(RpcRequest { id, method, params })
     }
+}
+
+fn empty_params() -> Box<RawValue> {
+    RawValue::from_string("{}".to_owned()).unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
 
 /// A JSON-RPC success, borrowing its id and result: serialized straight into the response

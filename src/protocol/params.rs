@@ -12,18 +12,148 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// Reads `value` as `T`; errors name the field's path.
 pub fn decode<T: DeserializeOwned>(value: &Value) -> FieldResult<T> {
     decode_at(value, "")
 }
 
+/// A request's params as a binding hands them over: the JSON-RPC body's text, read straight into
+/// the method's typed params (no `Value` tree built, walked and dropped on the way), or a tree
+/// the HTTP+JSON and gRPC bindings built from paths, queries and protobuf messages.
+#[derive(Debug)]
+pub enum Params {
+    Text(Box<RawValue>),
+    Tree(Value),
+}
+
+/// What the HTTP edge reads from the params before dispatch: the tenant the request acts in,
+/// and the task it names (which another node may run).
+#[derive(Debug, Default, Deserialize)]
+pub struct Routing {
+    pub tenant: Option<Value>,
+    pub id: Option<Value>,
+}
+
+impl Params {
+    /// Reads the params as `T`; errors name the field's path, whichever form they came in.
+    pub fn decode<T: DeserializeOwned>(&self) -> FieldResult<T> {
+        match self {
+            Params::Tree(value) => decode(value),
+            Params::Text(text) => serde_json::from_str(text.get()).map_err(|_| {
+                failure::<T, _>(&mut serde_json::Deserializer::from_str(text.get()), "")
+            }),
+        }
+    }
+
+    pub fn routing(&self) -> FieldResult<Routing> {
+        match self {
+            Params::Tree(value) => Ok(Routing {
+                tenant: value.get("tenant").cloned(),
+                id: value.get("id").cloned(),
+            }),
+            // Most params name neither, and then need no reading here: the names appear as
+            // they are, or written with a `\u` escape.
+            Params::Text(text) => {
+                let json = text.get().as_bytes();
+                let named = [&b"\"tenant\""[..], b"\"id\"", b"\\u"]
+                    .iter()
+                    .any(|needle| memchr::memmem::find(json, needle).is_some());
+                if named {
+                    self.decode()
+                } else {
+                    Ok(Routing::default())
+                }
+            }
+        }
+    }
+
+    /// The params as a tree, parsed if they came as text.
+    pub fn tree(&self) -> FieldResult<std::borrow::Cow<'_, Value>> {
+        match self {
+            Params::Tree(value) => Ok(std::borrow::Cow::Borrowed(value)),
+            Params::Text(_) => self.decode().map(std::borrow::Cow::Owned),
+        }
+    }
+
+    /// The params as a tree to change, parsed first if they came as text.
+    pub fn tree_mut(&mut self) -> FieldResult<&mut Value> {
+        if let Params::Text(_) = self {
+            *self = Params::Tree(self.decode()?);
+        }
+        match self {
+            Params::Tree(value) => Ok(value),
+            Params::Text(_) => Err(field_error("params", "could not be read")),
+        }
+    }
+
+    /// v1.0 input with every field under its JSON name ([`super::protojson`]). Text in which
+    /// no member's name has an underscore names no field by its proto name (they all have one)
+    /// and stays text.
+    pub fn with_json_names(mut self) -> FieldResult<Params> {
+        if let Params::Text(text) = &self
+            && !may_name_a_member_with_underscore(text.get())
+        {
+            return Ok(self);
+        }
+        super::protojson::to_json_names(self.tree_mut()?, "")?;
+        Ok(self)
+    }
+}
+
+/// Whether an underscore in `json` may be in a member's name: the next quote after it is
+/// followed by a colon. Underscores in values (`ROLE_USER`) are not, unless a quote in the text
+/// is followed by one, which makes this say yes (the caller then takes the slower, exact way).
+/// One pass: the underscores before a quote share its answer.
+fn may_name_a_member_with_underscore(json: &str) -> bool {
+    let bytes = json.as_bytes();
+    let mut from = 0;
+    while let Some(underscore) = memchr::memchr(b'_', &bytes[from..]) {
+        let after = from + underscore;
+        let Some(quote) = memchr::memchr(b'"', &bytes[after..]) else {
+            return false;
+        };
+        let quote = after + quote;
+        let next = bytes[quote + 1..].iter().find(|b| !b.is_ascii_whitespace());
+        if next == Some(&b':') {
+            return true;
+        }
+        from = quote + 1;
+    }
+    false
+}
+
+/// serde_json's message without the " at line L column C" it adds when reading text (a
+/// tree's errors have none): the field's path says where.
+fn without_position(error: serde_json::Error) -> String {
+    let message = error.to_string();
+    let position = format!(" at line {} column {}", error.line(), error.column());
+    match message.strip_suffix(&position) {
+        Some(bare) => bare.to_owned(),
+        None => message,
+    }
+}
+
 /// Reads `value`, found at `at` in the request (`message`, `result.history[2]`), as `T`.
 pub fn decode_at<T: DeserializeOwned>(value: &Value, at: &str) -> FieldResult<T> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = join(at, &e.path().to_string());
-        located(path, e.into_inner().to_string())
-    })
+    T::deserialize(value).map_err(|_| failure::<T, _>(value, at))
+}
+
+/// Where and why `T` could not be read from `input`, found at `at`: read again with the path
+/// tracked. The first read tracks nothing, as tracking keeps every member's name.
+fn failure<'de, T, D>(input: D, at: &str) -> FieldError
+where
+    T: Deserialize<'de>,
+    D: Deserializer<'de, Error = serde_json::Error>,
+{
+    match serde_path_to_error::deserialize::<D, T>(input) {
+        Err(e) => located(
+            join(at, &e.path().to_string()),
+            without_position(e.into_inner()),
+        ),
+        Ok(_) => located(at.to_owned(), "could not be read".to_owned()),
+    }
 }
 
 /// The path of `relative` (a field, `[i]`, or `.` for itself) inside the value at `at`.
@@ -240,7 +370,7 @@ pub struct SendRequest {
 }
 
 /// `SendMessage` / `SendStreamingMessage` params in v1.0, `message/send` / `message/stream` in v0.3.
-pub fn send_request(version: WireVersion, params: &Value) -> FieldResult<SendRequest> {
+pub fn send_request(version: WireVersion, params: &Params) -> FieldResult<SendRequest> {
     match version {
         WireVersion::V1 => v1::SendMessageRequest::read(params),
         WireVersion::V03 => v03::MessageSendParams::read(params),
@@ -280,12 +410,84 @@ mod tests {
         assert_eq!(p.history_length, None);
     }
 
+    /// The params as JSON-RPC hands them over (text) and as the other bindings do (a tree).
+    fn both_forms(value: Value) -> [Params; 2] {
+        let text = RawValue::from_string(value.to_string()).unwrap();
+        [Params::Text(text), Params::Tree(value)]
+    }
+
+    #[test]
+    fn text_and_tree_read_alike_and_fail_alike() {
+        for params in both_forms(json!({"id": "t", "historyLength": "3", "other": [1]})) {
+            let p: GetTaskParams = params.decode().unwrap();
+            assert_eq!((p.id.as_str(), p.history_length), ("t", Some(3)));
+        }
+        for params in both_forms(json!({"historyLength": 1})) {
+            let e = params.decode::<GetTaskParams>().unwrap_err();
+            assert_eq!(e.to_string(), "id: is required");
+        }
+        for params in both_forms(json!({"id": 5})) {
+            let e = params.decode::<GetTaskParams>().unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "id: invalid type: integer `5`, expected a string"
+            );
+        }
+        let message =
+            json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "x", "raw": "eA=="}]});
+        let [text, tree] = both_forms(json!({"message": message}));
+        let (text, tree) = (
+            send_request(WireVersion::V1, &text).unwrap_err(),
+            send_request(WireVersion::V1, &tree).unwrap_err(),
+        );
+        assert_eq!(text.to_string(), tree.to_string());
+        assert!(text.path.starts_with("message.parts[0]"), "{text}");
+    }
+
+    #[test]
+    fn routing_reads_the_tenant_and_task_however_they_are_written() {
+        let routing = |json: &str| {
+            let text = Params::Text(RawValue::from_string(json.to_owned()).unwrap());
+            let Routing { tenant, id } = text.routing().unwrap();
+            (tenant, id)
+        };
+        assert_eq!(routing(r#"{"message": {"messageId": "id"}}"#), (None, None));
+        assert_eq!(
+            routing(r#"{"tenant": "a", "id": "t"}"#),
+            (Some(json!("a")), Some(json!("t")))
+        );
+        assert_eq!(routing(r#"{"\u0074enant": "a"}"#), (Some(json!("a")), None));
+        let [text, tree] = both_forms(json!({"tenant": 5, "id": "t"}));
+        assert_eq!(text.routing().unwrap().tenant, tree.routing().unwrap().tenant);
+    }
+
+    #[test]
+    fn proto_names_make_text_a_tree_with_json_names() {
+        let [text, _] = both_forms(json!({"id": "t", "history_length": 2}));
+        let renamed = text.with_json_names().unwrap();
+        assert!(matches!(renamed, Params::Tree(_)));
+        let p: GetTaskParams = renamed.decode().unwrap();
+        assert_eq!(p.history_length, Some(2));
+        let [plain, _] = both_forms(json!({"id": "t", "historyLength": 2, "role": "ROLE_USER"}));
+        assert!(matches!(plain.with_json_names().unwrap(), Params::Text(_)));
+        for (json, member) in [
+            (r#"{"a": "ROLE_USER", "b": 1}"#, false),
+            (r#"{"a": "x_y", "b_c" : 1}"#, true),
+            (r#"{"a": {"task_id":"t"}}"#, true),
+            (r#"{"text": "a_b\": c"}"#, true),
+            (r#"{"a": "_", "b": "_"}"#, false),
+        ] {
+            assert_eq!(may_name_a_member_with_underscore(json), member, "{json}");
+        }
+    }
+
     #[test]
     fn send_configuration_per_version() {
+        let tree = |value: Value| Params::Tree(value);
         let message = json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "x"}]});
         let v1 = send_request(
             WireVersion::V1,
-            &json!({"message": message, "configuration": {"returnImmediately": true, "historyLength": 2}}),
+            &tree(json!({"message": message, "configuration": {"returnImmediately": true, "historyLength": 2}})),
         )
         .unwrap();
         assert!(v1.return_immediately);
@@ -293,18 +495,18 @@ mod tests {
         let message = json!({"kind": "message", "messageId": "m", "role": "user", "parts": [{"kind": "text", "text": "x"}]});
         let v03 = send_request(
             WireVersion::V03,
-            &json!({"message": message, "configuration": {"blocking": false, "pushNotificationConfig": {"url": "u"}}}),
+            &tree(json!({"message": message, "configuration": {"blocking": false, "pushNotificationConfig": {"url": "u"}}})),
         )
         .unwrap();
         assert!(v03.return_immediately);
         assert!(v03.push_notification);
         let bad = send_request(
             WireVersion::V03,
-            &json!({"message": message, "configuration": {"blocking": "yes"}}),
+            &tree(json!({"message": message, "configuration": {"blocking": "yes"}})),
         )
         .unwrap_err();
         assert_eq!(bad.path, "configuration.blocking");
-        let none = send_request(WireVersion::V1, &json!({})).unwrap_err();
+        let none = send_request(WireVersion::V1, &tree(json!({}))).unwrap_err();
         assert_eq!(none.to_string(), "message: is required");
     }
 }

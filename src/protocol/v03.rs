@@ -3,13 +3,13 @@
 use super::WireVersion;
 use super::codec;
 use super::fields::{FieldResult, PartError, field_error};
-use super::params::{self, Base64, SendRequest, decode, decode_at};
+use super::params::{self, Base64, Params, SendRequest, decode_at};
 use crate::model::{
     Artifact, Message, Metadata, Part, PartContent, Role, SendResult, StreamItem, Task, TaskEvent,
     TaskState, TaskStatus, TaskView, format_time,
 };
 use chrono::{DateTime, Utc};
-use serde::de::{self, Deserializer, IgnoredAny};
+use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -17,9 +17,7 @@ use serde_json::Value;
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MessageSendParams {
-    /// Required here; read by the codec, which names the fields inside it.
-    #[serde(rename = "message")]
-    _message: IgnoredAny,
+    message: WireMessage,
     configuration: Option<MessageSendConfiguration>,
 }
 
@@ -37,12 +35,11 @@ struct MessageSendConfiguration {
 }
 
 impl MessageSendParams {
-    pub fn read(params: &Value) -> FieldResult<SendRequest> {
-        let request: MessageSendParams = decode(params)?;
-        let message = decode_message(&params["message"], "message")?;
+    pub fn read(params: &Params) -> FieldResult<SendRequest> {
+        let request: MessageSendParams = params.decode()?;
         let configuration = request.configuration;
         Ok(SendRequest {
-            message,
+            message: request.message.into(),
             return_immediately: !configuration
                 .as_ref()
                 .and_then(|c| c.blocking)

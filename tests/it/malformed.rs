@@ -83,6 +83,38 @@ fn cases() -> Vec<Case> {
             code: -32700,
             mentions: "not valid JSON",
         },
+        raw(
+            "a member twice",
+            r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","method":"tasks/cancel","params":{"id":"x"}}"#,
+            200,
+            -32600,
+            "duplicate field `method`",
+        ),
+        raw(
+            "a param twice",
+            r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"id":"x","id":"y"}}"#,
+            200,
+            -32602,
+            "duplicate field `id`",
+        ),
+        raw(
+            "params nested past the limit",
+            &format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"message/send","params":{{"message":{{"kind":"message","messageId":"m","role":"user","parts":[{{"kind":"data","data":{}{}}}]}}}}}}"#,
+                "[".repeat(200),
+                "]".repeat(200)
+            ),
+            200,
+            -32602,
+            "recursion limit",
+        ),
+        case(
+            "jsonrpc null",
+            None,
+            json!({"jsonrpc": null, "id": 1, "method": "tasks/get", "params": {"id": "x"}}),
+            -32600,
+            "must be \"2.0\"",
+        ),
         case(
             "jsonrpc 1.0",
             None,

@@ -17,6 +17,7 @@ use crate::http::sse::{EventStream, LiveStream};
 use crate::http::state::AppState;
 use crate::http::traced;
 use crate::protocol::codec::JsonText;
+use crate::protocol::params::Params;
 use crate::protocol::{Method, RpcError, WireVersion};
 use crate::telemetry::propagation;
 use a2a_pb::proto as pb;
@@ -163,7 +164,7 @@ impl A2aGrpc {
             method,
             &principal,
             Some(&self.base_url),
-            params,
+            Params::Tree(params),
             started,
         )
         .await
