@@ -340,14 +340,10 @@ impl RpcRequest {
             };
             (Value::Null, error)
         })?;
-        // Each member was read as JSON already, so it parses; absent is null.
-        let member = |raw: Option<&RawValue>| -> Value {
-            raw.and_then(|raw| serde_json::from_str(raw.get()).ok())
-                .unwrap_or(Value::Null)
-        };
-        let id = match member(envelope.id) {
-            id @ (Value::String(_) | Value::Number(_) | Value::Null) => id,
-            _ => {
+        let id = match envelope.id.map(scalar) {
+            None => Value::Null,
+            Some(Some(id @ (Value::String(_) | Value::Number(_) | Value::Null))) => id,
+            Some(_) => {
                 return Err((
                     Value::Null,
                     RpcError::InvalidRequest("id must be a string, a number or null".into()),
@@ -355,19 +351,19 @@ impl RpcRequest {
             }
         };
         let fail = |e: RpcError| Err((id.clone(), e));
-        match (envelope.jsonrpc, member(envelope.jsonrpc)) {
-            (_, Value::String(v)) if v == "2.0" => {}
-            (None, _) => {
+        match envelope.jsonrpc.map(scalar) {
+            Some(Some(Value::String(v))) if v == "2.0" => {}
+            None => {
                 return fail(RpcError::InvalidRequest(
                     "jsonrpc is required (\"2.0\")".into(),
                 ));
             }
-            _ => return fail(RpcError::InvalidRequest("jsonrpc must be \"2.0\"".into())),
+            Some(_) => return fail(RpcError::InvalidRequest("jsonrpc must be \"2.0\"".into())),
         }
-        let method = match (envelope.method, member(envelope.method)) {
-            (_, Value::String(m)) => m,
-            (None, _) => return fail(RpcError::InvalidRequest("method is required".into())),
-            _ => return fail(RpcError::InvalidRequest("method must be a string".into())),
+        let method = match envelope.method.map(scalar) {
+            Some(Some(Value::String(m))) => m,
+            None => return fail(RpcError::InvalidRequest("method is required".into())),
+            Some(_) => return fail(RpcError::InvalidRequest("method must be a string".into())),
         };
         let params = match envelope.params {
             None => empty_params(),
@@ -376,6 +372,16 @@ impl RpcRequest {
             Some(_) => return fail(RpcError::InvalidParams("params must be an object".into())),
         };
         Ok(RpcRequest { id, method, params })
+    }
+}
+
+/// A member's value if it is a string, number, boolean or null, all an envelope's members but
+/// params may be; `None` for an array or an object, however deep (read as JSON already, a
+/// scalar parses).
+fn scalar(raw: &RawValue) -> Option<Value> {
+    match raw.get().as_bytes().first() {
+        Some(b'[' | b'{') => None,
+        _ => serde_json::from_str(raw.get()).ok(),
     }
 }
 

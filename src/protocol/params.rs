@@ -458,7 +458,10 @@ mod tests {
         );
         assert_eq!(routing(r#"{"\u0074enant": "a"}"#), (Some(json!("a")), None));
         let [text, tree] = both_forms(json!({"tenant": 5, "id": "t"}));
-        assert_eq!(text.routing().unwrap().tenant, tree.routing().unwrap().tenant);
+        assert_eq!(
+            text.routing().unwrap().tenant,
+            tree.routing().unwrap().tenant
+        );
     }
 
     #[test]

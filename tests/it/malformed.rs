@@ -108,6 +108,17 @@ fn cases() -> Vec<Case> {
             -32602,
             "recursion limit",
         ),
+        raw(
+            "id nested past the limit",
+            &format!(
+                r#"{{"jsonrpc":"2.0","id":{}{},"method":"tasks/get","params":{{"id":"x"}}}}"#,
+                "[".repeat(200),
+                "]".repeat(200)
+            ),
+            200,
+            -32600,
+            "id must be",
+        ),
         case(
             "jsonrpc null",
             None,
