@@ -960,7 +960,10 @@ async fn a_name_that_does_not_resolve_at_delivery_is_retried_and_a_forbidden_one
             >= retried + 3.0,
         "the unresolved name is retried"
     );
-    assert!(metric(&server, "colloquy_push_failed_total").await >= failed + 3.0);
+    // Counted apart from the retry: it may land a moment after.
+    assert!(
+        metric_reaching(&server, "colloquy_push_failed_total", failed + 3.0).await >= failed + 3.0
+    );
     assert_eq!(
         metric(&server, "colloquy_push_given_up_total").await,
         2.0,

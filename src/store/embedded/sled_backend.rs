@@ -74,8 +74,9 @@ pub const DEFAULT_SEGMENT_CLEANUP_PERCENT: usize = 25;
 pub const SEGMENT_CLEANUP_PERCENTS: std::ops::RangeInclusive<usize> = 10..=90;
 
 /// `store.compression_level` by default, and the zstd level of writes to a folder created
-/// compressed when none is configured.
-pub const DEFAULT_COMPRESSION_LEVEL: u8 = 3;
+/// compressed when none is configured. Level 1 (zstd's fast strategy) stores what 3 does a
+/// turn, for less CPU (docs/performance.md, "Design decisions": 2026-12-05).
+pub const DEFAULT_COMPRESSION_LEVEL: u8 = 1;
 /// sled counts a cached page at its compressed size, so a compressed folder's cache holds
 /// several times its budget in memory: it gets this fraction of it.
 const COMPRESSED_CACHE_DIVISOR: u64 = 4;
