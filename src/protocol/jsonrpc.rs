@@ -365,9 +365,8 @@ impl RpcRequest {
             None => return fail(RpcError::InvalidRequest("method is required".into())),
             Some(_) => return fail(RpcError::InvalidRequest("method must be a string".into())),
         };
-        let params = match envelope.params {
-            None => empty_params(),
-            Some(raw) if raw.get() == "null" => empty_params(),
+        let params = match envelope.params.filter(|raw| raw.get() != "null") {
+            None => empty_params().map_err(|e| (id.clone(), e))?,
             Some(raw) if raw.get().starts_with('{') => raw.to_owned(),
             Some(_) => return fail(RpcError::InvalidParams("params must be an object".into())),
         };
@@ -385,8 +384,11 @@ fn scalar(raw: &RawValue) -> Option<Value> {
     }
 }
 
-fn empty_params() -> Box<RawValue> {
-    RawValue::from_string("{}".to_owned()).unwrap_or_else(|_| RawValue::NULL.to_owned())
+/// `{}`, the params of a request that gives none. (Checked as JSON by serde_json, so a
+/// `Result`; it never fails.)
+fn empty_params() -> Result<Box<RawValue>, RpcError> {
+    RawValue::from_string("{}".to_owned())
+        .map_err(|e| RpcError::Internal(format!("empty params: {e}")))
 }
 
 /// A JSON-RPC success, borrowing its id and result: serialized straight into the response
