@@ -25,8 +25,9 @@ pub trait KvBackend: Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> StoreResult<Option<Vec<u8>>>;
     /// Applies all operations atomically (not yet durably: see [`KvBackend::flush`]).
     fn apply(&self, ops: Vec<KvOp>) -> StoreResult<()>;
-    /// Applies the operations in order, each on its own: a crash may keep any prefix of them.
-    /// For backends whose atomic batches cost more (sled's lock readers out).
+    /// Applies the operations, sorted by key with each key once, each on its own: a crash
+    /// may keep any prefix of them. For backends whose atomic batches cost more (sled's lock
+    /// readers out).
     fn apply_each(&self, ops: Vec<KvOp>) -> StoreResult<()> {
         self.apply(ops)
     }

@@ -626,6 +626,13 @@ impl Node {
     }
 
     pub(crate) fn should_split(&self, leaf_fanout: usize) -> bool {
+        let safety_checks = self.merging_child.is_none() && !self.merging;
+
+        self.is_full(leaf_fanout) && safety_checks
+    }
+
+    /// Whether the node holds more entries than it may before it splits.
+    pub(crate) fn is_full(&self, leaf_fanout: usize) -> bool {
         let threshold = if cfg!(any(test, feature = "lock_free_delays")) {
             2
         } else if self.data.is_index() {
@@ -635,10 +642,12 @@ impl Node {
             leaf_fanout
         };
 
-        let size_checks = self.data.len() > threshold;
-        let safety_checks = self.merging_child.is_none() && !self.merging;
+        self.data.len() > threshold
+    }
 
-        size_checks && safety_checks
+    /// colloquy change 13: whether `key` falls within this node's bounds.
+    pub(crate) fn holds_key(&self, key: &[u8]) -> bool {
+        key >= self.lo.as_ref() && (self.hi.is_empty() || key < self.hi.as_ref())
     }
 
     pub(crate) fn should_merge(&self) -> bool {
