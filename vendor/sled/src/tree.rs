@@ -2394,8 +2394,9 @@ impl fmt::Display for CompareAndSwapError {
 
 impl std::error::Error for CompareAndSwapError {}
 
-/// colloquy change 13: below this many writes to one leaf, linking each costs
-/// less than writing the leaf (sled's tests split leaves past 2 entries).
+/// colloquy change 13: fewer writes than this to one leaf are linked one by
+/// one, as a few small links cost less than a whole page. Chosen, not tuned
+/// (sled's tests split leaves past 2 entries, so they use 2).
 const LEAF_RUN: usize = if cfg!(any(test, feature = "lock_free_delays")) {
     2
 } else {
