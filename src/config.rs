@@ -36,6 +36,14 @@ impl From<figment::Error> for ConfigError {
     }
 }
 
+/// The default number of HTTP workers, and of arbiters: half the cores each, at least one, so
+/// that the two together take about one thread per core (the store's threads come on top).
+/// Threads past the cores only add switching: on two cores, one worker and one arbiter cost a
+/// turn 9% less CPU than two of each, at the same turns/s (docs/performance.md, 2026-12-05).
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().div_ceil(2))
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -53,7 +61,7 @@ pub struct Config {
     pub allow_unauthenticated: bool,
     /// `pretty` or `json`.
     pub log_format: String,
-    /// HTTP worker threads (0 = one per core).
+    /// HTTP worker threads (0 = [`default_threads`]).
     pub workers: usize,
     /// Address serving `/metrics`, `/healthz` and `/readyz` apart from `listen` (unset or empty:
     /// none, and `/metrics` is served on `listen`).
@@ -224,7 +232,7 @@ pub struct ContextsConfig {
     /// memory and turns/s (docs/performance.md, "Design decisions": fc6df1a, 2026-12-01): hence
     /// a short default.
     pub idle_timeout_secs: u64,
-    /// Arbiter threads hosting conversation actors (0 = one per core).
+    /// Arbiter threads hosting conversation actors (0 = [`default_threads`]).
     pub arbiters: usize,
     /// Live conversation actors; past it idle ones are stopped first, past 110% new ones are refused.
     pub max_resident: usize,

@@ -54,7 +54,7 @@ impl Default for EngineConfig {
             idle_timeout: Duration::from_secs(30),
             agent_timeout: Duration::from_secs(600),
             subscriber_buffer: 1024,
-            arbiters: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            arbiters: crate::config::default_threads(),
             max_running_turns: 10_000,
             message: MessageLimits::default(),
             max_resident: 1_000_000,

@@ -166,7 +166,7 @@ pub fn serve(mut state: AppState) -> Result<RunningServer, ServeError> {
     let engine = state.engine.clone();
     let grace = Duration::from_secs(config.shutdown.grace_secs);
     let workers = match config.workers {
-        0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+        0 => crate::config::default_threads(),
         n => n,
     };
     let open_files = connections::raise_open_files_limit();

@@ -316,7 +316,7 @@ impl PgStore {
             None => Manager::from_config(config, tokio_postgres::NoTls, manager_config()),
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(store_threads())
             .thread_name("colloquy-pg")
             .enable_all()
             .build()
@@ -394,6 +394,14 @@ impl PgStore {
                 .map_err(|e| StoreError::backend("store operation", e))?
         })
     }
+}
+
+/// The store runtime's threads: a quarter of the cores, at least one. Its work is a small
+/// part of a turn's (building statements, reading rows: about a third of a node's CPU on two
+/// cores), and each thread more is one more to wake: on two cores, two threads cost the node 5%
+/// more CPU a turn than one (`NODES=2 benches/pg_ab.sh`, docs/performance.md).
+fn store_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().div_ceil(4))
 }
 
 /// Publishes the pool's use once a second (the metrics endpoint), until the store's runtime
