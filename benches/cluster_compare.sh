@@ -99,19 +99,22 @@ pg_ticks() {
   done
 }
 pg_snapshot() { pg_ticks | awk '{t[$1] += $2} END {for (k in t) printf "%s=%d ", k, t[k]}'; }
-# The WAL written so far (records, full-page images, bytes) and the checkpoints begun: a page's
-# first change after a checkpoint writes the whole page to the WAL.
-wal_snapshot() {
-  psql -c "SELECT json_build_object('records', wal_records, 'fpi', wal_fpi, 'bytes', wal_bytes, \
-      'checkpoints', (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)) FROM pg_stat_wal"
+# The checkpoints begun so far: a page's first change after a checkpoint writes the whole page
+# to the WAL.
+checkpoints() { psql -c "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"; }
+# The WAL a run wrote (records, bytes, of them full-page images) and the checkpoints it began,
+# as JSON: from the WAL itself between the run's positions.
+wal_of_run() { # start-position end-position checkpoints-before
+  pg_wal_between "$WORK" "$1" "$2" | awk -v c=$(($(checkpoints) - $3)) '$1 == "Total" {
+      printf "{\"records\": %d, \"bytes\": %d, \"fpi_bytes\": %d, \"checkpoints\": %d}", $2, $5, $4, c }'
 }
 
 run() { # name urls node-pids...
   local name=$1 urls=$2; shift 2
-  local before=() after=() pg_before pg_after wal_before wal_after lg_ticks
+  local before=() after=() pg_before pg_after wal_start wal_checkpoints wal lg_ticks
   for pid in "$@"; do before+=("$(ticks "$pid")"); done
   pg_before=$(pg_snapshot)
-  wal_before=$(wal_snapshot)
+  wal_start=$(pg_wal_position "$DB_PORT") wal_checkpoints=$(checkpoints)
   psql -c "SELECT pg_stat_statements_reset()" >/dev/null
   timeout 600 "$COLLOQUY" loadgen --url "$urls" --conversations "$CONVERSATIONS" --turns "$TURNS" \
     --total "$TOTAL" --text-bytes "$TEXT" --version 1.0 --timeout-secs 60 --json \
@@ -129,14 +132,14 @@ run() { # name urls node-pids...
       left(regexp_replace(query, '\s+', ' ', 'g'), 80) FROM pg_stat_statements \
       ORDER BY total_plan_time + total_exec_time DESC LIMIT 10" >"$WORK/statements.$name" || true
   pg_after=$(pg_snapshot)
-  wal_after=$(wal_snapshot)
+  wal=$(wal_of_run "$wal_start" "$(pg_wal_position "$DB_PORT")" "$wal_checkpoints")
   local node_ticks=0 i=0
   for pid in "$@"; do node_ticks=$((node_ticks + $(ticks "$pid") - before[i])); i=$((i + 1)); done
   tail -1 "$WORK/last.out" | jq -c --arg name "$name" --argjson nodes "$node_ticks" \
     --argjson loadgen "${lg_ticks:-0}" --arg pgb "$pg_before" --arg pga "$pg_after" \
-    --argjson hz "$(getconf CLK_TCK)" --argjson round "${ROUND:-0}" --argjson walb "$wal_before" --argjson wala "$wal_after" \
+    --argjson hz "$(getconf CLK_TCK)" --argjson round "${ROUND:-0}" --argjson wal "${wal:-null}" \
     --rawfile statements "$WORK/statements.$name" \
-    '. + {name: $name, round: $round, hz: $hz, node_ticks: $nodes, loadgen_ticks: $loadgen, pg_before: $pgb, pg_after: $pga, wal_before: $walb, wal_after: $wala, statements: $statements}'
+    '. + {name: $name, round: $round, hz: $hz, node_ticks: $nodes, loadgen_ticks: $loadgen, pg_before: $pgb, pg_after: $pga, wal: $wal, statements: $statements}'
 }
 
 RESULTS="$WORK/results.jsonl"
@@ -217,14 +220,13 @@ for r in rows:
     d = {k: v for k, v in sorted(pg_delta(r).items(), key=lambda kv: -kv[1]) if v > 0}
     ok = max(r["turns_ok"], 1)
     print(f"  {r['name']:<20} " + ", ".join(f"{k} {1e6 * v / r['hz'] / ok:.0f}" for k, v in d.items()))
-print("\nWAL per turn (pg_stat_wal; full-page images follow each checkpoint), checkpoints begun in the run:")
+print("\nWAL per turn (pg_waldump; full-page images follow each checkpoint), checkpoints begun in the run:")
 for r in rows:
-    if "PostgreSQL" not in r["name"]:
+    if "PostgreSQL" not in r["name"] or not r.get("wal"):
         continue
-    d = {k: r["wal_after"][k] - r["wal_before"][k] for k in r["wal_after"]}
-    ok = max(r["turns_ok"], 1)
+    d, ok = r["wal"], max(r["turns_ok"], 1)
     print(f"  {r['name']:<20} {d['bytes'] / ok:>7.0f} B, {d['records'] / ok:>5.1f} records, "
-          f"{d['fpi'] / ok:>5.2f} full pages, {d['checkpoints']} checkpoints")
+          f"{d['fpi_bytes'] / ok:>5.0f} B of full pages, {d['checkpoints']} checkpoints")
 last = [r for r in rows if r["name"] == "2 nodes, PostgreSQL"][-1:]
 for r in last:
     ok = max(r["turns_ok"], 1)

@@ -31,3 +31,15 @@ pg_psql() { # port [psql arguments]: unaligned, tuples only, as the scripts pars
   shift
   "$PG_BIN/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAtX "$@"
 }
+
+pg_wal_position() { # port: the WAL's insert position now
+  pg_psql "$1" -c "SELECT pg_current_wal_insert_lsn()"
+}
+
+pg_wal_between() { # work-folder start end: the WAL written between two positions, by record
+  # kind, one "kind records record-bytes full-page-image-bytes bytes" line each, "Total" among
+  # them (pg_waldump --stats=record; exact, where pg_stat_wal trails by up to 10 s a backend).
+  # pg_waldump exits 1 when the end is where the WAL's last record ends, after its figures.
+  { "${PG_AS[@]}" "$PG_BIN/pg_waldump" -p "$1/db/data/pg_wal" -s "$2" -e "$3" --stats=record 2>/dev/null || true; } |
+    awk '{ gsub(/[(\[][^)\]]*[)\]]/, "") } $2 ~ /^[0-9]+$/ { print $1, $2, $3, $4, $5 }'
+}

@@ -46,16 +46,14 @@ pg_ticks() { # the database's processes' utime + stime
 }
 turns=$((TOTAL * 5))
 for run in $(seq 1 "$RUNS"); do
-  start=$(pg_psql "$PORT" -c "SELECT pg_current_wal_insert_lsn()") ticks=$(pg_ticks)
+  start=$(pg_wal_position "$PORT") ticks=$(pg_ticks)
   "$COLLOQUY" loadgen --url "http://127.0.0.1:$NODE_PORT/" --conversations 64 --turns 5 \
     --total "$TOTAL" --text-bytes 200 --version 1.0 --json >"$WORK/run.json"
-  end=$(pg_psql "$PORT" -c "SELECT pg_current_wal_insert_lsn()")
+  end=$(pg_wal_position "$PORT")
   tail -1 "$WORK/run.json" | jq -r --argjson us "$((($(pg_ticks) - ticks) * 1000000 / $(getconf CLK_TCK) / turns))" \
     '"run '"$run"': \(.turns_ok) turns at \(.turns_per_s | floor) turns/s, PostgreSQL \($us) µs a turn"'
   # Records and bytes a turn by kind, the most frequent first.
-  "${PG_AS[@]}" "$PG_BIN/pg_waldump" -p "$WORK/db/data/pg_wal" -s "$start" -e "$end" \
-    --stats=record 2>/dev/null |
-    awk -v turns="$turns" '{ gsub(/[(\[][^)\]]*[)\]]/, "") }
-        $2 ~ /^[0-9]+$/ { printf "  %-24s %6.2f records %6.0f B a turn\n", $1, $2 / turns, $5 / turns }' |
+  pg_wal_between "$WORK" "$start" "$end" |
+    awk -v turns="$turns" '{ printf "  %-24s %6.2f records %6.0f B a turn\n", $1, $2 / turns, $5 / turns }' |
     sort -k2 -n -r | head -"${TOP:-12}"
 done
