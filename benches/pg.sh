@@ -32,6 +32,15 @@ pg_psql() { # port [psql arguments]: unaligned, tuples only, as the scripts pars
   "$PG_BIN/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAtX "$@"
 }
 
+pg_cpu_ticks() { # work-folder: the summed utime + stime of the database's processes now (the
+  # postmaster and its children: backends, and autovacuum workers started since the last call)
+  local postmaster
+  postmaster=$(head -1 "$1/db/data/postmaster.pid")
+  for pid in "$postmaster" $(pgrep -P "$postmaster"); do
+    awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null
+  done | awk '{s += $1} END {print s + 0}'
+}
+
 pg_wal_position() { # port: the WAL's insert position now
   pg_psql "$1" -c "SELECT pg_current_wal_insert_lsn()"
 }

@@ -60,14 +60,12 @@ one_run() { # which label -> one result line
   # Warm: connections, plans, the tables' first statistics.
   "$bin" loadgen --url "$urls" --conversations "$CONVERSATIONS" --turns 5 --total 1024 \
     --text-bytes 200 --version 1.0 --json >/dev/null
-  local postmaster pg_pids pg0 n0 pg1 n1
-  postmaster=$(head -1 "$work/db/data/postmaster.pid")
-  pg_pids="$(pgrep -P "$postmaster" | tr '\n' ' ')$postmaster"
+  local pg0 n0 pg1 n1
   psql -c "SELECT pg_stat_statements_reset()" >/dev/null
-  pg0=$(ticks "$pg_pids") n0=$(ticks "$nodes")
+  pg0=$(pg_cpu_ticks "$work") n0=$(ticks "$nodes")
   "$bin" loadgen --url "$urls" --conversations "$CONVERSATIONS" --turns 5 --total "$TOTAL" \
     --text-bytes 200 --version 1.0 --json >"$work/loadgen.out"
-  pg1=$(ticks "$pg_pids") n1=$(ticks "$nodes")
+  pg1=$(pg_cpu_ticks "$work") n1=$(ticks "$nodes")
   local statements
   statements=$(psql -c "SELECT round(sum(calls)::numeric / $((TOTAL * 5)), 2) FROM pg_stat_statements \
     WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT IN ('BEGIN', 'COMMIT') AND query NOT LIKE 'SET %'")

@@ -9,13 +9,12 @@
 #
 # Builds nothing. Debian's PostgreSQL binaries (benches/pg.sh), durable defaults, WAL segments
 # recycled as in benches/cluster_compare.sh. Keep the machine otherwise idle.
-set -euo pipefail
-export COLLOQUY_GRPC_LISTEN="${COLLOQUY_GRPC_LISTEN-}"
-cd "$(dirname "$0")/.."
 [ $# -eq 1 ] || { echo "usage: $0 BINARY" >&2; exit 2; }
 COLLOQUY=$(realpath "$1")
-RUNS=${RUNS:-3} TOTAL=${TOTAL:-2048} PORT=${PORT:-18293} NODE_PORT=$((${PORT:-18293} + 1))
+source "$(dirname "$0")/common.sh"
 source benches/pg.sh
+RUNS=${RUNS:-3} TOTAL=${TOTAL:-2048} PORT=${PORT:-18293}
+NODE_PORT=$((PORT + 1))
 
 WORK=$(mktemp -d)
 NODE=""
@@ -32,25 +31,16 @@ pg_psql "$PORT" -f benches/pg_recycled_wal.sql >/dev/null
 COLLOQUY_STORE__URL=$(pg_url "$PORT") "$COLLOQUY" serve --listen "127.0.0.1:$NODE_PORT" \
   --data "$WORK/node" 2>"$WORK/node.log" &
 NODE=$!
-for _ in $(seq 1 200); do
-  curl -sf -o /dev/null "http://127.0.0.1:$NODE_PORT/readyz" && break
-  sleep 0.05
-done
+wait_ready "$NODE_PORT"
 [ -n "${EXTRA_SQL:-}" ] && pg_psql "$PORT" -c "$EXTRA_SQL"
 
-POSTMASTER=$(head -1 "$WORK/db/data/postmaster.pid")
-pg_ticks() { # the database's processes' utime + stime
-  for pid in "$POSTMASTER" $(pgrep -P "$POSTMASTER"); do
-    awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null
-  done | awk '{s += $1} END {print s + 0}'
-}
 turns=$((TOTAL * 5))
 for run in $(seq 1 "$RUNS"); do
-  start=$(pg_wal_position "$PORT") ticks=$(pg_ticks)
+  start=$(pg_wal_position "$PORT") ticks=$(pg_cpu_ticks "$WORK")
   "$COLLOQUY" loadgen --url "http://127.0.0.1:$NODE_PORT/" --conversations 64 --turns 5 \
     --total "$TOTAL" --text-bytes 200 --version 1.0 --json >"$WORK/run.json"
   end=$(pg_wal_position "$PORT")
-  tail -1 "$WORK/run.json" | jq -r --argjson us "$((($(pg_ticks) - ticks) * 1000000 / $(getconf CLK_TCK) / turns))" \
+  tail -1 "$WORK/run.json" | jq -r --argjson us "$((($(pg_cpu_ticks "$WORK") - ticks) * 1000000 / $(getconf CLK_TCK) / turns))" \
     '"run '"$run"': \(.turns_ok) turns at \(.turns_per_s | floor) turns/s, PostgreSQL \($us) µs a turn"'
   # Records and bytes a turn by kind, the most frequent first.
   pg_wal_between "$WORK" "$start" "$end" |
