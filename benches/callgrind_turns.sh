@@ -13,9 +13,10 @@
 # generator (outside callgrind), stops the server and prints instructions per turn, in all and
 # for the heaviest functions (inclusive).
 #
-# Checkpoints (the memtable moving into sled, about once a second) are left out by default
-# (CHECKPOINT_MS=3600000): how many land in the measured window depends on how slowly valgrind
-# runs, which would make the count vary. CHECKPOINT_MS=1000 puts them back in.
+# Checkpoints (the memtable moving into sled: each second once it holds 8 MiB, as at full speed)
+# are left out by default (CHECKPOINT_MS=3600000): whether one lands in the measured window makes
+# the count vary. CHECKPOINT_MS=1000 puts them back in (the 5,120 turns of TOTAL=1024 write more
+# than 8 MiB into the memtable: one checkpoint, of about 50,000 writes).
 #
 # PG=1 runs the node on a throwaway PostgreSQL instead (Debian's initdb/pg_ctl, as nobody when
 # run as root; durable defaults): the count is then the node's instructions only.

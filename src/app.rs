@@ -484,6 +484,8 @@ fn sled_options(store: &StoreConfig) -> SledOptions {
         cache_bytes: store.cache_bytes,
         wal: WalLimits {
             checkpoint_every: Duration::from_millis(store.checkpoint_interval_ms),
+            checkpoint_min_bytes: usize::try_from(store.checkpoint_min_bytes).unwrap_or(usize::MAX),
+            checkpoint_max_wait: Duration::from_millis(store.checkpoint_max_wait_ms),
             memtable_bytes: memtable_limit(crate::container::memory_limit()),
         },
         snapshot_log_bytes: store.snapshot_log_bytes,

@@ -10,9 +10,9 @@
 
 use crate::history::{HistoryLimits, MAX_LIMIT};
 use crate::store::embedded::{
-    DEFAULT_CHECKPOINT_EVERY, DEFAULT_COMPRESSION_LEVEL, DEFAULT_LEAF_FANOUT,
-    DEFAULT_SEGMENT_CLEANUP_PERCENT, DEFAULT_SNAPSHOT_LOG_BYTES, MAX_LEAF_FANOUT, MIN_LEAF_FANOUT,
-    SEGMENT_CLEANUP_PERCENTS,
+    DEFAULT_CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_MAX_WAIT, DEFAULT_CHECKPOINT_MIN_BYTES,
+    DEFAULT_COMPRESSION_LEVEL, DEFAULT_LEAF_FANOUT, DEFAULT_SEGMENT_CLEANUP_PERCENT,
+    DEFAULT_SNAPSHOT_LOG_BYTES, MAX_LEAF_FANOUT, MIN_LEAF_FANOUT, SEGMENT_CLEANUP_PERCENTS,
 };
 use figment::providers::{Format, Serialized, Toml};
 use figment::value::{Dict, Map, Value as FigmentValue};
@@ -410,8 +410,15 @@ pub struct StoreConfig {
     pub tls_ca_file: Option<PathBuf>,
     /// sled's page cache.
     pub cache_bytes: u64,
-    /// Milliseconds between checkpoints of the write-ahead log into sled.
+    /// Milliseconds between checkpoints of the write-ahead log into sled, once its memtable
+    /// holds `checkpoint_min_bytes`.
     pub checkpoint_interval_ms: u64,
+    /// A smaller memtable waits for more writes before its checkpoint (0: a checkpoint every
+    /// interval whatever it holds), up to `checkpoint_max_wait_ms` after the last one.
+    pub checkpoint_min_bytes: u64,
+    /// The longest written data waits in the memtable for its checkpoint: bounds the log
+    /// replayed after a crash under light load.
+    pub checkpoint_max_wait_ms: u64,
     /// sled's log written between two recovery snapshots (at least eight times the last
     /// snapshot's size): a restart replays at most about this much.
     pub snapshot_log_bytes: u64,
@@ -436,6 +443,8 @@ impl Default for StoreConfig {
             tls_ca_file: None,
             cache_bytes: 64 * 1024 * 1024,
             checkpoint_interval_ms: DEFAULT_CHECKPOINT_EVERY.as_millis() as u64,
+            checkpoint_min_bytes: DEFAULT_CHECKPOINT_MIN_BYTES as u64,
+            checkpoint_max_wait_ms: DEFAULT_CHECKPOINT_MAX_WAIT.as_millis() as u64,
             snapshot_log_bytes: DEFAULT_SNAPSHOT_LOG_BYTES,
             compression_level: DEFAULT_COMPRESSION_LEVEL,
             leaf_fanout: DEFAULT_LEAF_FANOUT,
@@ -821,6 +830,12 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "store.checkpoint_interval_ms must be positive".into(),
             ));
+        }
+        if self.store.checkpoint_max_wait_ms < self.store.checkpoint_interval_ms {
+            return Err(ConfigError::Invalid(format!(
+                "store.checkpoint_max_wait_ms ({}) is less than store.checkpoint_interval_ms ({})",
+                self.store.checkpoint_max_wait_ms, self.store.checkpoint_interval_ms
+            )));
         }
         if self.store.compression_level > 22 {
             return Err(ConfigError::Invalid(format!(

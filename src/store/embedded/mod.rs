@@ -22,7 +22,10 @@ pub use sled_backend::{
     DEFAULT_SNAPSHOT_LOG_BYTES, MAX_LEAF_FANOUT, MIN_LEAF_FANOUT, SEGMENT_CLEANUP_PERCENTS,
     SledBackend,
 };
-pub use wal::{DEFAULT_CHECKPOINT_EVERY, DEFAULT_MEMTABLE_BYTES, WalLimits};
+pub use wal::{
+    DEFAULT_CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_MAX_WAIT, DEFAULT_CHECKPOINT_MIN_BYTES,
+    DEFAULT_MEMTABLE_BYTES, WalLimits,
+};
 
 use super::{
     BeginTurn, ConversationKey, ConversationMeta, ConversationPage, ConversationRecords,

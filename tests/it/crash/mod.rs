@@ -553,6 +553,7 @@ async fn acknowledged_turns_survive_power_cuts() {
     // restart recovers from one written while the server ran.
     let env = [
         ("COLLOQUY_STORE__CHECKPOINT_INTERVAL_MS", "50"),
+        ("COLLOQUY_STORE__CHECKPOINT_MIN_BYTES", "0"),
         ("COLLOQUY_STORE__SNAPSHOT_LOG_BYTES", "4096"),
         ("RUST_LOG", "warn,colloquy::store=debug"),
     ];

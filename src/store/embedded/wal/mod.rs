@@ -7,9 +7,10 @@
 //! - [`KvBackend::apply`] gives the batch the next sequence number, appends it to the log buffer
 //!   and puts its writes in the active memtable, which reads consult before the inner backend;
 //! - [`KvBackend::flush`] writes the buffer and `fdatasync`s it on the calling (store) thread;
-//! - a checkpoint thread, about once a second, freezes the active memtable (a new one takes its
-//!   place), writes the frozen one into the inner backend (a key written many times in that
-//!   second is written once), flushes it durably (for sled, `fsync` of its files and folders:
+//! - a checkpoint thread, about once a second once the memtable holds enough to be worth moving
+//!   (at the latest a minute after the last checkpoint), freezes the active memtable (a new one
+//!   takes its place), writes the frozen one into the inner backend (a key written many times
+//!   since is written once), flushes it durably (for sled, `fsync` of its files and folders:
 //!   see `docs/durability.md`), drops the frozen memtable (readers that still hold it keep it)
 //!   and deletes the log segments it now covers, then syncs the log folder.
 //!
@@ -38,9 +39,18 @@ use std::time::{Duration, Instant};
 /// Where the inner backend keeps the sequence number of the last batch applied to it.
 pub const APPLIED_KEY: &[u8] = b"zwal-applied";
 
-/// How often the memtable moves into the inner backend, unless configured. Bounds both the
-/// memtable and the log replayed at start-up after a crash to about this much writing.
+/// How often the memtable moves into the inner backend once it holds
+/// [`DEFAULT_CHECKPOINT_MIN_BYTES`], unless configured. Under load, bounds both the memtable and
+/// the log replayed at start-up after a crash to about this much writing.
 pub const DEFAULT_CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+/// A memtable smaller than this waits for more writes before a timed checkpoint moves it,
+/// unless configured. A checkpoint rewrites each sled page its writes touch and syncs sled twice,
+/// whatever it moves: under light load, a checkpoint a second was most of what a turn wrote to
+/// the device (docs/performance.md).
+pub const DEFAULT_CHECKPOINT_MIN_BYTES: usize = 8 << 20;
+/// The longest a memtable holding anything waits for its checkpoint, unless configured: bounds
+/// the log replayed after a crash under light load.
+pub const DEFAULT_CHECKPOINT_MAX_WAIT: Duration = Duration::from_secs(60);
 /// The memtable size that makes writers wait for a checkpoint, unless configured.
 pub const DEFAULT_MEMTABLE_BYTES: usize = 256 << 20;
 /// Writes handed to the inner backend at a time when checkpointing.
@@ -51,8 +61,13 @@ const EARLY_CHECKPOINT_DIVISOR: usize = 4;
 /// How much the log holds in memory, and for how long.
 #[derive(Clone, Copy, Debug)]
 pub struct WalLimits {
-    /// How often the memtable moves into the inner backend.
+    /// How often the memtable moves into the inner backend (once it holds `checkpoint_min_bytes`).
     pub checkpoint_every: Duration,
+    /// A smaller memtable waits for more writes, up to `checkpoint_max_wait` after the last
+    /// checkpoint (0: a checkpoint every `checkpoint_every`, whatever the table holds).
+    pub checkpoint_min_bytes: usize,
+    /// The longest a memtable holding anything waits for its checkpoint.
+    pub checkpoint_max_wait: Duration,
     /// A memtable this large makes writers wait for a checkpoint (the inner backend is not
     /// keeping up); a quarter of it starts one early. With the frozen table being moved, the
     /// log holds at most about twice this in memory.
@@ -63,6 +78,8 @@ impl Default for WalLimits {
     fn default() -> Self {
         WalLimits {
             checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
+            checkpoint_min_bytes: DEFAULT_CHECKPOINT_MIN_BYTES,
+            checkpoint_max_wait: DEFAULT_CHECKPOINT_MAX_WAIT,
             memtable_bytes: DEFAULT_MEMTABLE_BYTES,
         }
     }
@@ -296,7 +313,19 @@ impl<B: KvBackend> Shared<B> {
         Ok(())
     }
 
+    /// Whether a timed checkpoint may wait: nothing replayed is waiting to move, and the
+    /// memtable is empty, or small with the last checkpoint recent.
+    fn may_wait(&self, last: Instant) -> bool {
+        let tables = self.tables.read();
+        let held = tables.active.bytes();
+        tables.frozen.is_none()
+            && (held == 0
+                || held < self.limits.checkpoint_min_bytes
+                    && last.elapsed() < self.limits.checkpoint_max_wait)
+    }
+
     fn run_checkpoints(&self) {
+        let mut last = Instant::now();
         loop {
             let stopping = {
                 let mut checkpoints = self.checkpoints.lock();
@@ -304,9 +333,13 @@ impl<B: KvBackend> Shared<B> {
                     self.checkpoint_wake
                         .wait_for(&mut checkpoints, self.limits.checkpoint_every);
                 }
+                if !checkpoints.requested && !checkpoints.stop && self.may_wait(last) {
+                    continue;
+                }
                 checkpoints.requested = false;
                 checkpoints.stop
             };
+            last = Instant::now();
             match self.checkpoint() {
                 Err(e) => {
                     tracing::error!(error = %chain(&e), "store checkpoint failed; the log keeps everything since the last one");

@@ -320,6 +320,7 @@ fn the_memtable_stays_within_its_limit() {
     let limits = WalLimits {
         checkpoint_every: Duration::from_secs(3600),
         memtable_bytes: 64 << 10,
+        ..WalLimits::default()
     };
     let backend = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal"), limits).unwrap();
     let text = "v".repeat(1024);
@@ -334,4 +335,80 @@ fn the_memtable_stays_within_its_limit() {
     assert!(largest <= limits.memtable_bytes + 4096, "largest {largest}");
     assert_eq!(keys(&backend, false).len(), 1_000);
     assert_eq!(value(&backend, "k0999").as_deref(), Some(text.as_str()));
+}
+
+/// The sequence number of the last batch the inner store has (0: none).
+fn applied_in_store(backend: &WalBackend<SledBackend>) -> u64 {
+    backend
+        .shared
+        .inner
+        .get(APPLIED_KEY)
+        .unwrap()
+        .map_or(0, |bytes| u64::from_le_bytes(bytes.try_into().unwrap()))
+}
+
+/// Polls until the inner store has batch `seq`, for up to `within`.
+fn store_reaches(backend: &WalBackend<SledBackend>, seq: u64, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if applied_in_store(backend) >= seq {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// A timed checkpoint waits while the memtable holds less than its minimum, and runs at the next
+/// tick once it holds that much.
+#[test]
+fn a_small_memtable_waits_for_more_writes_before_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = WalLimits {
+        checkpoint_every: Duration::from_millis(10),
+        checkpoint_min_bytes: 16 << 10,
+        checkpoint_max_wait: Duration::from_secs(3600),
+        ..WalLimits::default()
+    };
+    let backend = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal"), limits).unwrap();
+    backend.apply(vec![put("small", "x")]).unwrap();
+    backend.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(applied_in_store(&backend), 0, "30 ticks and no checkpoint");
+    assert_eq!(value(&backend, "small").as_deref(), Some("x"));
+    let text = "v".repeat(1024);
+    for i in 0..16 {
+        backend
+            .apply(vec![put(&format!("k{i:02}"), &text)])
+            .unwrap();
+    }
+    backend.flush().unwrap();
+    assert!(
+        store_reaches(&backend, 17, Duration::from_secs(5)),
+        "past its minimum, the memtable moved at a tick"
+    );
+    assert_eq!(value(&backend, "small").as_deref(), Some("x"));
+}
+
+/// However little it holds, a memtable is moved at the latest its longest wait after the last
+/// checkpoint, so the log replayed after a crash stays short under light load.
+#[test]
+fn a_small_memtable_is_moved_after_its_longest_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = WalLimits {
+        checkpoint_every: Duration::from_millis(10),
+        checkpoint_min_bytes: 1 << 30,
+        checkpoint_max_wait: Duration::from_millis(200),
+        ..WalLimits::default()
+    };
+    let backend = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal"), limits).unwrap();
+    let started = Instant::now();
+    backend.apply(vec![put("small", "x")]).unwrap();
+    backend.flush().unwrap();
+    assert!(store_reaches(&backend, 1, Duration::from_secs(5)));
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "moved after {:?}, before its wait",
+        started.elapsed()
+    );
 }
