@@ -359,18 +359,23 @@ fn store_reaches(backend: &WalBackend<SledBackend>, seq: u64, within: Duration) 
     false
 }
 
+/// A log whose checkpoint thread looks every 10 ms.
+fn ticking_every_10ms(dir: &Path, min_bytes: usize, max_wait: Duration) -> WalBackend<SledBackend> {
+    let limits = WalLimits {
+        checkpoint_every: Duration::from_millis(10),
+        checkpoint_min_bytes: min_bytes,
+        checkpoint_max_wait: max_wait,
+        ..WalLimits::default()
+    };
+    WalBackend::open(sled_at(dir), &dir.join("wal"), limits).unwrap()
+}
+
 /// A timed checkpoint waits while the memtable holds less than its minimum, and runs at the next
 /// tick once it holds that much.
 #[test]
 fn a_small_memtable_waits_for_more_writes_before_its_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let limits = WalLimits {
-        checkpoint_every: Duration::from_millis(10),
-        checkpoint_min_bytes: 16 << 10,
-        checkpoint_max_wait: Duration::from_secs(3600),
-        ..WalLimits::default()
-    };
-    let backend = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal"), limits).unwrap();
+    let backend = ticking_every_10ms(dir.path(), 16 << 10, Duration::from_secs(3600));
     backend.apply(vec![put("small", "x")]).unwrap();
     backend.flush().unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -395,13 +400,7 @@ fn a_small_memtable_waits_for_more_writes_before_its_checkpoint() {
 #[test]
 fn a_small_memtable_is_moved_after_its_longest_wait() {
     let dir = tempfile::tempdir().unwrap();
-    let limits = WalLimits {
-        checkpoint_every: Duration::from_millis(10),
-        checkpoint_min_bytes: 1 << 30,
-        checkpoint_max_wait: Duration::from_millis(200),
-        ..WalLimits::default()
-    };
-    let backend = WalBackend::open(sled_at(dir.path()), &dir.path().join("wal"), limits).unwrap();
+    let backend = ticking_every_10ms(dir.path(), 1 << 30, Duration::from_millis(200));
     let started = Instant::now();
     backend.apply(vec![put("small", "x")]).unwrap();
     backend.flush().unwrap();
