@@ -20,7 +20,12 @@ send() { # turn number
     -d "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"SendMessage\",\"params\":{\"message\":{\"role\":\"ROLE_USER\",\"messageId\":\"m$1\",\"contextId\":\"light-$(($1 % 8))\",\"parts\":[{\"text\":\"$TEXT $1\"}]}}}" \
     "http://127.0.0.1:$PORT/"
 }
-device_writes() { awk '/^write_bytes/ {print $2}' "/proc/$PID/io"; }
+# What the device wrote, machine-wide (/proc/PID/io counts pages the server dirtied, not the
+# file-system's own writes a sync adds, such as the file's size and block map).
+SOURCE=$(df --output=source "$WORK" | tail -1)
+DEVICE=${DEVICE:-$(lsblk -no PKNAME "$SOURCE" 2>/dev/null | head -1)}
+DEVICE=${DEVICE:-$(basename "$SOURCE")}
+device_writes() { awk '{printf "%.0f\n", $7 * 512}' "/sys/block/$DEVICE/stat"; }
 PAUSE=$(awk -v r="$RATE" 'BEGIN { print 1 / r }')
 TURNS=$((RATE * SECS))
 for round in $(seq "$ROUNDS"); do

@@ -464,16 +464,14 @@ fn recover<B: KvBackend>(
     let mut replayed = 0u64;
     // Collected as a checkpoint would, so a key written by many batches is written once.
     let mut table = Memtable::default();
-    log::read_all(dir, |seq, mut ops| {
-        if seq > last_seq {
-            // The position is written last, once the writes are durable.
-            ops.retain(|op| !matches!(op, KvOp::Put(key, _) if key == APPLIED_KEY));
-            table.insert(ops);
-            last_seq = seq;
-            replayed += 1;
-            if table.bytes() > table_bytes {
-                move_into(inner, &std::mem::take(&mut table), last_seq)?;
-            }
+    log::read_all(dir, applied, |seq, mut ops| {
+        // The position is written last, once the writes are durable.
+        ops.retain(|op| !matches!(op, KvOp::Put(key, _) if key == APPLIED_KEY));
+        table.insert(ops);
+        last_seq = seq;
+        replayed += 1;
+        if table.bytes() > table_bytes {
+            move_into(inner, &std::mem::take(&mut table), last_seq)?;
         }
         Ok(())
     })?;
