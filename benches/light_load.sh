@@ -5,8 +5,9 @@
 #   benches/light_load.sh BINARY [BINARY...]
 #   RATE=20 SECS=15 ROUNDS=2 benches/light_load.sh target/release/colloquy /tmp/colloquy-old
 #
-# Prints turns/s, bytes written to the device a turn (/proc/PID/io, the log's syncs and sled's
-# checkpoints) and the checkpoints run. Under load a checkpoint moves thousands of turns; here one
+# Prints turns/s, bytes the device wrote a turn (the log's syncs, sled's checkpoints, and what
+# the file system adds to them; the device's count is machine-wide, so keep the machine quiet)
+# and the checkpoints run. Under load a checkpoint moves thousands of turns; here one
 # a second moves a few dozen, yet rewrites every sled page they touch and syncs sled twice.
 source "$(dirname "$0")/common.sh"
 [ $# -gt 0 ] || { echo "usage: $0 BINARY [BINARY...]" >&2; exit 2; }
@@ -33,7 +34,7 @@ for round in $(seq "$ROUNDS"); do
     rm -rf "$WORK/d"
     "$bin" serve --listen "127.0.0.1:$PORT" --data "$WORK/d" 2>"$WORK/log" & PID=$!
     wait_ready "$PORT"
-    send 0; sleep 2
+    send 0; sleep 2; sync  # what others left unwritten is not counted
     before=$(device_writes) started=$(now_ms)
     for i in $(seq "$TURNS"); do send "$i"; sleep "$PAUSE"; done
     elapsed=$(( $(now_ms) - started ))
