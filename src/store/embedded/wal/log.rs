@@ -9,9 +9,12 @@
 //! segment, written over from its start. Appending to a new file grows it, and each `fdatasync`
 //! then writes the file's size and block map too (on ext4, a second device write); writing over
 //! blocks already there syncs the data alone: about a quarter less CPU and a third fewer bytes
-//! to the device a sync (docs/performance.md). A recycled segment holds its old records after
-//! the new ones until rotation cuts them off. Those are from before the store's position, and
-//! read as such; sequence numbers follow one another, so a record after a gap is not read.
+//! to the device a sync (docs/performance.md). A recycled segment holds its old bytes after
+//! the new records until rotation cuts them off, so each segment starts with a header
+//! (`SEGMENT_MAGIC`, then a random salt) and its records' checksums are XORed with its salt:
+//! an old record, or a record-shaped run of bytes inside an old value, does not check out in
+//! the segment's new life. Segments without the header (written before it) have salt 0.
+//! Sequence numbers follow one another, so a record after a gap is not read either.
 
 use crate::durable;
 use crate::error::chain;
@@ -22,6 +25,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const RECORD_HEADER: usize = 8;
+/// What a segment starts with: this, its salt (u32), 4 bytes of zeros.
+const SEGMENT_MAGIC: [u8; 8] = *b"cqwal\0\0\x01";
+pub(super) const SEGMENT_HEADER: usize = 16;
 /// A checkpointed segment kept to be written over as the next one (not a `.log`: never read).
 pub(super) const SPARE: &str = "spare.wal";
 /// A larger checkpointed segment (written while checkpoints lagged) is deleted, not kept.
@@ -32,9 +38,12 @@ pub(super) struct SegmentFiles {
     dir: PathBuf,
     file: File,
     segment: u64,
-    /// Bytes in the current segment, and the last sequence number written to it.
+    /// Bytes in the current segment, its header included, and the last sequence number written
+    /// to it.
     bytes: u64,
     last_seq: u64,
+    /// What the current segment's record checksums are XORed with.
+    salt: u32,
     /// The current segment's length when it was a recycled file (its old records follow ours).
     recycled_len: u64,
     /// Whether [`SPARE`] exists.
@@ -56,27 +65,30 @@ impl SegmentFiles {
             .collect();
         let segment = closed.last().map_or(0, |(n, _)| n + 1);
         let mut spare = dir.join(SPARE).exists();
-        let (file, recycled_len) = open_segment(dir, segment, &mut spare)?;
+        let opened = open_segment(dir, segment, &mut spare)?;
         Ok(SegmentFiles {
             dir: dir.to_owned(),
-            file,
+            file: opened.file,
             segment,
-            bytes: 0,
+            bytes: SEGMENT_HEADER as u64,
             last_seq,
-            recycled_len,
+            salt: opened.salt,
+            recycled_len: opened.recycled_len,
             spare,
             closed,
             failed: None,
         })
     }
 
-    /// Writes encoded records ending at `last_seq` and syncs them.
-    pub(super) fn append(&mut self, records: &[u8], last_seq: u64) -> StoreResult<()> {
+    /// Writes encoded records ending at `last_seq` (salting their checksums for this segment)
+    /// and syncs them.
+    pub(super) fn append(&mut self, records: &mut [u8], last_seq: u64) -> StoreResult<()> {
         if let Some(reason) = &self.failed {
             return Err(StoreError::backend_msg(format!(
                 "the write-ahead log failed earlier: {reason}"
             )));
         }
+        salt_records(records, self.salt);
         let written = self
             .file
             .write_all(records)
@@ -104,7 +116,7 @@ impl SegmentFiles {
 
     /// Starts a new segment if the current one holds anything.
     pub(super) fn rotate(&mut self) -> StoreResult<()> {
-        if self.bytes == 0 || self.failed.is_some() {
+        if self.bytes <= SEGMENT_HEADER as u64 || self.failed.is_some() {
             return Ok(());
         }
         // A closed segment ends with its last record: only the last one may hold old records
@@ -117,12 +129,13 @@ impl SegmentFiles {
                 .map_err(|e| io_error("cutting the old records off", &path, e))?;
         }
         let next = self.segment + 1;
-        let (file, recycled_len) = open_segment(&self.dir, next, &mut self.spare)?;
-        self.file = file;
+        let opened = open_segment(&self.dir, next, &mut self.spare)?;
+        self.file = opened.file;
         self.closed.push((self.segment, self.last_seq));
         self.segment = next;
-        self.bytes = 0;
-        self.recycled_len = recycled_len;
+        self.bytes = SEGMENT_HEADER as u64;
+        self.salt = opened.salt;
+        self.recycled_len = opened.recycled_len;
         Ok(())
     }
 
@@ -131,11 +144,15 @@ impl SegmentFiles {
     pub(super) fn remove_covered(&mut self, covered: u64) {
         let dir = &self.dir;
         let before = self.closed.len();
+        let newest = (self.closed.iter())
+            .filter(|&&(_, last_seq)| last_seq <= covered)
+            .map(|&(segment, _)| segment)
+            .next_back();
         let spare = &mut self.spare;
         self.closed.retain(|&(segment, last_seq)| {
             let done = last_seq <= covered;
             if done {
-                if !*spare && keep_as_spare(dir, segment) {
+                if !*spare && Some(segment) == newest && keep_as_spare(dir, segment) {
                     *spare = true;
                 } else {
                     remove(&segment_path(dir, segment));
@@ -180,8 +197,11 @@ pub(super) fn read_all(
     let mut ended_at: Option<(PathBuf, usize)> = None;
     for (_, path) in list_segments(dir)? {
         let bytes = fs::read(&path).map_err(|e| io_error("reading", &path, e))?;
+        let (salt, mut rest) = segment_body(&bytes);
         if let Some((torn, _)) = &ended_at {
-            if !bytes.is_empty() {
+            // Records read already (a recycled segment left before its first write) are not
+            // damage; one past the end is.
+            if holds_records_after(rest, salt, last) {
                 return Err(StoreError::corrupt_msg(format!(
                     "write-ahead log: {} has a damaged record but the later {} holds records; \
                      move the log aside to open without them",
@@ -191,9 +211,8 @@ pub(super) fn read_all(
             }
             continue;
         }
-        let mut rest = bytes.as_slice();
         while !rest.is_empty() {
-            let record = decode_record(rest).filter(|(seq, _, _)| *seq <= last + 1);
+            let record = decode_record(rest, salt).filter(|(seq, _, _)| *seq <= last + 1);
             let Some((seq, ops, tail)) = record else {
                 tracing::warn!(segment = %path.display(), "write-ahead log ends in a torn record or past a gap; that was never acknowledged");
                 ended_at = Some((path.clone(), bytes.len() - rest.len()));
@@ -209,6 +228,43 @@ pub(super) fn read_all(
     match ended_at {
         Some((path, whole)) => cut_torn_tail(&path, whole as u64),
         None => Ok(()),
+    }
+}
+
+/// A segment's salt and records: after its header, or (written before segments had one) the
+/// whole file with salt 0.
+fn segment_body(bytes: &[u8]) -> (u32, &[u8]) {
+    match bytes.split_first_chunk::<SEGMENT_HEADER>() {
+        Some((header, records)) if header.starts_with(&SEGMENT_MAGIC) => {
+            let salt = header[SEGMENT_MAGIC.len()..SEGMENT_MAGIC.len() + 4]
+                .try_into()
+                .map_or(0, u32::from_le_bytes);
+            (salt, records)
+        }
+        _ => (0, bytes),
+    }
+}
+
+/// Whether `records` hold a whole record numbered after `last`.
+fn holds_records_after(mut records: &[u8], salt: u32, last: u64) -> bool {
+    while let Some((seq, _, rest)) = decode_record(records, salt) {
+        if seq > last {
+            return true;
+        }
+        records = rest;
+    }
+    false
+}
+
+/// XORs the checksum of each record in `records` (whole records, as encoded) with `salt`.
+fn salt_records(records: &mut [u8], salt: u32) {
+    let mut at = 0;
+    while let Some(header) = records.get_mut(at..at + RECORD_HEADER) {
+        let (len, crc) = header.split_at_mut(4);
+        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        let salted = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) ^ salt;
+        crc.copy_from_slice(&salted.to_le_bytes());
+        at += RECORD_HEADER + len;
     }
 }
 
@@ -277,12 +333,13 @@ pub(super) fn encode_record(out: &mut Vec<u8>, seq: u64, ops: &[KvOp]) {
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// One record off the front of `bytes`: its sequence number, its operations and what follows.
-fn decode_record(bytes: &[u8]) -> Option<(u64, Vec<KvOp>, &[u8])> {
+/// One record off the front of `bytes`, its checksum salted with `salt`: its sequence number,
+/// its operations and what follows.
+fn decode_record(bytes: &[u8], salt: u32) -> Option<(u64, Vec<KvOp>, &[u8])> {
     let (len, rest) = take_u32(bytes)?;
     let (crc, rest) = take_u32(rest)?;
     let payload = rest.get(..len as usize)?;
-    if crc32fast::hash(payload) != crc {
+    if crc32fast::hash(payload) ^ salt != crc {
         return None;
     }
     let (seq, body) = payload.split_first_chunk::<8>()?;
@@ -335,28 +392,61 @@ pub(super) fn list_segments(dir: &Path) -> StoreResult<Vec<(u64, PathBuf)>> {
     Ok(segments)
 }
 
-/// Opens `segment` to be written: the spare written over if there is one (with its length),
-/// else a new, empty file.
-fn open_segment(dir: &Path, segment: u64, spare: &mut bool) -> StoreResult<(File, u64)> {
+/// A segment opened to be written, its header written.
+struct Opened {
+    file: File,
+    salt: u32,
+    /// The file's length when it was the spare (its old bytes follow what is written).
+    recycled_len: u64,
+}
+
+/// Opens `segment` to be written: the spare written over if there is one, else a new, empty
+/// file; then writes its header with a new salt (synced with the first records).
+fn open_segment(dir: &Path, segment: u64, spare: &mut bool) -> StoreResult<Opened> {
     let path = segment_path(dir, segment);
-    if std::mem::take(spare) {
-        match fs::rename(dir.join(SPARE), &path) {
-            Ok(()) => {
-                let opened = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .and_then(|file| Ok((file.metadata()?.len(), file)))
-                    .map_err(|e| io_error("opening", &path, e))?;
-                // The name is durable before anything is written under it.
-                sync_dir(dir)?;
-                return Ok((opened.1, opened.0));
+    let (mut file, recycled_len) = match recycle_spare(dir, &path, spare)? {
+        Some(recycled) => recycled,
+        None => (create_segment(dir, segment)?, 0),
+    };
+    let salt = rand::random::<u32>().max(1);
+    let mut header = [0; SEGMENT_HEADER];
+    header[..SEGMENT_MAGIC.len()].copy_from_slice(&SEGMENT_MAGIC);
+    header[SEGMENT_MAGIC.len()..SEGMENT_MAGIC.len() + 4].copy_from_slice(&salt.to_le_bytes());
+    file.write_all(&header)
+        .map_err(|e| io_error("writing the header of", &path, e))?;
+    Ok(Opened {
+        file,
+        salt,
+        recycled_len,
+    })
+}
+
+/// The spare renamed to `path` and opened, with its length, if there is one. Should opening
+/// it fail, it goes back to being the spare: left under the segment's name, its old records
+/// would follow a crash's torn record as a later segment.
+fn recycle_spare(dir: &Path, path: &Path, spare: &mut bool) -> StoreResult<Option<(File, u64)>> {
+    if !std::mem::take(spare) {
+        return Ok(None);
+    }
+    if let Err(e) = fs::rename(dir.join(SPARE), path) {
+        tracing::warn!(error = %chain(&e), "could not reuse the spare log segment");
+        return Ok(None);
+    }
+    let opened = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|file| Ok((file.metadata()?.len(), file)))
+        // The name is durable before anything is written under it.
+        .and_then(|(len, file)| durable::sync_dir(dir).map(|()| (file, len)));
+    match opened {
+        Ok(opened) => Ok(Some(opened)),
+        Err(e) => {
+            if fs::rename(path, dir.join(SPARE)).is_err() {
+                remove(path);
             }
-            Err(e) => {
-                tracing::warn!(error = %chain(&e), "could not reuse the spare log segment")
-            }
+            Err(io_error("reusing the spare as", path, e))
         }
     }
-    Ok((create_segment(dir, segment)?, 0))
 }
 
 /// Keeps a checkpointed segment as the spare. Its records are all at or before the store's

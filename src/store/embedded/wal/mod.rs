@@ -243,7 +243,7 @@ impl<B: KvBackend> Shared<B> {
                 pending.last_seq,
             )
         };
-        let written = self.append(&mut segments, &records, last_seq);
+        let written = self.append(&mut segments, &mut records, last_seq);
         records.clear();
         self.pending.lock().spare = records;
         written
@@ -252,7 +252,7 @@ impl<B: KvBackend> Shared<B> {
     fn append(
         &self,
         segments: &mut SegmentFiles,
-        records: &[u8],
+        records: &mut [u8],
         last_seq: u64,
     ) -> StoreResult<()> {
         if records.is_empty() {
@@ -279,14 +279,14 @@ impl<B: KvBackend> Shared<B> {
     /// Freezes the active memtable at a consistent cut of batches, and logs the whole cut.
     fn freeze(&self) -> StoreResult<()> {
         let mut segments = self.segments.lock();
-        let (records, covered) = {
+        let (mut records, covered) = {
             let mut pending = self.pending.lock();
             let mut tables = self.tables.write();
             let frozen = std::mem::take(&mut tables.active);
             tables.frozen = Some((frozen, pending.last_seq));
             (std::mem::take(&mut pending.buffer), pending.last_seq)
         };
-        self.append(&mut segments, &records, covered)?;
+        self.append(&mut segments, &mut records, covered)?;
         // Without a new segment the log just goes on in this one (deleted a checkpoint later).
         if let Err(e) = segments.rotate() {
             tracing::warn!(error = %chain(&e), "could not start a new log segment");

@@ -447,8 +447,8 @@ fn checkpointed_segments_are_written_over_and_cut_when_closed() {
     encode_record(&mut record, 0, &[put("b", "2"), applied(0)]);
     assert_eq!(
         fs::metadata(wal.join(log::SPARE)).unwrap().len(),
-        record.len() as u64,
-        "closed at rotation, it was cut to its one record, then kept as the spare"
+        (log::SEGMENT_HEADER + record.len()) as u64,
+        "closed at rotation, it was cut to its header and its one record, then kept as the spare"
     );
     assert!(!closed.exists());
     assert_eq!(value(&backend, "b").as_deref(), Some("2"));
@@ -487,4 +487,69 @@ fn a_recycled_segment_replays_its_new_records_only() {
     let reopened = WalBackend::open(sled_at(dir.path()), &wal, WalLimits::default()).unwrap();
     assert_eq!(value(&reopened, "a").as_deref(), Some("11"));
     assert_eq!(value(&reopened, "c").as_deref(), Some("12"));
+}
+
+/// A value can hold bytes shaped as records, checksums and all; in a recycled segment they lie
+/// under the new records. After a crash that leaves them right after the last new record, they
+/// do not check out: each segment's checksums are salted afresh.
+#[test]
+fn record_shaped_bytes_in_a_recycled_segments_old_values_are_not_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("wal");
+    let backend = WalBackend::open(sled_at(dir.path()), &wal, no_periodic_checkpoints()).unwrap();
+    let mut forged = Vec::new();
+    for seq in 1..=50u64 {
+        encode_record(&mut forged, seq, &[put("admin", "pwned")]);
+    }
+    // The record written over it later ends where the forged records begin.
+    let later = "v".repeat(100);
+    let mut later_record = Vec::new();
+    encode_record(&mut later_record, 3, &[put("v", &later), applied(3)]);
+    let value_starts = 8 + 8 + 4 + 1 + 4 + 1 + 4;
+    let mut shaped = vec![b'p'; later_record.len() - value_starts];
+    shaped.extend_from_slice(&forged);
+    backend
+        .apply(vec![KvOp::Put(b"x".to_vec(), shaped)])
+        .unwrap();
+    backend.flush().unwrap();
+    backend.shared.checkpoint().unwrap();
+    backend.apply(vec![put("w", "2")]).unwrap();
+    backend.flush().unwrap();
+    backend.shared.checkpoint().unwrap();
+    backend.apply(vec![put("v", &later)]).unwrap();
+    backend.flush().unwrap();
+    // What `kill -9` now leaves: these segments, over a store at position 2.
+    let crashed = tempfile::tempdir().unwrap();
+    let crashed_wal = crashed.path().join("wal");
+    sled_holding(crashed.path(), put("w", "2"), 2);
+    fs::create_dir_all(&crashed_wal).unwrap();
+    for (segment, path) in list_segments(&wal).unwrap() {
+        fs::copy(path, segment_path(&crashed_wal, segment)).unwrap();
+    }
+    let reopened =
+        WalBackend::open(sled_at(crashed.path()), &crashed_wal, WalLimits::default()).unwrap();
+    assert_eq!(value(&reopened, "v").as_deref(), Some(later.as_str()));
+    assert_eq!(
+        value(&reopened, "admin"),
+        None,
+        "a batch never written was replayed"
+    );
+}
+
+/// A recycled segment left before its first write (its old records only) after a segment that
+/// ends torn is not damage: its records were all read already.
+#[test]
+fn old_records_after_a_torn_segment_do_not_refuse_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("wal");
+    sled_holding(dir.path(), put("a", "10"), 10);
+    write_segment(&wal, 7, &[(11, vec![put("a", "11")])], true);
+    write_segment(
+        &wal,
+        8,
+        &[(3, vec![put("a", "3")]), (4, vec![put("a", "4")])],
+        false,
+    );
+    let backend = WalBackend::open(sled_at(dir.path()), &wal, no_periodic_checkpoints()).unwrap();
+    assert_eq!(value(&backend, "a").as_deref(), Some("11"));
 }
