@@ -56,6 +56,23 @@ fn no_periodic_checkpoints() -> WalLimits {
     }
 }
 
+/// Opens, in `dir`, what a crash leaves: a store holding `write` at position `seq`, and a copy
+/// of `wal`'s segments as they are.
+fn reopened_after_a_crash(
+    dir: &Path,
+    wal: &Path,
+    write: KvOp,
+    seq: u64,
+) -> WalBackend<SledBackend> {
+    let crashed_wal = dir.join("wal");
+    sled_holding(dir, write, seq);
+    fs::create_dir_all(&crashed_wal).unwrap();
+    for (segment, path) in list_segments(wal).unwrap() {
+        fs::copy(path, segment_path(&crashed_wal, segment)).unwrap();
+    }
+    WalBackend::open(sled_at(dir), &crashed_wal, WalLimits::default()).unwrap()
+}
+
 /// The log of a crash: segment 3 holds batches 1 and 2 (the store, at 1, has the first), and
 /// segment 4 batch 3 and a torn record.
 fn crashed_log(dir: &Path) -> PathBuf {
@@ -136,14 +153,7 @@ fn a_crash_before_the_replayed_log_reaches_the_store_loses_nothing() {
     // What a crash now leaves: the store as opening found it, the old segments (the torn
     // record cut off) and the new one after them.
     let crashed = tempfile::tempdir().unwrap();
-    let crashed_wal = crashed.path().join("wal");
-    sled_holding(crashed.path(), put("a", "1"), 1);
-    fs::create_dir_all(&crashed_wal).unwrap();
-    for (segment, path) in list_segments(&wal).unwrap() {
-        fs::copy(path, segment_path(&crashed_wal, segment)).unwrap();
-    }
-    let reopened =
-        WalBackend::open(sled_at(crashed.path()), &crashed_wal, WalLimits::default()).unwrap();
+    let reopened = reopened_after_a_crash(crashed.path(), &wal, put("a", "1"), 1);
     assert_eq!(value(&reopened, "a"), None);
     assert_eq!(value(&reopened, "b").as_deref(), Some("3"));
     assert_eq!(value(&reopened, "c").as_deref(), Some("4"));
@@ -520,14 +530,7 @@ fn record_shaped_bytes_in_a_recycled_segments_old_values_are_not_replayed() {
     backend.flush().unwrap();
     // What `kill -9` now leaves: these segments, over a store at position 2.
     let crashed = tempfile::tempdir().unwrap();
-    let crashed_wal = crashed.path().join("wal");
-    sled_holding(crashed.path(), put("w", "2"), 2);
-    fs::create_dir_all(&crashed_wal).unwrap();
-    for (segment, path) in list_segments(&wal).unwrap() {
-        fs::copy(path, segment_path(&crashed_wal, segment)).unwrap();
-    }
-    let reopened =
-        WalBackend::open(sled_at(crashed.path()), &crashed_wal, WalLimits::default()).unwrap();
+    let reopened = reopened_after_a_crash(crashed.path(), &wal, put("w", "2"), 2);
     assert_eq!(value(&reopened, "v").as_deref(), Some(later.as_str()));
     assert_eq!(
         value(&reopened, "admin"),
