@@ -36,16 +36,10 @@ const SPARE_MAX_BYTES: u64 = 64 << 20;
 /// The segment being appended to, and the closed ones a checkpoint has not yet covered.
 pub(super) struct SegmentFiles {
     dir: PathBuf,
-    file: File,
+    current: Current,
     segment: u64,
-    /// Bytes in the current segment, its header included, and the last sequence number written
-    /// to it.
-    bytes: u64,
+    /// The last sequence number written to the current segment.
     last_seq: u64,
-    /// What the current segment's record checksums are XORed with.
-    salt: u32,
-    /// The current segment's length when it was a recycled file (its old records follow ours).
-    recycled_len: u64,
     /// Whether [`SPARE`] exists.
     spare: bool,
     /// Closed segments with their last sequence numbers.
@@ -65,15 +59,12 @@ impl SegmentFiles {
             .collect();
         let segment = closed.last().map_or(0, |(n, _)| n + 1);
         let mut spare = dir.join(SPARE).exists();
-        let opened = open_segment(dir, segment, &mut spare)?;
+        let current = open_segment(dir, segment, &mut spare)?;
         Ok(SegmentFiles {
             dir: dir.to_owned(),
-            file: opened.file,
+            current,
             segment,
-            bytes: SEGMENT_HEADER as u64,
             last_seq,
-            salt: opened.salt,
-            recycled_len: opened.recycled_len,
             spare,
             closed,
             failed: None,
@@ -88,11 +79,9 @@ impl SegmentFiles {
                 "the write-ahead log failed earlier: {reason}"
             )));
         }
-        salt_records(records, self.salt);
-        let written = self
-            .file
-            .write_all(records)
-            .and_then(|()| self.file.sync_data());
+        let current = &mut self.current;
+        salt_records(records, current.salt);
+        let written = (current.file.write_all(records)).and_then(|()| current.file.sync_data());
         if let Err(e) = written {
             let reason = format!("segment {}: {e}", self.segment);
             self.failed = Some(reason.clone());
@@ -101,7 +90,7 @@ impl SegmentFiles {
                 e,
             ));
         }
-        self.bytes += records.len() as u64;
+        current.bytes += records.len() as u64;
         self.last_seq = last_seq;
         Ok(())
     }
@@ -110,32 +99,28 @@ impl SegmentFiles {
     #[cfg(test)]
     pub(super) fn fail_writes_for_test(&mut self) {
         if let Ok(read_only) = File::open(segment_path(&self.dir, self.segment)) {
-            self.file = read_only;
+            self.current.file = read_only;
         }
     }
 
     /// Starts a new segment if the current one holds anything.
     pub(super) fn rotate(&mut self) -> StoreResult<()> {
-        if self.bytes <= SEGMENT_HEADER as u64 || self.failed.is_some() {
+        let current = &self.current;
+        if current.bytes <= SEGMENT_HEADER as u64 || self.failed.is_some() {
             return Ok(());
         }
         // A closed segment ends with its last record: only the last one may hold old records
         // after its own (a gap or damage in a closed one is refused at open).
-        if self.recycled_len > self.bytes {
+        if current.recycled_len > current.bytes {
             let path = segment_path(&self.dir, self.segment);
-            self.file
-                .set_len(self.bytes)
-                .and_then(|()| self.file.sync_data())
+            (current.file.set_len(current.bytes))
+                .and_then(|()| current.file.sync_data())
                 .map_err(|e| io_error("cutting the old records off", &path, e))?;
         }
         let next = self.segment + 1;
-        let opened = open_segment(&self.dir, next, &mut self.spare)?;
-        self.file = opened.file;
+        self.current = open_segment(&self.dir, next, &mut self.spare)?;
         self.closed.push((self.segment, self.last_seq));
         self.segment = next;
-        self.bytes = SEGMENT_HEADER as u64;
-        self.salt = opened.salt;
-        self.recycled_len = opened.recycled_len;
         Ok(())
     }
 
@@ -180,10 +165,11 @@ impl SegmentFiles {
 }
 
 /// The records in `dir`'s segments after position `after`, in order, to `visit`. Records at or
-/// before the last one read (or `after`) are skipped: checkpointed ones, or a recycled
-/// segment's old ones. The log ends at the first torn or corrupt record (a write cut off by a
-/// crash, never acknowledged), or at a record past the next number: a write lost in a recycled
-/// segment uncovers old bytes, and what follows them was never acknowledged either. Any record
+/// before the last one read (or `after`) are skipped: checkpointed ones, or those of a spare
+/// renamed but not yet written. The log ends at the first torn or corrupt record (a write cut
+/// off by a crash, never acknowledged; a recycled segment's old bytes fail their checksum under
+/// its new salt), or at a record past the next number: what follows a lost write was never
+/// acknowledged either. Any record
 /// after that end means damage to acknowledged data, and opening stops there rather than skip
 /// it. The end is cut off its segment (durably), so that segments written after it, before this
 /// one is deleted, do not look like damage at the next open.
@@ -392,9 +378,12 @@ pub(super) fn list_segments(dir: &Path) -> StoreResult<Vec<(u64, PathBuf)>> {
     Ok(segments)
 }
 
-/// A segment opened to be written, its header written.
-struct Opened {
+/// The segment being written, its header written.
+struct Current {
     file: File,
+    /// Bytes in it, its header included.
+    bytes: u64,
+    /// What its records' checksums are XORed with.
     salt: u32,
     /// The file's length when it was the spare (its old bytes follow what is written).
     recycled_len: u64,
@@ -402,7 +391,7 @@ struct Opened {
 
 /// Opens `segment` to be written: the spare written over if there is one, else a new, empty
 /// file; then writes its header with a new salt (synced with the first records).
-fn open_segment(dir: &Path, segment: u64, spare: &mut bool) -> StoreResult<Opened> {
+fn open_segment(dir: &Path, segment: u64, spare: &mut bool) -> StoreResult<Current> {
     let path = segment_path(dir, segment);
     let (mut file, recycled_len) = match recycle_spare(dir, &path, spare)? {
         Some(recycled) => recycled,
@@ -414,8 +403,9 @@ fn open_segment(dir: &Path, segment: u64, spare: &mut bool) -> StoreResult<Opene
     header[SEGMENT_MAGIC.len()..SEGMENT_MAGIC.len() + 4].copy_from_slice(&salt.to_le_bytes());
     file.write_all(&header)
         .map_err(|e| io_error("writing the header of", &path, e))?;
-    Ok(Opened {
+    Ok(Current {
         file,
+        bytes: SEGMENT_HEADER as u64,
         salt,
         recycled_len,
     })
