@@ -228,15 +228,15 @@ impl Tree {
         }
         let mut node: Node = node_view.deref().clone();
         let mut applied = 0;
+        let mut full = false;
         for (key, value) in pending.iter().take(run) {
             let (encoded_key, last_value) = node.node_kv_pair(key);
             match value {
-                // A new key past the leaf's size waits for the split that
-                // the next look-up of a key in it makes.
                 Some(_) if last_value.is_none()
                     && node.is_full(self.context.leaf_fanout) =>
                 {
-                    break
+                    full = true;
+                    break;
                 }
                 Some(value) => node.set_leaf(encoded_key, value.clone()),
                 None => node.del_leaf(&encoded_key),
@@ -246,15 +246,29 @@ impl Tree {
         if applied < LEAF_RUN {
             return Ok(LeafRun::OneByOne(1));
         }
-        let replaced =
-            self.context.pagecache.replace(pid, node_view.0, node, guard)?;
-        if replaced.is_err() {
+        let written = if full {
+            // colloquy change 14: the new key that did not fit splits the
+            // copy where it goes, and the left part is the leaf's one write;
+            // written whole, the leaf would be split by the next look-up and
+            // its left part written again.
+            self.install_split(pid, node_view.0, node, &pending[applied].0, guard)?
+                .is_some()
+        } else {
+            self.context.pagecache.replace(pid, node_view.0, node, guard)?.is_ok()
+        };
+        if !written {
             // Another writer changed the leaf first: go again from it.
             return Ok(LeafRun::Written(0));
         }
         guard.writeset.push(pid);
         #[cfg(test)]
-        LEAF_RUNS_WRITTEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        {
+            use std::sync::atomic::Ordering::Relaxed;
+            LEAF_RUNS_WRITTEN.fetch_add(1, Relaxed);
+            if full {
+                LEAF_RUNS_SPLIT.fetch_add(1, Relaxed);
+            }
+        }
         Ok(LeafRun::Written(applied))
     }
 
@@ -1567,33 +1581,18 @@ impl Tree {
         guard: &'g Guard,
     ) -> Result<()> {
         trace!("splitting node {}", view.pid);
-        // split node (colloquy change 9: at the key being written, for a leaf)
-        let (mut lhs, rhs) = view.deref().clone().split(key);
-        let rhs_lo = rhs.lo.clone();
-
-        // install right side
-        let (rhs_pid, rhs_ptr) = self.context.pagecache.allocate(rhs, guard)?;
-
-        // replace node, pointing next to installed right
-        lhs.next = Some(NonZeroU64::new(rhs_pid).unwrap());
-        let replace = self.context.pagecache.replace(
+        let (rhs_lo, rhs_pid) = match self.install_split(
             view.pid,
             view.node_view.0,
-            lhs,
+            view.deref().clone(),
+            key,
             guard,
-        )?;
-        M.tree_child_split_attempt();
-        if replace.is_err() {
+        )? {
+            Some(installed) => installed,
             // if we failed, don't follow through with the
             // parent split or root hoist.
-            let _new_stack = self
-                .context
-                .pagecache
-                .free(rhs_pid, rhs_ptr, guard)?
-                .expect("could not free allocated page");
-            return Ok(());
-        }
-        M.tree_child_split_success();
+            None => return Ok(()),
+        };
 
         // either install parent split or hoist root
         if let Some(parent_view) = parent_view {
@@ -1627,6 +1626,43 @@ impl Tree {
         }
 
         Ok(())
+    }
+
+    /// Splits `node`, the new state of the page `pid` now at `current`
+    /// (colloquy change 9: a leaf where `key` goes), installs its right side
+    /// as a new page and puts the left side, pointing to it, in the page's
+    /// place. Returns the right side's low key and page, or None (and frees
+    /// the new page) when another writer changed the page first. The parent
+    /// learns of the right side from the caller, or from the next look-up
+    /// that passes it (sled's half-split completion).
+    fn install_split<'g>(
+        &self,
+        pid: PageId,
+        current: crate::pagecache::PageView<'g>,
+        node: Node,
+        key: &[u8],
+        guard: &'g Guard,
+    ) -> Result<Option<(IVec, PageId)>> {
+        let (mut lhs, rhs) = node.split(key);
+        let rhs_lo = rhs.lo.clone();
+
+        // install right side
+        let (rhs_pid, rhs_ptr) = self.context.pagecache.allocate(rhs, guard)?;
+
+        // replace node, pointing next to installed right
+        lhs.next = Some(NonZeroU64::new(rhs_pid).unwrap());
+        let replace = self.context.pagecache.replace(pid, current, lhs, guard)?;
+        M.tree_child_split_attempt();
+        if replace.is_err() {
+            let _new_stack = self
+                .context
+                .pagecache
+                .free(rhs_pid, rhs_ptr, guard)?
+                .expect("could not free allocated page");
+            return Ok(None);
+        }
+        M.tree_child_split_success();
+        Ok(Some((rhs_lo, rhs_pid)))
     }
 
     fn root_hoist(
@@ -2415,9 +2451,14 @@ enum LeafRun {
 static LEAF_RUNS_WRITTEN: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
+/// Runs that filled their leaf and split it (change 14).
+#[cfg(test)]
+static LEAF_RUNS_SPLIT: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 #[cfg(test)]
 mod colloquy_leaf_runs {
-    use super::LEAF_RUNS_WRITTEN;
+    use super::{LEAF_RUNS_SPLIT, LEAF_RUNS_WRITTEN};
     use crate::IVec;
     use std::collections::BTreeMap;
     use std::sync::atomic::Ordering::Relaxed;
@@ -2455,6 +2496,7 @@ mod colloquy_leaf_runs {
         let mut model = BTreeMap::new();
         let mut state = 0x9E37_79B9_7F4A_7C15_u64;
         let before = LEAF_RUNS_WRITTEN.load(Relaxed);
+        let splits_before = LEAF_RUNS_SPLIT.load(Relaxed);
         {
             let db = config.open().unwrap();
             let mut newest = 0_u32;
@@ -2490,6 +2532,10 @@ mod colloquy_leaf_runs {
             assert!(
                 LEAF_RUNS_WRITTEN.load(Relaxed) > before,
                 "no run was written as its leaf"
+            );
+            assert!(
+                LEAF_RUNS_SPLIT.load(Relaxed) > splits_before,
+                "no run split the leaf it filled"
             );
             db.flush().unwrap();
         }
