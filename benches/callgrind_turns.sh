@@ -37,7 +37,10 @@ if [ -n "${PG:-}" ]; then
   COLLOQUY_STORE__URL=$(pg_url "$DB_PORT")
   export COLLOQUY_STORE__URL
 fi
-COLLOQUY_STORE__CHECKPOINT_INTERVAL_MS=${CHECKPOINT_MS:-3600000} \
+# (The longest wait between checkpoints may not be below the interval: the server refuses it.)
+EVERY_MS=${CHECKPOINT_MS:-3600000}
+COLLOQUY_STORE__CHECKPOINT_INTERVAL_MS=$EVERY_MS \
+  COLLOQUY_STORE__CHECKPOINT_MAX_WAIT_MS=$((EVERY_MS > 60000 ? EVERY_MS : 60000)) \
   valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" --instr-atstart=no \
   "$BIN" serve --listen 127.0.0.1:$PORT --data "$WORK/d" 2>"$WORK/vg.log" &
 PID=$!
