@@ -25,8 +25,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const RECORD_HEADER: usize = 8;
-/// What a segment starts with: this, its salt (u32), 4 bytes of zeros.
+/// What a segment starts with: this, its salt (u32) at `SALT_AT`, 4 bytes of zeros.
 const SEGMENT_MAGIC: [u8; 8] = *b"cqwal\0\0\x01";
+const SALT_AT: usize = SEGMENT_MAGIC.len();
 pub(super) const SEGMENT_HEADER: usize = 16;
 /// A checkpointed segment kept to be written over as the next one (not a `.log`: never read).
 pub(super) const SPARE: &str = "spare.wal";
@@ -222,13 +223,19 @@ pub(super) fn read_all(
 fn segment_body(bytes: &[u8]) -> (u32, &[u8]) {
     match bytes.split_first_chunk::<SEGMENT_HEADER>() {
         Some((header, records)) if header.starts_with(&SEGMENT_MAGIC) => {
-            let salt = header[SEGMENT_MAGIC.len()..SEGMENT_MAGIC.len() + 4]
-                .try_into()
-                .map_or(0, u32::from_le_bytes);
+            let salt = take_u32(&header[SALT_AT..]).map_or(0, |(salt, _)| salt);
             (salt, records)
         }
         _ => (0, bytes),
     }
+}
+
+/// The header [`segment_body`] reads.
+fn segment_header(salt: u32) -> [u8; SEGMENT_HEADER] {
+    let mut header = [0; SEGMENT_HEADER];
+    header[..SALT_AT].copy_from_slice(&SEGMENT_MAGIC);
+    header[SALT_AT..SALT_AT + 4].copy_from_slice(&salt.to_le_bytes());
+    header
 }
 
 /// Whether `records` hold a whole record numbered after `last`.
@@ -398,10 +405,7 @@ fn open_segment(dir: &Path, segment: u64, spare: &mut bool) -> StoreResult<Curre
         None => (create_segment(dir, segment)?, 0),
     };
     let salt = rand::random::<u32>().max(1);
-    let mut header = [0; SEGMENT_HEADER];
-    header[..SEGMENT_MAGIC.len()].copy_from_slice(&SEGMENT_MAGIC);
-    header[SEGMENT_MAGIC.len()..SEGMENT_MAGIC.len() + 4].copy_from_slice(&salt.to_le_bytes());
-    file.write_all(&header)
+    file.write_all(&segment_header(salt))
         .map_err(|e| io_error("writing the header of", &path, e))?;
     Ok(Current {
         file,
