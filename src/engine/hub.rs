@@ -128,39 +128,6 @@ impl Subscription {
 #[derive(Debug)]
 pub struct UnknownEventId;
 
-/// What `item`, about to be published, is in the turn's outline (the task's state already
-/// includes it).
-fn outlined(state: &HubState, item: &StreamItem) -> Option<OutlinedEvent> {
-    Some(match item {
-        StreamItem::Message(_) => return None,
-        StreamItem::Task(_) => OutlinedEvent::Opened,
-        StreamItem::Event(TaskEvent::Status { is_final: true, .. }) => OutlinedEvent::Final,
-        StreamItem::Event(TaskEvent::Status { status, .. }) => {
-            OutlinedEvent::Status(Box::new(status.clone()))
-        }
-        StreamItem::Event(TaskEvent::Artifact {
-            artifact,
-            last_chunk,
-            ..
-        }) => {
-            let reply = state
-                .reply_artifact
-                .and_then(|i| state.task.artifacts.get(i));
-            match reply {
-                Some(reply) if reply.artifact_id == artifact.artifact_id => match last_chunk {
-                    true => OutlinedEvent::Closed,
-                    false => {
-                        let text = reply.parts.first().and_then(Part::as_text);
-                        OutlinedEvent::Chunk(u32::try_from(text.map_or(0, str::len)).ok()?)
-                    }
-                },
-                // Whole artifacts are published right after they are added.
-                _ => OutlinedEvent::Artifact(state.task.artifacts.len().checked_sub(1)? as u32),
-            }
-        }
-    })
-}
-
 /// An update of the reply artifact carrying one chunk of text.
 pub(super) fn reply_chunk(
     task: &Task,
@@ -350,21 +317,33 @@ impl TaskHub {
     fn open_locked(&self, state: &mut HubState) {
         if !state.open {
             state.open = true;
-            let item = StreamItem::Task(state.task.clone());
-            self.broadcast(state, item);
+            self.publish(state, Some(OutlinedEvent::Opened), |state| {
+                StreamItem::Task(state.task.clone())
+            });
         }
     }
 
-    /// Publishes the next event: its id, the outline, the log, every subscriber.
-    fn broadcast(&self, state: &mut HubState, item: StreamItem) {
+    /// Publishes the next event (the task's state already includes it): its id, `outlined` (what
+    /// it is in the turn's outline; None for an event no outline holds), and, for the log and
+    /// every subscriber, the event `item` builds. Nobody reads a blocking send's events unless a
+    /// stream joins, so they are built only for a log or a subscriber.
+    fn publish(
+        &self,
+        state: &mut HubState,
+        outlined: Option<OutlinedEvent>,
+        item: impl FnOnce(&HubState) -> StreamItem,
+    ) {
         state.published += 1;
-        let outlined = outlined(state, &item);
         if let Some(events) = &mut state.outline {
             match outlined {
                 Some(event) if events.len() < self.logs.events_per_task() => events.push(event),
                 _ => state.outline = None,
             }
         }
+        if state.log.is_none() && state.subscribers.is_empty() {
+            return;
+        }
+        let item = item(state);
         let id = self.newest(state);
         if let Some(log) = &state.log {
             log.record(id, &item);
@@ -401,17 +380,20 @@ impl TaskHub {
                 (index, false)
             }
         };
-        let task = &mut state.task;
-        let artifact = &mut task.artifacts[index];
+        let mut text_end = 0;
         if let Some(Part {
             content: crate::model::PartContent::Text { text },
             ..
-        }) = artifact.parts.first_mut()
+        }) = state.task.artifacts[index].parts.first_mut()
         {
             text.push_str(chunk);
+            text_end = text.len();
         }
-        let event = reply_chunk(task, &task.artifacts[index], chunk, append, false);
-        self.broadcast(&mut state, StreamItem::Event(event));
+        let outlined = u32::try_from(text_end).ok().map(OutlinedEvent::Chunk);
+        self.publish(&mut state, outlined, |state| {
+            let reply = &state.task.artifacts[index];
+            StreamItem::Event(reply_chunk(&state.task, reply, chunk, append, false))
+        });
     }
 
     /// The reply text so far.
@@ -429,29 +411,34 @@ impl TaskHub {
     pub fn add_artifact(&self, artifact: Artifact) {
         let mut state = self.lock();
         self.open_locked(&mut state);
-        state.task.artifacts.push(artifact.clone());
-        let event = TaskEvent::Artifact {
-            task_id: state.task.id.clone(),
-            context_id: state.task.context_id.clone(),
-            artifact,
-            append: false,
-            last_chunk: true,
-        };
-        self.broadcast(&mut state, StreamItem::Event(event));
+        let index = state.task.artifacts.len();
+        state.task.artifacts.push(artifact);
+        let outlined = u32::try_from(index).ok().map(OutlinedEvent::Artifact);
+        self.publish(&mut state, outlined, |state| {
+            StreamItem::Event(TaskEvent::Artifact {
+                task_id: state.task.id.clone(),
+                context_id: state.task.context_id.clone(),
+                artifact: state.task.artifacts[index].clone(),
+                append: false,
+                last_chunk: true,
+            })
+        });
     }
 
     /// A status change that does not end the stream.
     pub fn status(&self, status: TaskStatus) {
         let mut state = self.lock();
         self.open_locked(&mut state);
-        state.task.status = status.clone();
-        let event = TaskEvent::Status {
-            task_id: state.task.id.clone(),
-            context_id: state.task.context_id.clone(),
-            status,
-            is_final: false,
-        };
-        self.broadcast(&mut state, StreamItem::Event(event));
+        let outlined = OutlinedEvent::Status(Box::new(status.clone()));
+        state.task.status = status;
+        self.publish(&mut state, Some(outlined), |state| {
+            StreamItem::Event(TaskEvent::Status {
+                task_id: state.task.id.clone(),
+                context_id: state.task.context_id.clone(),
+                status: state.task.status.clone(),
+                is_final: false,
+            })
+        });
     }
 
     /// Ends the turn: closes the reply artifact, sends the final status, closes every stream and
@@ -463,24 +450,26 @@ impl TaskHub {
         }
         match &*result {
             SendResult::Message(message) if !state.open => {
-                self.broadcast(&mut state, StreamItem::Message(message.clone()));
+                self.publish(&mut state, None, |_| StreamItem::Message(message.clone()));
             }
             SendResult::Message(_) => {}
             SendResult::Task(task) => {
                 self.open_locked(&mut state);
                 if let Some(index) = state.reply_artifact {
                     // The closing chunk is empty: chunks are sent as they come, before the end is known.
-                    let event =
-                        reply_chunk(&state.task, &state.task.artifacts[index], "", true, true);
-                    self.broadcast(&mut state, StreamItem::Event(event));
+                    self.publish(&mut state, Some(OutlinedEvent::Closed), |state| {
+                        let reply = &state.task.artifacts[index];
+                        StreamItem::Event(reply_chunk(&state.task, reply, "", true, true))
+                    });
                 }
-                let event = TaskEvent::Status {
-                    task_id: task.id.clone(),
-                    context_id: task.context_id.clone(),
-                    status: task.status.clone(),
-                    is_final: true,
-                };
-                self.broadcast(&mut state, StreamItem::Event(event));
+                self.publish(&mut state, Some(OutlinedEvent::Final), |_| {
+                    StreamItem::Event(TaskEvent::Status {
+                        task_id: task.id.clone(),
+                        context_id: task.context_id.clone(),
+                        status: task.status.clone(),
+                        is_final: true,
+                    })
+                });
             }
         }
         state.finished = true;
