@@ -690,6 +690,7 @@ mod tests {
             DateTime::from_timestamp(-1, 999_000_000).unwrap(),
             DateTime::<Utc>::MIN_UTC,
             DateTime::<Utc>::MAX_UTC,
+            leap_second(),
         ];
         for time in times {
             let bytes = rmp_serde::to_vec(&StoredTime(time)).unwrap();
@@ -698,6 +699,12 @@ mod tests {
         }
         let millis = rmp_serde::to_vec(&StoredTime(crate::model::now())).unwrap();
         assert_eq!(millis.len(), 9, "milliseconds: one marker and 8 bytes");
+    }
+
+    /// 2016-12-31T23:59:60.000Z: whole milliseconds, yet no number of them since the epoch.
+    fn leap_second() -> DateTime<Utc> {
+        let day = chrono::NaiveDate::from_ymd_opt(2016, 12, 31).unwrap();
+        day.and_hms_milli_opt(23, 59, 59, 1_000).unwrap().and_utc()
     }
 
     fn full_task() -> TaskRecord {

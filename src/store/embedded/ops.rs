@@ -18,6 +18,7 @@ use crate::store::{
 };
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 /// What a task cut off by a crash says when it is marked failed.
 pub(super) const INTERRUPTED_TASK_TEXT: &str = "the server stopped before the agent finished";
@@ -28,11 +29,12 @@ pub(super) const INTERRUPTED_TASK_TEXT: &str = "the server stopped before the ag
 #[derive(Default)]
 pub struct LiveTurns(Mutex<HashMap<ConversationKey, LiveTurn>>);
 
+/// Shared, so that checking a lease (`held`) copies neither record.
 struct LiveTurn {
     token: u64,
     keys: Keys,
-    conversation: Conversation,
-    record: TaskRecord,
+    conversation: Arc<Conversation>,
+    record: Arc<TaskRecord>,
 }
 
 impl LiveTurns {
@@ -139,8 +141,8 @@ pub fn begin(records: &Records, live: &LiveTurns, turn: BeginTurn) -> StoreResul
     let live_turn = LiveTurn {
         token: mark.token,
         keys,
-        conversation,
-        record,
+        conversation: Arc::new(conversation),
+        record: Arc::new(record),
     };
     live.0.lock().insert(key, live_turn);
     Ok(TurnBegun {
@@ -171,7 +173,10 @@ fn new_task_record(turn: &BeginTurn, place: &Place) -> TaskRecord {
 
 /// The conversation's metadata and the lease's task as stored, if the lease still holds the
 /// conversation: its turn is live here with that token (a newer take replaced it otherwise).
-fn held(live: &LiveTurns, lease: &Lease) -> StoreResult<(Keys, Conversation, TaskRecord)> {
+fn held(
+    live: &LiveTurns,
+    lease: &Lease,
+) -> StoreResult<(Keys, Arc<Conversation>, Arc<TaskRecord>)> {
     let turns = live.0.lock();
     match turns.get(&lease.key) {
         Some(turn) if turn.token == lease.token && turn.record.task.id == lease.task_id => {
@@ -195,14 +200,14 @@ pub fn record_status(
     status: TaskStatus,
 ) -> StoreResult<()> {
     let (keys, _, previous) = held(live, lease)?;
-    let mut record = previous.clone();
+    let mut record = TaskRecord::clone(&previous);
     record.task.status = status;
     let mut batch = WriteBatch::new();
     batch.put_task(&keys, &record, Some(&previous));
     super::push::enqueue(records, &mut batch, &record, lease.trace.as_deref())?;
     records.apply(batch)?;
     if let Some(turn) = live.0.lock().get_mut(&lease.key) {
-        turn.record = record;
+        turn.record = Arc::new(record);
     }
     Ok(())
 }
@@ -210,10 +215,10 @@ pub fn record_status(
 /// Appends the reply, stores the final state and releases the conversation.
 pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResult<()> {
     let lease = &end.lease;
-    let (keys, mut conversation, previous) = held(live, lease)?;
-    let previous_meta = conversation.meta.clone();
+    let (keys, stored, previous) = held(live, lease)?;
+    let mut conversation = Conversation::clone(&stored);
     let meta = &mut conversation.meta;
-    let mut record = previous.clone();
+    let mut record = TaskRecord::clone(&previous);
     let mut batch = WriteBatch::new();
     record.task.status = end.status;
     record.task.artifacts = end.artifacts;
@@ -232,7 +237,7 @@ pub fn finish(records: &Records, live: &LiveTurns, end: FinishTurn) -> StoreResu
     if end.agent_state.is_some() {
         meta.agent_state = end.agent_state;
     }
-    batch.put_conversation(&keys, &conversation, Some(&previous_meta));
+    batch.put_conversation(&keys, &conversation, Some(&stored.meta));
     records.apply(batch)?;
     live.0.lock().remove(&lease.key);
     Ok(())

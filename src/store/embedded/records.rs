@@ -145,7 +145,7 @@ fn resume_after(suffix: &[u8]) -> String {
 }
 
 /// Collects writes, already encoded, to be applied atomically.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct WriteBatch {
     ops: Vec<KvOp>,
 }
@@ -397,9 +397,15 @@ fn decode_conversation_at(bytes: &[u8], key: ConversationKey) -> StoreResult<Con
     })
 }
 
+/// Room for a turn step's writes (a start writes about eight, an end about ten) and the log's
+/// position the write-ahead log adds: no step's batch grows as it is built and applied.
+const BATCH_ROOM: usize = 16;
+
 impl WriteBatch {
     pub fn new() -> Self {
-        Self::default()
+        WriteBatch {
+            ops: Vec::with_capacity(BATCH_ROOM),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
