@@ -458,11 +458,16 @@ async fn start_engine(
     config: &Config,
 ) -> Result<Engine, StoreStartError> {
     let engine_config = engine_config(config);
-    if engine_config.max_resident < config.contexts.max_resident {
+    if let Some(limit) = crate::container::memory_limit() {
         tracing::info!(
+            limit,
             max_resident = engine_config.max_resident,
-            "resident conversations bounded by memory (contexts.max_resident_bytes, or a quarter \
-             of the container's memory limit)"
+            history_cache_bytes = engine_config.window.bytes,
+            resume_bytes = engine_config.resume.bytes,
+            store_cache_bytes =
+                within_container(config.store.cache_bytes, Some(limit), SLED_CACHE_SHARE),
+            memtable_bytes = memtable_limit(Some(limit)),
+            "memory budgets lowered to their shares of the container's memory limit"
         );
     }
     let engine = Engine::start(store, agent, engine_config);
@@ -481,7 +486,11 @@ async fn start_engine(
 
 fn sled_options(store: &StoreConfig) -> SledOptions {
     SledOptions {
-        cache_bytes: store.cache_bytes,
+        cache_bytes: within_container(
+            store.cache_bytes,
+            crate::container::memory_limit(),
+            SLED_CACHE_SHARE,
+        ),
         wal: WalLimits {
             checkpoint_every: Duration::from_millis(store.checkpoint_interval_ms),
             checkpoint_min_bytes: usize::try_from(store.checkpoint_min_bytes).unwrap_or(usize::MAX),
@@ -508,6 +517,10 @@ pub fn message_limits(config: &Config) -> MessageLimits {
 /// The engine's settings, from the configuration's sections.
 pub fn engine_config(config: &Config) -> EngineConfig {
     let defaults = EngineConfig::default();
+    let container = crate::container::memory_limit();
+    let bytes = |configured: u64, share: u64| {
+        usize::try_from(within_container(configured, container, share)).unwrap_or(usize::MAX)
+    };
     EngineConfig {
         history: HistoryLimits {
             limit: config.history.limit,
@@ -522,19 +535,36 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         },
         max_running_turns: config.limits.running_turns.max(1),
         message: message_limits(config),
-        max_resident: resident_limit(&config.contexts, crate::container::memory_limit()),
+        max_resident: resident_limit(&config.contexts, container),
         response_bytes: config.limits.response_bytes,
         lease: lease_duration(config),
         window: WindowLimits {
             keep: Duration::from_secs(config.contexts.history_cache_secs),
-            bytes: usize::try_from(config.contexts.history_cache_bytes).unwrap_or(usize::MAX),
+            bytes: bytes(config.contexts.history_cache_bytes, HISTORY_WINDOW_SHARE),
         },
         resume: ResumeLimits {
             events: config.streaming.resume_events,
             keep: Duration::from_secs(config.streaming.resume_secs),
-            bytes: usize::try_from(config.streaming.resume_bytes).unwrap_or(usize::MAX),
+            bytes: bytes(config.streaming.resume_bytes, RESUME_EVENTS_SHARE),
         },
     }
+}
+
+// What a container's memory limit (cgroup) leaves each in-memory budget, as a divisor of it.
+// Together they take about half (at 256 MiB: sled's cache about 24 MB, as sled holds about 1.5
+// times `store.cache_bytes`; windows 32 MiB; kept events 16 MiB; resident conversations 32 MiB;
+// the memtables 32 MiB), leaving the rest to the process itself (threads, buffers, sled's page
+// table) and to the page cache its writes dirty, which the cgroup counts too. Measured without
+// the shares (2026-12-06): 20 s of `colloquy loadgen` in a 256 MiB cgroup grew the process to
+// the limit and could get it killed.
+const SLED_CACHE_SHARE: u64 = 16;
+const HISTORY_WINDOW_SHARE: u64 = 8;
+const RESUME_EVENTS_SHARE: u64 = 16;
+const RESIDENT_SHARE: u64 = 8;
+
+/// `configured`, lowered to a `share`-th of the container's memory limit when there is one.
+fn within_container(configured: u64, container: Option<u64>, share: u64) -> u64 {
+    container.map_or(configured, |limit| configured.min(limit / share))
 }
 
 /// The smallest memtable limit a container's memory lowers the write-ahead log's to: a quarter
@@ -559,10 +589,10 @@ pub fn memtable_limit(container: Option<u64>) -> usize {
 pub const RESIDENT_CONVERSATION_BYTES: u64 = 4096;
 
 /// How many conversations may be resident: `contexts.max_resident`, lowered to what
-/// `contexts.max_resident_bytes` holds, or by default a quarter of the container's memory.
+/// `contexts.max_resident_bytes` holds, or by default an eighth of the container's memory.
 pub fn resident_limit(contexts: &crate::config::ContextsConfig, container: Option<u64>) -> usize {
     let budget = match contexts.max_resident_bytes {
-        0 => container.map(|limit| limit / 4),
+        0 => container.map(|limit| limit / RESIDENT_SHARE),
         bytes => Some(bytes),
     };
     let by_memory = budget.map_or(usize::MAX, |bytes| {
@@ -656,8 +686,8 @@ mod tests {
             1_000_000,
             "no container: the count"
         );
-        // A 512 MiB container: a quarter of it, at 4 KiB each.
-        assert_eq!(resident_limit(&contexts, Some(512 << 20)), 32_768);
+        // A 512 MiB container: an eighth of it, at 4 KiB each.
+        assert_eq!(resident_limit(&contexts, Some(512 << 20)), 16_384);
         contexts.max_resident_bytes = 40 * RESIDENT_CONVERSATION_BYTES;
         assert_eq!(
             resident_limit(&contexts, Some(512 << 20)),
@@ -672,6 +702,21 @@ mod tests {
         );
         contexts.max_resident_bytes = 1;
         assert_eq!(resident_limit(&contexts, None), 1, "never zero");
+    }
+
+    #[test]
+    fn budgets_are_lowered_to_their_share_of_a_container() {
+        assert_eq!(
+            within_container(64 << 20, None, 8),
+            64 << 20,
+            "no container"
+        );
+        assert_eq!(within_container(64 << 20, Some(256 << 20), 8), 32 << 20);
+        assert_eq!(
+            within_container(16 << 20, Some(256 << 20), 8),
+            16 << 20,
+            "never raised"
+        );
     }
 
     #[test]

@@ -236,13 +236,14 @@ pub struct ContextsConfig {
     pub arbiters: usize,
     /// Live conversation actors; past it idle ones are stopped first, past 110% new ones are refused.
     pub max_resident: usize,
-    /// Memory for resident conversations, in bytes (about 4 KiB each); 0 = a quarter of the
+    /// Memory for resident conversations, in bytes (about 4 KiB each); 0 = an eighth of the
     /// container's memory limit when there is one (cgroup), else no bound but `max_resident`.
     pub max_resident_bytes: u64,
     /// A conversation's actor keeps the history window of its last turn this many seconds, so
     /// that a next turn in a conversation no one else wrote to reads no history from the store.
     pub history_cache_secs: u64,
-    /// Memory for those windows, all together, in bytes (estimated); 0 keeps none.
+    /// Memory for those windows, all together, in bytes (estimated); 0 keeps none. In a
+    /// container, at most an eighth of its memory limit.
     pub history_cache_bytes: u64,
 }
 
@@ -376,7 +377,7 @@ pub struct StreamingConfig {
     /// How long a task's kept events stay after its last one.
     pub resume_secs: u64,
     /// What the kept events of all tasks may hold together, estimated; past it the oldest
-    /// tasks' events go first.
+    /// tasks' events go first. In a container, at most a sixteenth of its memory limit.
     pub resume_bytes: u64,
 }
 
@@ -408,7 +409,7 @@ pub struct StoreConfig {
     /// PostgreSQL: PEM file of the authorities the database's certificate may come from
     /// (besides the public ones); set, or with `sslmode=require` in the URL, TLS is used.
     pub tls_ca_file: Option<PathBuf>,
-    /// sled's page cache.
+    /// sled's page cache. In a container, at most a sixteenth of its memory limit.
     pub cache_bytes: u64,
     /// Milliseconds between checkpoints of the write-ahead log into sled, once its memtable
     /// holds `checkpoint_min_bytes`.
