@@ -9,13 +9,18 @@ pub type KvPair = (Vec<u8>, Vec<u8>);
 #[derive(Debug, Clone)]
 pub enum KvOp {
     Put(Vec<u8>, Vec<u8>),
+    /// A put of a key no earlier write made (one holding a new task's id): to the store a
+    /// put, but a delete that follows it before a checkpoint leaves nothing to write through
+    /// (`wal::memtable`). A turn's start writes its task's index entries so, and its end
+    /// deletes them.
+    Create(Vec<u8>, Vec<u8>),
     Delete(Vec<u8>),
 }
 
 impl KvOp {
     pub fn key(&self) -> &[u8] {
         match self {
-            KvOp::Put(key, _) | KvOp::Delete(key) => key,
+            KvOp::Put(key, _) | KvOp::Create(key, _) | KvOp::Delete(key) => key,
         }
     }
 }

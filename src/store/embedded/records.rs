@@ -454,8 +454,13 @@ impl WriteBatch {
         self.ops.push(KvOp::Delete(running_task_key(task_id)));
     }
 
-    /// Writes the task; `previous` is what is stored now, to move its index entries.
+    /// Writes the task; `previous` is what is stored now, to move its index entries. Without
+    /// one the task is new (its id in no key yet), and its index entries are creations.
     pub fn put_task(&mut self, keys: &Keys, record: &TaskRecord, previous: Option<&TaskRecord>) {
+        let index_write = match previous {
+            Some(_) => KvOp::Put,
+            None => KvOp::Create,
+        };
         if let Some(previous) = previous {
             for key in task_index_keys(keys, previous) {
                 self.ops.push(KvOp::Delete(key));
@@ -463,12 +468,12 @@ impl WriteBatch {
         }
         let state = vec![record.task.status.state.code()];
         for key in task_index_keys(keys, record) {
-            self.ops.push(KvOp::Put(key, state.clone()));
+            self.ops.push(index_write(key, state.clone()));
         }
         let was_running = previous.is_some_and(is_running);
         if is_running(record) {
             self.ops
-                .push(KvOp::Put(running_task_key(&record.task.id), Vec::new()));
+                .push(index_write(running_task_key(&record.task.id), Vec::new()));
         } else if was_running {
             self.ops
                 .push(KvOp::Delete(running_task_key(&record.task.id)));

@@ -223,7 +223,7 @@ impl KvBackend for SledBackend {
         let mut batch = sled::Batch::default();
         for op in ops {
             match op {
-                KvOp::Put(k, v) => batch.insert(k, v),
+                KvOp::Put(k, v) | KvOp::Create(k, v) => batch.insert(k, v),
                 KvOp::Delete(k) => batch.remove(k),
             }
         }
@@ -235,7 +235,7 @@ impl KvBackend for SledBackend {
         // Sorted, each key once: sled writes a run of them to one leaf as the leaf's new
         // page (vendor/sled/COLLOQUY.md, change 13).
         self.db.apply_sorted(ops.into_iter().map(|op| match op {
-            KvOp::Put(key, value) => (key.into(), Some(value.into())),
+            KvOp::Put(key, value) | KvOp::Create(key, value) => (key.into(), Some(value.into())),
             KvOp::Delete(key) => (key.into(), None),
         }))?;
         Ok(())

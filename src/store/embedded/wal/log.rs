@@ -277,7 +277,7 @@ pub(super) fn ensure_loggable(ops: &[KvOp]) -> StoreResult<()> {
     let fits = |bytes: &[u8]| bytes.len() < u32::MAX as usize;
     let ok = ops.len() < u32::MAX as usize
         && ops.iter().all(|op| match op {
-            KvOp::Put(key, value) => fits(key) && fits(value),
+            KvOp::Put(key, value) | KvOp::Create(key, value) => fits(key) && fits(value),
             KvOp::Delete(key) => fits(key),
         });
     if ok {
@@ -313,7 +313,8 @@ pub(super) fn encode_record(out: &mut Vec<u8>, seq: u64, ops: &[KvOp]) {
                 out.push(0);
                 put_bytes(out, key);
             }
-            KvOp::Put(key, value) => {
+            // Logged as a put: replayed, a creation is one (what it saves is only the memtable's).
+            KvOp::Put(key, value) | KvOp::Create(key, value) => {
                 out.push(1);
                 put_bytes(out, key);
                 put_bytes(out, value);

@@ -2,7 +2,10 @@
 //!
 //! A turn writes the conversation's record and its task twice and moves their index entries;
 //! kept here until the next checkpoint, those collapse to their last values, so the inner store
-//! (sled, whose every write rewrites tree pages) sees a fraction of the writes.
+//! (sled, whose every write rewrites tree pages) sees a fraction of the writes. The index
+//! entries a turn's start creates for a new task and its end deletes leave nothing at all
+//! ([`KvOp::Create`]): 234.3k / 234.5k instructions a turn against 237.1k / 237.7k, checkpoints
+//! included (`CHECKPOINT_MS=1000 TOTAL=1024 benches/callgrind_turns.sh`, 2026-12-06).
 //!
 //! Writers fill the active table; a checkpoint freezes it (a new one becomes active), writes the
 //! frozen one into the inner store and then lets go of it. Readers hold the tables they started
@@ -13,7 +16,7 @@ use crate::store::StoreResult;
 use crate::store::embedded::kv::{KvOp, KvPair};
 use parking_lot::RwLock;
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, btree_map};
 use std::iter::Peekable;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -21,6 +24,14 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// A key's latest write since the table was frozen: its value, or None for deleted.
 type Slot = Option<Vec<u8>>;
+
+/// What the table holds of a key.
+struct Entry {
+    slot: Slot,
+    /// First written here by a [`KvOp::Create`]: no older table nor the inner store holds the
+    /// key, so a delete removes the entry rather than writing one through.
+    created: bool,
+}
 
 /// A B-tree behind a reader-writer lock: one write lock a batch (the store thread is the only
 /// writer), a read lock a lookup or a cursor step. (A lock-free skiplist came first; its
@@ -30,7 +41,7 @@ type Slot = Option<Vec<u8>>;
 /// not durably synced before reuse, fixed in the vendored sled: vendor/sled/COLLOQUY.md.)
 #[derive(Default)]
 pub(super) struct Memtable {
-    map: RwLock<BTreeMap<Vec<u8>, Slot>>,
+    map: RwLock<BTreeMap<Vec<u8>, Entry>>,
     /// Bytes written into the table (an upper bound on its size: a key written twice counts
     /// twice; a lookup per write to be exact would cost more than an early checkpoint).
     bytes: AtomicUsize,
@@ -41,9 +52,21 @@ impl Memtable {
         let mut bytes = 0;
         let mut map = self.map.write();
         for op in ops {
-            let (key, value) = split(op);
-            bytes += entry_bytes(&key, &value);
-            map.insert(key, value);
+            let created = matches!(op, KvOp::Create(..));
+            let (key, slot) = split(op);
+            bytes += entry_bytes(&key, &slot);
+            match map.entry(key) {
+                btree_map::Entry::Occupied(mut entry) => {
+                    if slot.is_none() && entry.get().created {
+                        entry.remove();
+                    } else {
+                        entry.get_mut().slot = slot;
+                    }
+                }
+                btree_map::Entry::Vacant(entry) => {
+                    entry.insert(Entry { slot, created });
+                }
+            }
         }
         drop(map);
         self.bytes.fetch_add(bytes, Relaxed);
@@ -51,7 +74,7 @@ impl Memtable {
 
     /// Some(value or None for deleted) when the table holds a write of the key.
     pub(super) fn get(&self, key: &[u8]) -> Option<Slot> {
-        self.map.read().get(key).cloned()
+        self.map.read().get(key).map(|entry| entry.slot.clone())
     }
 
     pub(super) fn bytes(&self) -> usize {
@@ -70,7 +93,7 @@ impl Memtable {
         let map = self.map.read();
         map.range::<[u8], _>((from, Bound::Unbounded))
             .take(count)
-            .map(|(key, slot)| match slot {
+            .map(|(key, entry)| match &entry.slot {
                 Some(value) => KvOp::Put(key.clone(), value.clone()),
                 None => KvOp::Delete(key.clone()),
             })
@@ -80,7 +103,7 @@ impl Memtable {
 
 fn split(op: KvOp) -> (Vec<u8>, Slot) {
     match op {
-        KvOp::Put(key, value) => (key, Some(value)),
+        KvOp::Put(key, value) | KvOp::Create(key, value) => (key, Some(value)),
         KvOp::Delete(key) => (key, None),
     }
 }
@@ -132,12 +155,12 @@ impl Iterator for Cursor {
         let (key, slot) = {
             let map = self.table.map.read();
             let mut range = map.range((self.from.clone(), self.to.clone()));
-            let (key, slot) = if self.reverse {
+            let (key, entry) = if self.reverse {
                 range.next_back()
             } else {
                 range.next()
             }?;
-            (key.clone(), slot.clone())
+            (key.clone(), entry.slot.clone())
         };
         let past = Bound::Excluded(key.clone());
         if self.reverse {
@@ -273,6 +296,34 @@ mod tests {
             put(b"e"),
         ];
         assert_eq!(seen, expected);
+    }
+
+    #[test]
+    fn a_created_key_deleted_leaves_nothing_to_write_through() {
+        let t = Memtable::default();
+        t.insert(vec![
+            KvOp::Create(b"new".to_vec(), b"1".to_vec()),
+            KvOp::Put(b"old".to_vec(), b"1".to_vec()),
+        ]);
+        t.insert(vec![KvOp::Put(b"new".to_vec(), b"2".to_vec())]);
+        assert_eq!(t.get(b"new"), Some(Some(b"2".to_vec())), "still a value");
+        t.insert(vec![
+            KvOp::Delete(b"new".to_vec()),
+            KvOp::Delete(b"old".to_vec()),
+        ]);
+        assert_eq!(t.get(b"new"), None, "no write of it at all");
+        assert_eq!(
+            t.get(b"old"),
+            Some(None),
+            "deleted: the store below may hold it"
+        );
+        let writes: Vec<(Vec<u8>, Slot)> =
+            t.writes_after(None, 10).into_iter().map(split).collect();
+        assert_eq!(writes, vec![(b"old".to_vec(), None)]);
+        // A creation over a key the table already wrote is a put: the key may be below.
+        t.insert(vec![KvOp::Create(b"old".to_vec(), b"3".to_vec())]);
+        t.insert(vec![KvOp::Delete(b"old".to_vec())]);
+        assert_eq!(t.get(b"old"), Some(None));
     }
 
     #[test]
