@@ -467,7 +467,7 @@ async fn start_engine(
             store_cache_bytes =
                 within_container(config.store.cache_bytes, Some(limit), SLED_CACHE_SHARE),
             memtable_bytes = memtable_limit(Some(limit)),
-            "memory budgets lowered to their shares of the container's memory limit"
+            "memory budgets, each at most its share of the container's memory limit"
         );
     }
     let engine = Engine::start(store, agent, engine_config);
