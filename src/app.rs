@@ -459,14 +459,15 @@ async fn start_engine(
 ) -> Result<Engine, StoreStartError> {
     let engine_config = engine_config(config);
     if let Some(limit) = crate::container::memory_limit() {
+        // As the embedded store was given them (`sled_options`), not worked out again.
+        let sled = sled_options(&config.store);
         tracing::info!(
             limit,
             max_resident = engine_config.max_resident,
             history_cache_bytes = engine_config.window.bytes,
             resume_bytes = engine_config.resume.bytes,
-            store_cache_bytes =
-                within_container(config.store.cache_bytes, Some(limit), SLED_CACHE_SHARE),
-            memtable_bytes = memtable_limit(Some(limit)),
+            store_cache_bytes = sled.cache_bytes,
+            memtable_bytes = sled.wal.memtable_bytes,
             "memory budgets, each at most its share of the container's memory limit"
         );
     }

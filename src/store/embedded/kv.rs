@@ -23,6 +23,14 @@ impl KvOp {
             KvOp::Put(key, _) | KvOp::Create(key, _) | KvOp::Delete(key) => key,
         }
     }
+
+    /// The key and what it is set to: its value, or None for deleted (a creation is a put).
+    pub fn into_parts(self) -> (Vec<u8>, Option<Vec<u8>>) {
+        match self {
+            KvOp::Put(key, value) | KvOp::Create(key, value) => (key, Some(value)),
+            KvOp::Delete(key) => (key, None),
+        }
+    }
 }
 
 /// An ordered key-value store with atomic batches and explicit durability.

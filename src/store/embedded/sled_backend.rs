@@ -234,9 +234,9 @@ impl KvBackend for SledBackend {
     fn apply_each(&self, ops: Vec<KvOp>) -> StoreResult<()> {
         // Sorted, each key once: sled writes a run of them to one leaf as the leaf's new
         // page (vendor/sled/COLLOQUY.md, change 13).
-        self.db.apply_sorted(ops.into_iter().map(|op| match op {
-            KvOp::Put(key, value) | KvOp::Create(key, value) => (key.into(), Some(value.into())),
-            KvOp::Delete(key) => (key.into(), None),
+        self.db.apply_sorted(ops.into_iter().map(|op| {
+            let (key, value) = op.into_parts();
+            (key.into(), value.map(Into::into))
         }))?;
         Ok(())
     }

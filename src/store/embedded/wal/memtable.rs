@@ -53,7 +53,7 @@ impl Memtable {
         let mut map = self.map.write();
         for op in ops {
             let created = matches!(op, KvOp::Create(..));
-            let (key, slot) = split(op);
+            let (key, slot) = op.into_parts();
             bytes += entry_bytes(&key, &slot);
             match map.entry(key) {
                 btree_map::Entry::Occupied(mut entry) => {
@@ -98,13 +98,6 @@ impl Memtable {
                 None => KvOp::Delete(key.clone()),
             })
             .collect()
-    }
-}
-
-fn split(op: KvOp) -> (Vec<u8>, Slot) {
-    match op {
-        KvOp::Put(key, value) | KvOp::Create(key, value) => (key, Some(value)),
-        KvOp::Delete(key) => (key, None),
     }
 }
 
@@ -286,7 +279,7 @@ mod tests {
             last = Some(op.key().to_vec());
             seen.extend(slice);
         }
-        let seen: Vec<(Vec<u8>, Slot)> = seen.into_iter().map(split).collect();
+        let seen: Vec<(Vec<u8>, Slot)> = seen.into_iter().map(KvOp::into_parts).collect();
         let put = |k: &[u8]| (k.to_vec(), Some(b"v".to_vec()));
         let expected = vec![
             put(b"a"),
@@ -317,8 +310,11 @@ mod tests {
             Some(None),
             "deleted: the store below may hold it"
         );
-        let writes: Vec<(Vec<u8>, Slot)> =
-            t.writes_after(None, 10).into_iter().map(split).collect();
+        let writes: Vec<(Vec<u8>, Slot)> = t
+            .writes_after(None, 10)
+            .into_iter()
+            .map(KvOp::into_parts)
+            .collect();
         assert_eq!(writes, vec![(b"old".to_vec(), None)]);
         // A creation over a key the table already wrote is a put: the key may be below.
         t.insert(vec![KvOp::Create(b"old".to_vec(), b"3".to_vec())]);
