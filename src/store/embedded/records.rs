@@ -413,6 +413,11 @@ impl WriteBatch {
     }
 
     /// Writes the conversation's metadata; `previous` is what is stored now, to move its index entry.
+    ///
+    /// With `previous`, the new index entry is a creation: a conversation has one entry, the
+    /// one deleted just before (a new key equal to it finds that delete in the memtable and
+    /// stays a put). A turn's start moves the entry and its end moves it again, so the start's
+    /// entry then leaves nothing for the checkpoint to write.
     pub fn put_conversation(
         &mut self,
         keys: &Keys,
@@ -420,12 +425,16 @@ impl WriteBatch {
         previous: Option<&ConversationMeta>,
     ) {
         let meta = &conversation.meta;
-        if let Some(previous) = previous {
-            self.ops
-                .push(KvOp::Delete(conversation_index_key(keys, previous)));
-        }
+        let index_write = match previous {
+            Some(previous) => {
+                self.ops
+                    .push(KvOp::Delete(conversation_index_key(keys, previous)));
+                KvOp::Create
+            }
+            None => KvOp::Put,
+        };
         self.ops
-            .push(KvOp::Put(conversation_index_key(keys, meta), Vec::new()));
+            .push(index_write(conversation_index_key(keys, meta), Vec::new()));
         self.ops.push(KvOp::Put(
             conversation_key(&keys.conversation),
             encode_conversation(meta, conversation.place.number()),
@@ -998,6 +1007,28 @@ mod tests {
             decode::<Message>(&[]),
             Err(StoreError::Corrupt { .. })
         ));
+    }
+
+    #[test]
+    fn a_moved_conversation_index_entry_is_a_creation() {
+        let (meta, _, _) = typical_turn();
+        let keys = Keys::new(&meta.principal, &meta.context_id);
+        let mut moved = meta.clone();
+        moved.updated_at += chrono::Duration::milliseconds(5);
+        let conversation = Conversation {
+            meta: moved.clone(),
+            place: Place::Numbered(7),
+        };
+        let index = |meta: &ConversationMeta| conversation_index_key(&keys, meta);
+        let mut first = WriteBatch::new();
+        first.put_conversation(&keys, &conversation, None);
+        assert!(matches!(&first.ops[0], KvOp::Put(key, _) if *key == index(&moved)));
+        // Its one entry deleted first, the new one is a creation: a turn's start then leaves
+        // nothing for a checkpoint once its end moves the entry again.
+        let mut next = WriteBatch::new();
+        next.put_conversation(&keys, &conversation, Some(&meta));
+        assert!(matches!(&next.ops[0], KvOp::Delete(key) if *key == index(&meta)));
+        assert!(matches!(&next.ops[1], KvOp::Create(key, _) if *key == index(&moved)));
     }
 
     /// A turn as the server stores it: a 200-character user message, the agent's reply, and

@@ -256,6 +256,45 @@ fn reads_merge_the_memtable_over_the_store_before_and_after_a_checkpoint() {
     expect(&reopened);
 }
 
+/// The conversation index's moves (`WriteBatch::put_conversation`): the one entry deleted, its
+/// successor created, with checkpoints between any two moves and a move onto the same key (two
+/// writes in one millisecond).
+#[test]
+fn an_entry_moved_by_delete_and_create_stays_one_entry_across_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = dir.path().join("wal");
+    let backend = WalBackend::open(sled_at(dir.path()), &wal, no_periodic_checkpoints()).unwrap();
+    let create = |key: &str| KvOp::Create(key.as_bytes().to_vec(), Vec::new());
+    let delete = |key: &str| KvOp::Delete(key.as_bytes().to_vec());
+    backend.apply(vec![put("i1", "")]).unwrap();
+    // Each move, then whether a checkpoint follows it.
+    let moves = [
+        ("i1", "i2", true),
+        ("i2", "i3", false),
+        ("i3", "i3", false),
+        ("i3", "i4", true),
+        ("i4", "i4", true),
+        ("i4", "i5", false),
+        ("i5", "i6", false),
+    ];
+    for (from, to, checkpoint) in moves {
+        backend.apply(vec![delete(from), create(to)]).unwrap();
+        backend.flush().unwrap();
+        assert_eq!(keys(&backend, false), [to], "after moving {from} to {to}");
+        if checkpoint {
+            backend.shared.checkpoint().unwrap();
+            assert_eq!(keys(&backend, false), [to], "after checkpointing {to}");
+        }
+    }
+    // i5 was created and moved on within one table: nothing of it is left to write into sled.
+    let pending = backend.shared.tables.read().active.writes_after(None, 16);
+    let pending: Vec<_> = pending.iter().map(|op| op.key().to_vec()).collect();
+    assert_eq!(pending, [b"i4".to_vec(), b"i6".to_vec()]);
+    drop(backend);
+    let reopened = WalBackend::open(sled_at(dir.path()), &wal, WalLimits::default()).unwrap();
+    assert_eq!(keys(&reopened, false), ["i6"]);
+}
+
 #[test]
 fn a_checkpoint_does_not_wait_for_a_reader_and_the_reader_keeps_its_view() {
     let dir = tempfile::tempdir().unwrap();
