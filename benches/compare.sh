@@ -26,8 +26,10 @@ LEVELS=${LEVELS:-"64 1024"}
 TURNS=${TURNS:-5}
 TEXT=${TEXT:-200}
 ROUNDS=${ROUNDS:-1}
-# Conversations per run: enough work for a few seconds at each level.
+# Conversations per run: TOTAL_FACTOR times the level, and at least MIN_TOTAL (a run at 64 of
+# 512 conversations lasted about 0.2 s, too short to tell a server from the machine's noise).
 TOTAL_FACTOR=${TOTAL_FACTOR:-8}
+MIN_TOTAL=${MIN_TOTAL:-2560}
 BASE_PORT=${BASE_PORT:-18090}
 COLL_PORT=${COLL_PORT:-18091}
 SDK_PORT=${SDK_PORT:-18092}
@@ -89,6 +91,7 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 run() { # name port server-pid conversations extra-args...
   local name=$1 port=$2 pid=$3 c=$4; shift 4
   local total=$((c * TOTAL_FACTOR)) before after
+  [ "$total" -ge "$MIN_TOTAL" ] || total=$MIN_TOTAL
   before=$(cpu_ticks "$pid")
   timeout 600 "$COLLOQUY" loadgen --url "http://127.0.0.1:$port/" --conversations "$c" \
     --turns "$TURNS" --total "$total" --text-bytes "$TEXT" --version 1.0 --timeout-secs 60 \
@@ -116,7 +119,7 @@ for round in $(seq 1 "$ROUNDS"); do
     # other round so no server always runs first (or right after another's load).
     order=$ORDER
     [ $((round % 2)) -eq 1 ] || order=$(echo "$ORDER" | tr ' ' '\n' | tac | tr '\n' ' ')
-    for name in $order; do TOTAL_FACTOR=1 measure "$name" "$c" >/dev/null; done
+    for name in $order; do TOTAL_FACTOR=1 MIN_TOTAL=0 measure "$name" "$c" >/dev/null; done
     for name in $order; do measure "$name" "$c" >>"$RESULTS"; done
   done
 done
