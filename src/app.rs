@@ -459,15 +459,19 @@ async fn start_engine(
 ) -> Result<Engine, StoreStartError> {
     let engine_config = engine_config(config);
     if let Some(limit) = crate::container::memory_limit() {
-        // As the embedded store was given them (`sled_options`), not worked out again.
-        let sled = sled_options(&config.store);
+        // The embedded store's, as it is given them (`sled_options`); none on PostgreSQL.
+        let sled = config
+            .store
+            .database_url()
+            .is_none()
+            .then(|| sled_options(&config.store));
         tracing::info!(
             limit,
             max_resident = engine_config.max_resident,
             history_cache_bytes = engine_config.window.bytes,
             resume_bytes = engine_config.resume.bytes,
-            store_cache_bytes = sled.cache_bytes,
-            memtable_bytes = sled.wal.memtable_bytes,
+            store_cache_bytes = sled.as_ref().map(|sled| sled.cache_bytes),
+            memtable_bytes = sled.as_ref().map(|sled| sled.wal.memtable_bytes),
             "memory budgets, each at most its share of the container's memory limit"
         );
     }
@@ -486,17 +490,14 @@ async fn start_engine(
 }
 
 fn sled_options(store: &StoreConfig) -> SledOptions {
+    let container = crate::container::memory_limit();
     SledOptions {
-        cache_bytes: within_container(
-            store.cache_bytes,
-            crate::container::memory_limit(),
-            SLED_CACHE_SHARE,
-        ),
+        cache_bytes: within_container(store.cache_bytes, container, SLED_CACHE_SHARE),
         wal: WalLimits {
             checkpoint_every: Duration::from_millis(store.checkpoint_interval_ms),
             checkpoint_min_bytes: usize::try_from(store.checkpoint_min_bytes).unwrap_or(usize::MAX),
             checkpoint_max_wait: Duration::from_millis(store.checkpoint_max_wait_ms),
-            memtable_bytes: memtable_limit(crate::container::memory_limit()),
+            memtable_bytes: memtable_limit(container),
         },
         snapshot_log_bytes: store.snapshot_log_bytes,
         zstd_level: (store.compression_level > 0).then_some(i32::from(store.compression_level)),
