@@ -50,13 +50,18 @@ start
 wait_ready $PORT 60
 total=0
 ROWS=$WORK/rounds.tsv; : > "$ROWS"
-echo "| round | turns | turns/s | p50 ms | p99 ms | RSS MB | cgroup MB | on disk MB | disk B/turn | device writes B/turn |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+# The share of a round's time in which some task on the machine waited for I/O (the kernel's
+# pressure stall information, machine-wide): a dip in turns/s with it high is the disk's, or a
+# neighbour's, rather than the server's doing. "-" where the kernel has no PSI.
+io_stall_us() { awk -F'total=' '/^some/ {print $2}' /proc/pressure/io 2>/dev/null || true; }
+echo "| round | turns | turns/s | p50 ms | p99 ms | RSS MB | cgroup MB | on disk MB | disk B/turn | device writes B/turn | I/O stall % |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for round in $(seq 1 "$ROUNDS"); do
   free_kb=$(df -Pk "$WORK" | awk 'NR == 2 {print $4}')
   if [ "$free_kb" -lt $(( ${MIN_FREE_GB:-5} * 1048576 )) ]; then
     echo "stopped before round $round: $((free_kb / 1048576)) GB left on the disk"; break
   fi
+  stall0=$(io_stall_us) began=$(now_ms)
   R=$("$COLLOQUY" loadgen --url "http://127.0.0.1:$PORT/" --conversations "$C" --turns "$TURNS" \
       --text-bytes "$TEXT" --duration "$SECS" --timeout-secs 60 --json | tail -1) || R=
   if ! kill -0 "$PID" 2>/dev/null; then
@@ -65,6 +70,10 @@ for round in $(seq 1 "$ROUNDS"); do
     PID=; exit 1
   fi
   [ -n "$R" ] || { echo "the load generator failed in round $round"; exit 1; }
+  stall=-
+  stall1=$(io_stall_us)
+  [ -z "$stall0" ] || [ -z "$stall1" ] ||
+    stall=$(( (stall1 - stall0) / (10 * ($(now_ms) - began + 1)) ))
   cgroup=-
   [ -z "$CGROUP" ] || cgroup=$(( $(cat "$CGROUP/$USAGE_FILE") / 1048576 ))
   ok=$(echo "$R" | jq .turns_ok)
@@ -72,8 +81,8 @@ for round in $(seq 1 "$ROUNDS"); do
   disk=$(du -sb "$WORK/data" | cut -f1)
   written=$(awk '/^write_bytes/ {print $2}' /proc/$PID/io)
   echo "$R" | jq -r --argjson round "$round" --argjson total "$total" --argjson rss "$(rss_kb $PID)" \
-    --argjson disk "$disk" --argjson written "$written" --arg cgroup "$cgroup" \
-    '"| \($round) | \(.turns_ok) | \(.turns_per_s | floor) | \(.latency_ms.p50) | \(.latency_ms.p99) | \($rss / 1024 | floor) | \($cgroup) | \($disk / 1048576 | floor) | \($disk / $total | floor) | \($written / $total | floor) |"'
+    --argjson disk "$disk" --argjson written "$written" --arg cgroup "$cgroup" --arg stall "$stall" \
+    '"| \($round) | \(.turns_ok) | \(.turns_per_s | floor) | \(.latency_ms.p50) | \(.latency_ms.p99) | \($rss / 1024 | floor) | \($cgroup) | \($disk / 1048576 | floor) | \($disk / $total | floor) | \($written / $total | floor) | \($stall) |"'
   echo "$R" | jq -r '"\(.turns_per_s) \(.latency_ms.p99)"' >> "$ROWS"
 done
 awk -v secs="$SECS" '{ tps[NR] = $1; p99[NR] = $2 } END {
