@@ -10,7 +10,8 @@
 # then killed with SIGKILL mid-load; that crashed folder is set aside, and each of OPENS opens
 # starts `serve` on a fresh copy of it and times it to /readyz (the log not yet checkpointed is
 # replayed every time, as after the crash itself). Prints the turns before the kill, the size of
-# the log folder (segments and the spare) and each open's time and RSS. Needs twice FOLDER's size free on its disk.
+# the log folder (segments and the spare) and each open's time and RSS. Needs twice FOLDER's
+# size free on its disk.
 [ $# -eq 1 ] && [ -d "$1" ] || { echo "usage: $0 DATA_FOLDER" >&2; exit 2; }
 SOURCE=$(realpath "$1") # before common.sh moves to the repository's root
 source "$(dirname "$0")/common.sh"
