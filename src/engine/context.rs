@@ -91,18 +91,18 @@ pub struct ContextActor {
 }
 
 impl ContextActor {
+    /// Hashes the conversation's and the principal's store keys, once for the actor's life.
     pub fn new(
-        key: ConversationKey,
-        principal: &str,
-        context_id: &str,
+        principal: Arc<str>,
+        context_id: Arc<str>,
         shared: Arc<Shared>,
         on_stop: OnStop,
     ) -> Self {
         ContextActor {
-            key,
-            principal_key: PrincipalKey::new(principal),
-            principal: principal.into(),
-            context_id: context_id.into(),
+            key: ConversationKey::new(&principal, &context_id),
+            principal_key: PrincipalKey::new(&principal),
+            principal,
+            context_id,
             shared,
             slot: Slot::default(),
             on_stop: Some(on_stop),

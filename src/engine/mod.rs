@@ -195,7 +195,6 @@ impl Engine {
             None => message.context_id.clone().unwrap_or_else(new_context_id),
         };
         message.context_id = Some(context_id.clone());
-        let key = ConversationKey::new(principal, &context_id);
         let task_id = message.task_id.clone();
         let start = StartTurn {
             message,
@@ -205,9 +204,7 @@ impl Engine {
             push_configs,
             trace: crate::telemetry::propagation::current(),
         };
-        self.directory
-            .call(&key, principal, &context_id, start)
-            .await?
+        self.directory.call(principal, &context_id, start).await?
     }
 
     /// The conversation a continued task belongs to, checking the message may continue it.
@@ -273,13 +270,12 @@ impl Engine {
                 state,
             });
         }
-        let key = ConversationKey::new(principal, &task.context_id);
         let cancel = CancelTask {
             task_id: task_id.to_owned(),
         };
         let stopping = match self
             .directory
-            .call(&key, principal, &task.context_id, cancel)
+            .call(principal, &task.context_id, cancel)
             .await??
         {
             CancelOutcome::Done(task) => return Ok(*task),
@@ -471,9 +467,8 @@ impl Engine {
         context_id: &str,
     ) -> EngineResult<bool> {
         validate::check_context_id(context_id, &self.config().message)?;
-        let key = ConversationKey::new(principal, context_id);
         self.directory
-            .call(&key, principal, context_id, DeleteConversation)
+            .call(principal, context_id, DeleteConversation)
             .await?
     }
 

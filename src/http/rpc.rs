@@ -16,9 +16,11 @@ use futures_util::StreamExt;
 use std::time::{Duration, Instant};
 
 pub const VERSION_HEADER: &str = "A2A-Version";
+/// [`VERSION_HEADER`] as a header name: looking a header up by text parses the name each time.
+const VERSION_HEADER_NAME: header::HeaderName = header::HeaderName::from_static("a2a-version");
 
 pub(super) fn requested_version(req: &HttpRequest) -> Option<String> {
-    if let Some(value) = req.headers().get(VERSION_HEADER) {
+    if let Some(value) = req.headers().get(VERSION_HEADER_NAME) {
         return Some(value.to_str().unwrap_or("(not text)").to_owned());
     }
     web::Query::<std::collections::HashMap<String, String>>::from_query(req.query_string())

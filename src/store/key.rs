@@ -50,13 +50,6 @@ impl ConversationKey {
     pub fn as_bytes(&self) -> &[u8; KEY_LEN] {
         &self.0
     }
-
-    /// Spreads conversations over arbiters and directory shards.
-    pub fn shard(&self, shards: usize) -> usize {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(&self.0[1..9]);
-        (u64::from_le_bytes(word) % shards.max(1) as u64) as usize
-    }
 }
 
 /// The key in hex: how traces and the operator console name a conversation without its
