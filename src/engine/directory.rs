@@ -1,6 +1,6 @@
 //! `Directory`: a conversation (principal and contextId) -> the `Addr` of its live `ContextActor`.
 //!
-//! Conversations are found by their ids as callers give them, with a fast hash of those: the
+//! Conversations are found by their ids as callers give them, with a keyed hash of those: the
 //! store's SHA-256 key is computed once, when the conversation's actor starts, not for every
 //! message (under callgrind, where SHA-256 runs without the CPU's SHA instructions, it was 7.2k of
 //! a turn's 229k instructions). The ids themselves are compared, so two conversations never
@@ -15,8 +15,8 @@ use super::context::{ContextActor, StopIfIdle};
 use super::error::{EngineError, EngineResult};
 use super::shared::Shared;
 use actix::prelude::*;
-use hashbrown::{DefaultHashBuilder, HashTable};
-use std::hash::BuildHasher;
+use hashbrown::HashTable;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -47,7 +47,9 @@ type Threads = Mutex<Vec<Arbiter>>;
 
 pub struct Directory {
     shards: Box<[Mutex<Shard>]>,
-    hasher: DefaultHashBuilder,
+    /// SipHash with a per-process key: the ids are the callers', so their hashes must not be
+    /// predictable enough to pile conversations into one bucket.
+    hasher: RandomState,
     arbiters: Vec<ArbiterHandle>,
     shared: Arc<Shared>,
     generations: AtomicU64,
@@ -62,7 +64,7 @@ impl Directory {
         let threads: Vec<Arbiter> = (0..arbiters.max(1)).map(|_| Arbiter::new()).collect();
         Arc::new(Directory {
             shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
-            hasher: DefaultHashBuilder::default(),
+            hasher: RandomState::new(),
             arbiters: threads.iter().map(Arbiter::handle).collect(),
             shared,
             generations: AtomicU64::new(0),
