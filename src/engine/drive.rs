@@ -8,6 +8,7 @@ use crate::agent::{AgentEvent, AgentRequest, AgentSink, SharedAgent};
 use crate::error::chain;
 use crate::model::{Message, TaskState, TaskStatus};
 use crate::store::{Lease, SharedStore, StoreError};
+use crate::telemetry::Handles;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tracing::Instrument;
@@ -278,7 +279,13 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
         }
     }
     let elapsed = started.elapsed();
-    metrics::histogram!("colloquy_agent_seconds", "backend" => kind).record(elapsed);
+    static AGENT_SECONDS: Handles<&str, metrics::Histogram> = Handles::new();
+    AGENT_SECONDS
+        .get(
+            kind,
+            || metrics::histogram!("colloquy_agent_seconds", "backend" => kind),
+        )
+        .record(elapsed);
     if outcome.state == TaskState::Failed {
         metrics::counter!("colloquy_agent_errors_total", "backend" => kind).increment(1);
         // Not the status text: it may hold what the agent wrote.

@@ -9,6 +9,7 @@ use super::window::{WindowBudget, WindowLimits};
 use crate::agent::SharedAgent;
 use crate::history::HistoryLimits;
 use crate::store::SharedStore;
+use crate::telemetry::Handles;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -147,7 +148,7 @@ impl Permit {
                 retry_after_ms: 100,
             });
         }
-        metrics::gauge!("colloquy_contexts_busy").set(running as f64);
+        busy_gauge().set(running as f64);
         Ok(Permit(shared.clone()))
     }
 }
@@ -159,6 +160,11 @@ impl Drop for Permit {
             .running
             .fetch_sub(1, Ordering::AcqRel)
             .saturating_sub(1);
-        metrics::gauge!("colloquy_contexts_busy").set(running as f64);
+        busy_gauge().set(running as f64);
     }
+}
+
+fn busy_gauge() -> metrics::Gauge {
+    static BUSY: Handles<(), metrics::Gauge> = Handles::new();
+    BUSY.get((), || metrics::gauge!("colloquy_contexts_busy"))
 }

@@ -17,6 +17,8 @@ use crate::model::{Artifact, Message, Role, SendResult, Task, TaskState, TaskSta
 use crate::store::{
     BeginTurn, ConversationKey, ConversationMark, FinishTurn, Lease, PrincipalKey, TurnBegun,
 };
+use crate::telemetry::Handles;
+use metrics::{Counter, Histogram};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Instant;
@@ -222,7 +224,13 @@ impl Turn {
         let listed = self.listed.take();
         drop(self);
         if let SendResult::Task(task) = &*result {
-            metrics::counter!("colloquy_tasks_total", "state" => task.status.state.as_str())
+            static TASKS: Handles<TaskState, Counter> = Handles::new();
+            let state = task.status.state;
+            TASKS
+                .get(
+                    state,
+                    || metrics::counter!("colloquy_tasks_total", "state" => state.as_str()),
+                )
                 .increment(1);
         }
         if let Some(hub) = hub {
@@ -388,7 +396,13 @@ async fn begin_turn(
     } else {
         "memory"
     };
-    metrics::counter!("colloquy_history_windows_total", "source" => source).increment(1);
+    static WINDOWS: Handles<&str, Counter> = Handles::new();
+    WINDOWS
+        .get(
+            source,
+            || metrics::counter!("colloquy_history_windows_total", "source" => source),
+        )
+        .increment(1);
     Ok((begun, Arc::new(history)))
 }
 
@@ -429,8 +443,18 @@ fn agent_request(
             Message::agent_text("", &begun.task.context_id, Some(&begun.task.id))
         });
     let prompt = render_prompt(&history, caller_text, limits);
-    metrics::histogram!("colloquy_history_render_seconds").record(render_started.elapsed());
-    metrics::counter!("colloquy_history_messages_rendered_total").increment(history.len() as u64);
+    static RENDER_SECONDS: Handles<(), Histogram> = Handles::new();
+    static RENDERED: Handles<(), Counter> = Handles::new();
+    RENDER_SECONDS
+        .get((), || {
+            metrics::histogram!("colloquy_history_render_seconds")
+        })
+        .record(render_started.elapsed());
+    RENDERED
+        .get((), || {
+            metrics::counter!("colloquy_history_messages_rendered_total")
+        })
+        .increment(history.len() as u64);
     AgentRequest {
         context_id: begun.task.context_id.clone(),
         task_id: begun.task.id.clone(),

@@ -16,6 +16,7 @@ use super::shared::Shared;
 use crate::history::HistoryEntry;
 use crate::model::Message;
 use crate::store::ConversationMark;
+use crate::telemetry::Handles;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,7 +69,7 @@ impl WindowBudget {
             })
             .is_ok();
         reserved.then(|| {
-            metrics::gauge!("colloquy_history_cache_bytes").increment(bytes as f64);
+            cache_gauge().increment(bytes as f64);
             Reservation {
                 budget: self.clone(),
                 bytes,
@@ -86,8 +87,13 @@ struct Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
-        metrics::gauge!("colloquy_history_cache_bytes").decrement(self.bytes as f64);
+        cache_gauge().decrement(self.bytes as f64);
     }
+}
+
+fn cache_gauge() -> metrics::Gauge {
+    static CACHE_BYTES: Handles<(), metrics::Gauge> = Handles::new();
+    CACHE_BYTES.get((), || metrics::gauge!("colloquy_history_cache_bytes"))
 }
 
 /// A conversation's latest messages as the store holds them at `mark`.

@@ -8,11 +8,13 @@ use super::state::AppState;
 use crate::protocol::jsonrpc::{RequestId, failure, success, success_text};
 use crate::protocol::params::Params;
 use crate::protocol::{Method, RpcError, RpcRequest, WireVersion};
+use crate::telemetry::Handles;
 use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpRequest, HttpResponse, web};
 use bytes::BytesMut;
 use futures_util::StreamExt;
+use metrics::{Counter, Histogram};
 use std::time::{Duration, Instant};
 
 pub const VERSION_HEADER: &str = "A2A-Version";
@@ -365,14 +367,25 @@ pub(super) async fn call(
 }
 
 pub(super) fn record(method: &'static str, code: i64, started: Instant) {
-    let outcome = if code == 0 {
-        "ok".to_owned()
-    } else {
-        code.to_string()
+    static REQUESTS: Handles<(&str, i64), Counter> = Handles::new();
+    static SECONDS: Handles<&str, Histogram> = Handles::new();
+    let outcome = || {
+        if code == 0 {
+            "ok".to_owned()
+        } else {
+            code.to_string()
+        }
     };
-    super::traced::record_outcome(&outcome, code != 0);
-    metrics::counter!("colloquy_rpc_requests_total", "method" => method, "outcome" => outcome)
+    super::traced::record_outcome(outcome, code != 0);
+    REQUESTS
+        .get((method, code), || {
+            metrics::counter!("colloquy_rpc_requests_total", "method" => method, "outcome" => outcome())
+        })
         .increment(1);
-    metrics::histogram!("colloquy_rpc_request_seconds", "method" => method)
+    SECONDS
+        .get(
+            method,
+            || metrics::histogram!("colloquy_rpc_request_seconds", "method" => method),
+        )
         .record(started.elapsed());
 }

@@ -54,14 +54,15 @@ pub fn name_request(method: &'static str, version: &'static str) {
     span.record("version", version);
 }
 
-/// Records the call's outcome (`ok` or the JSON-RPC error code) on the request's span; an error
-/// marks it failed.
-pub fn record_outcome(outcome: &str, failed: bool) {
+/// Records the call's outcome (`ok` or the JSON-RPC error code, written only for a span that
+/// records) on the request's span; an error marks it failed.
+pub fn record_outcome(outcome: impl FnOnce() -> String, failed: bool) {
     let span = tracing::Span::current();
     if span.is_disabled() {
         return;
     }
-    span.record("outcome", outcome);
+    let outcome = outcome();
+    span.record("outcome", outcome.as_str());
     if failed {
         traces::fail(&span, format!("JSON-RPC error {outcome}"));
     }

@@ -29,6 +29,7 @@ pub fn recorder() -> PrometheusHandle {
             let handle = recorder.handle();
             // Fails only if another recorder is installed (a host embedding us); keep our handle anyway.
             let _ = metrics::set_global_recorder(recorder);
+            super::handles::recorder_installed();
             describe();
             start_upkeep(handle.clone());
             handle

@@ -26,8 +26,7 @@ async fn conversations_history_and_delete_on_the_data_folder() {
         ("second of a", "tenant/a"),
     ] {
         server.send_text(V1, text, Some(context_id), None).await;
-        // Listings order by the last update's millisecond: turns in one are a tie.
-        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        next_millisecond().await;
     }
     let health = server
         .client

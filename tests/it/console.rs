@@ -1014,9 +1014,7 @@ async fn listing_pages_and_filters(server: &TestServer) {
         ("alice-secret", "a-3"),
     ] {
         send_as(server, token, "hello", context_id).await;
-        // The listing orders by the last update to the millisecond: two turns in one
-        // millisecond (a turn can take less) would have no order to assert.
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        next_millisecond().await;
     }
     let in_red = rpc_as(
         server,

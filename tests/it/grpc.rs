@@ -150,6 +150,7 @@ async fn a_multi_turn_conversation_get_list_and_cancel_over_grpc() {
     );
     assert_eq!(first.context_id, "grpc-conversation");
     assert_eq!(state(&first), pb::TaskState::Completed);
+    next_millisecond().await;
     let second = task_of(
         grpc.send_message(send_request("again", "grpc-conversation"))
             .await

@@ -305,9 +305,11 @@ async fn list_tasks_filters_pages_and_omits_artifacts() {
     let server = start_scripted(|_| {}).await;
     let first = server.send_text(V1, "one", Some("listing"), None).await;
     let context_id = task_of(&first)["contextId"].as_str().unwrap().to_owned();
+    next_millisecond().await;
     server
         .send_text(V1, "ask: two?", Some(&context_id), None)
         .await;
+    next_millisecond().await;
     server.send_text(V1, "three", Some(&context_id), None).await;
     server.send_text(V1, "elsewhere", Some("other"), None).await;
 
@@ -565,6 +567,7 @@ async fn list_tasks_pages_stop_at_the_response_budget() {
         let text = format!("turn {i} {}", "x".repeat(400));
         let response = server.send_text(V1, &text, Some("budget"), None).await;
         sent.push(task_of(&response)["id"].as_str().unwrap().to_owned());
+        next_millisecond().await;
     }
     let params = json!({"pageSize": 100, "historyLength": 100, "includeArtifacts": true});
     let pages = all_pages(&server, "ListTasks", params.clone()).await;

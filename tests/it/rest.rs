@@ -72,6 +72,7 @@ async fn a_multi_turn_conversation_get_list_and_cancel_over_http_json() {
     let task = &first["task"];
     let context_id = task["contextId"].as_str().unwrap().to_owned();
     assert_eq!(task["status"]["state"], json!("TASK_STATE_COMPLETED"));
+    next_millisecond().await;
     let second = rest.send("again", Some(&context_id)).await;
     let task2 = &second["task"];
     assert_eq!(task2["contextId"], json!(context_id));

@@ -77,8 +77,7 @@ async fn recent_messages_are_the_last_n_in_order_and_pages_cover_everything_once
 
     for i in 0..25 {
         store_turn(&store, "pager", &format!("c{i:02}"), "x", None).await;
-        // Listings order by update time in milliseconds.
-        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        crate::common::next_millisecond().await;
     }
     let mut token: Option<String> = None;
     let mut seen = Vec::new();

@@ -510,8 +510,7 @@ pub async fn listings_page_newest_first_each_once(f: Fixture) {
     for i in 0..7 {
         let begun = store_turn(&**store, "lister", &format!("c{i}"), "x", None).await;
         task_ids.push(begun.task.id);
-        // Listings order by time in milliseconds.
-        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        crate::common::next_millisecond().await;
     }
     let mut seen = Vec::new();
     let mut token = None;
@@ -574,7 +573,7 @@ async fn listed_ids(store: &SharedStore, principal: &str, base: TaskQuery) -> (V
 /// scope and filter), exported with its conversation, and listed once more when it ends.
 pub async fn running_tasks_are_listed_and_exported_with_the_rest(f: Fixture) {
     let store = &f.store;
-    let pause = || tokio::time::sleep(std::time::Duration::from_millis(3));
+    let pause = crate::common::next_millisecond;
     let done = store_turn(&**store, "runner", "done", "finished", Some("ok")).await;
     pause().await;
     let (question, state) = (Some("which?"), TaskState::InputRequired);

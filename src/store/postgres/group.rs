@@ -13,7 +13,9 @@
 //! answers every step of the group with it, as it would have answered each alone.
 
 use super::Failure;
+use crate::telemetry::Handles;
 use deadpool_postgres::Pool;
+use metrics::Counter;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -311,8 +313,19 @@ impl<'a> Statement<'a> {
                 columns: Vec::new(),
             });
         }
-        metrics::counter!("colloquy_store_groups_total", "step" => S::NAME).increment(1);
-        metrics::counter!("colloquy_store_grouped_steps_total", "step" => S::NAME)
+        static GROUPS: Handles<&str, Counter> = Handles::new();
+        static STEPS: Handles<&str, Counter> = Handles::new();
+        GROUPS
+            .get(
+                S::NAME,
+                || metrics::counter!("colloquy_store_groups_total", "step" => S::NAME),
+            )
+            .increment(1);
+        STEPS
+            .get(
+                S::NAME,
+                || metrics::counter!("colloquy_store_grouped_steps_total", "step" => S::NAME),
+            )
             .increment(steps.len() as u64);
         Ok(Statement {
             prepared: Some(client.prepare_cached(S::SQL).await?),

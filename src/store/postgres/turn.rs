@@ -17,6 +17,7 @@ use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
     BeginTurn, ConversationKey, ConversationMark, FinishTurn, Lease, StoreError, TurnBegun,
 };
+use crate::telemetry::Handles;
 use tokio_postgres::Row;
 
 /// Takes each free conversation of the group (no holder at all: an expired lease goes the
@@ -321,7 +322,10 @@ impl Ops {
             reply_seq: taken.next_seq,
         };
         self.started.lock().insert((key, taken.token), started);
-        metrics::counter!("colloquy_leases_taken_total").increment(1);
+        static TAKEN: Handles<(), metrics::Counter> = Handles::new();
+        TAKEN
+            .get((), || metrics::counter!("colloquy_leases_taken_total"))
+            .increment(1);
         TurnBegun {
             lease: Lease {
                 key,

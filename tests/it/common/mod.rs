@@ -19,6 +19,12 @@ pub struct TestServer {
     pub client: reqwest::Client,
 }
 
+/// Waits past the current millisecond. Listings order by time in milliseconds, a tie by id, so
+/// writes a test lists in order must not share one (a turn can take less).
+pub async fn next_millisecond() {
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+}
+
 /// A config for tests: loopback, port 0 (gRPC too), data in `dir`.
 pub fn test_config(dir: &std::path::Path) -> Config {
     let mut config = Config {
