@@ -169,10 +169,12 @@ fn push_neutralised(out: &mut String, line: &str) {
     out.push_str(rest);
 }
 
-/// Byte offset of the next `[` that starts marker text (ASCII case-insensitive).
+/// Byte offset of the next `[` that starts marker text (ASCII case-insensitive). The `[`s are
+/// found by `memchr` (vectorised; `str::match_indices` scans a word at a time): every message
+/// of the window passes here on every turn.
 fn find_marker(text: &str) -> Option<usize> {
     const MARKER_STARTS: [&str; 2] = ["[previous conversation", "[end of previous conversation"];
-    text.match_indices('[').map(|(at, _)| at).find(|&at| {
+    memchr::memchr_iter(b'[', text.as_bytes()).find(|&at| {
         MARKER_STARTS.iter().any(|marker| {
             text.get(at..at + marker.len())
                 .is_some_and(|s| s.eq_ignore_ascii_case(marker))
