@@ -565,12 +565,17 @@ async fn the_console_walks_a_server_with_real_conversations_in_chromium() {
         return;
     };
     let server = start_console_server().await;
-    send_as(&server, "alice-secret", "first", "alpha-1").await;
-    send_as(&server, "alice-secret", "second", "alpha-1").await;
-    send_as(&server, "alice-secret", "hello", "alpha-2").await;
-    send_as(&server, "alice-secret", "hello", "beta-1").await;
-    send_as(&server, "bob-secret", "hello", "alpha-bob").await;
-    send_as(&server, "bob-secret", XSS, "xss").await;
+    for (token, text, context_id) in [
+        ("alice-secret", "first", "alpha-1"),
+        ("alice-secret", "second", "alpha-1"),
+        ("alice-secret", "hello", "alpha-2"),
+        ("alice-secret", "hello", "beta-1"),
+        ("bob-secret", "hello", "alpha-bob"),
+        ("bob-secret", XSS, "xss"),
+    ] {
+        send_as(&server, token, text, context_id).await;
+        next_millisecond().await;
+    }
 
     let driver = Driver::start(chromium, chromedriver).await;
     let browser = driver.browser(1280, 900).await;
