@@ -17,6 +17,7 @@
 use crate::store::StoreResult;
 use crate::store::embedded::kv::{KvOp, KvPair};
 use parking_lot::RwLock;
+use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, btree_map};
 use std::iter::Peekable;
@@ -26,6 +27,51 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// A key's latest write since the table was frozen: its value, or None for deleted.
 type Slot = Option<Vec<u8>>;
+
+/// A key with its first 16 bytes kept beside it as a number, in the same order as the bytes:
+/// a step down the tree compares two numbers and reads the key's bytes only where those are
+/// equal (keys of one principal's indexes), where comparing the bytes called `memcmp` at every
+/// step, about 18 a write.
+#[derive(Clone, PartialEq, Eq)]
+struct TableKey {
+    head: u128,
+    bytes: Vec<u8>,
+}
+
+impl TableKey {
+    fn new(bytes: Vec<u8>) -> Self {
+        let mut head = [0u8; 16];
+        let len = bytes.len().min(head.len());
+        head[..len].copy_from_slice(&bytes[..len]);
+        TableKey {
+            head: u128::from_be_bytes(head),
+            bytes,
+        }
+    }
+}
+
+/// The bytes' order: heads padded with zeros order as the bytes do (a key that ends within
+/// its head pads with zeros, below any byte a longer key has there), and equal heads fall
+/// back to the bytes. So lookups by `&[u8]` (`Borrow`) find the same entries.
+impl Ord for TableKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.head
+            .cmp(&other.head)
+            .then_with(|| self.bytes.cmp(&other.bytes))
+    }
+}
+
+impl PartialOrd for TableKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Borrow<[u8]> for TableKey {
+    fn borrow(&self) -> &[u8] {
+        &self.bytes
+    }
+}
 
 /// What the table holds of a key.
 struct Entry {
@@ -43,7 +89,7 @@ struct Entry {
 /// not durably synced before reuse, fixed in the vendored sled: vendor/sled/COLLOQUY.md.)
 #[derive(Default)]
 pub(super) struct Memtable {
-    map: RwLock<BTreeMap<Vec<u8>, Entry>>,
+    map: RwLock<BTreeMap<TableKey, Entry>>,
     /// Bytes written into the table (an upper bound on its size: a key written twice counts
     /// twice; a lookup per write to be exact would cost more than an early checkpoint).
     bytes: AtomicUsize,
@@ -57,7 +103,7 @@ impl Memtable {
             let created = matches!(op, KvOp::Create(..));
             let (key, slot) = op.into_parts();
             bytes += entry_bytes(&key, &slot);
-            match map.entry(key) {
+            match map.entry(TableKey::new(key)) {
                 btree_map::Entry::Occupied(mut entry) => {
                     if slot.is_none() && entry.get().created {
                         entry.remove();
@@ -96,8 +142,8 @@ impl Memtable {
         map.range::<[u8], _>((from, Bound::Unbounded))
             .take(count)
             .map(|(key, entry)| match &entry.slot {
-                Some(value) => KvOp::Put(key.clone(), value.clone()),
-                None => KvOp::Delete(key.clone()),
+                Some(value) => KvOp::Put(key.bytes.clone(), value.clone()),
+                None => KvOp::Delete(key.bytes.clone()),
             })
             .collect()
     }
@@ -149,13 +195,17 @@ impl Iterator for Cursor {
         }
         let (key, slot) = {
             let map = self.table.map.read();
-            let mut range = map.range((self.from.clone(), self.to.clone()));
+            let bounds = (
+                self.from.as_ref().map(Vec::as_slice),
+                self.to.as_ref().map(Vec::as_slice),
+            );
+            let mut range = map.range::<[u8], _>(bounds);
             let (key, entry) = if self.reverse {
                 range.next_back()
             } else {
                 range.next()
             }?;
-            (key.clone(), entry.slot.clone())
+            (key.bytes.clone(), entry.slot.clone())
         };
         let past = Bound::Excluded(key.clone());
         if self.reverse {
@@ -241,6 +291,30 @@ mod tests {
             reverse,
         };
         cursor.map(|(key, _)| key).collect()
+    }
+
+    #[test]
+    fn keys_order_as_their_bytes_do() {
+        let keys: Vec<&[u8]> = vec![
+            b"",
+            b"\0",
+            b"a",
+            b"a\0",
+            b"a\0\0",
+            b"ab",
+            b"abcdefghijklmnop",
+            b"abcdefghijklmnop\0",
+            b"abcdefghijklmnopq",
+            b"abcdefghijklmnoq",
+            b"b",
+            b"\xff\xff",
+        ];
+        for a in &keys {
+            for b in &keys {
+                let (ka, kb) = (TableKey::new(a.to_vec()), TableKey::new(b.to_vec()));
+                assert_eq!(ka.cmp(&kb), a.cmp(b), "{a:?} against {b:?}");
+            }
+        }
     }
 
     #[test]
