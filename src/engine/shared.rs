@@ -9,7 +9,7 @@ use super::window::{WindowBudget, WindowLimits};
 use crate::agent::SharedAgent;
 use crate::history::HistoryLimits;
 use crate::store::SharedStore;
-use crate::telemetry::Handles;
+use crate::telemetry::kept;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -165,6 +165,5 @@ impl Drop for Permit {
 }
 
 fn busy_gauge() -> metrics::Gauge {
-    static BUSY: Handles<(), metrics::Gauge> = Handles::new();
-    BUSY.get((), || metrics::gauge!("colloquy_contexts_busy"))
+    kept!(gauge, "colloquy_contexts_busy")
 }

@@ -17,8 +17,8 @@ use crate::model::{Artifact, Message, Role, SendResult, Task, TaskState, TaskSta
 use crate::store::{
     BeginTurn, ConversationKey, ConversationMark, FinishTurn, Lease, PrincipalKey, TurnBegun,
 };
-use crate::telemetry::Handles;
-use metrics::{Counter, Histogram};
+use crate::telemetry::{Handles, kept};
+use metrics::Counter;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Instant;
@@ -443,18 +443,8 @@ fn agent_request(
             Message::agent_text("", &begun.task.context_id, Some(&begun.task.id))
         });
     let prompt = render_prompt(&history, caller_text, limits);
-    static RENDER_SECONDS: Handles<(), Histogram> = Handles::new();
-    static RENDERED: Handles<(), Counter> = Handles::new();
-    RENDER_SECONDS
-        .get((), || {
-            metrics::histogram!("colloquy_history_render_seconds")
-        })
-        .record(render_started.elapsed());
-    RENDERED
-        .get((), || {
-            metrics::counter!("colloquy_history_messages_rendered_total")
-        })
-        .increment(history.len() as u64);
+    kept!(histogram, "colloquy_history_render_seconds").record(render_started.elapsed());
+    kept!(counter, "colloquy_history_messages_rendered_total").increment(history.len() as u64);
     AgentRequest {
         context_id: begun.task.context_id.clone(),
         task_id: begun.task.id.clone(),

@@ -16,7 +16,7 @@ use super::shared::Shared;
 use crate::history::HistoryEntry;
 use crate::model::Message;
 use crate::store::ConversationMark;
-use crate::telemetry::Handles;
+use crate::telemetry::kept;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -92,8 +92,7 @@ impl Drop for Reservation {
 }
 
 fn cache_gauge() -> metrics::Gauge {
-    static CACHE_BYTES: Handles<(), metrics::Gauge> = Handles::new();
-    CACHE_BYTES.get((), || metrics::gauge!("colloquy_history_cache_bytes"))
+    kept!(gauge, "colloquy_history_cache_bytes")
 }
 
 /// A conversation's latest messages as the store holds them at `mark`.

@@ -47,6 +47,25 @@ impl<K: Copy + PartialEq, T: Clone> Handles<K, T> {
     }
 }
 
+/// The kept handle of a series without labels, one per call site:
+/// `kept!(counter, "colloquy_store_writes_total").increment(1)`.
+macro_rules! kept {
+    (counter, $name:literal) => {
+        $crate::telemetry::kept!(@metrics::Counter, metrics::counter!($name))
+    };
+    (gauge, $name:literal) => {
+        $crate::telemetry::kept!(@metrics::Gauge, metrics::gauge!($name))
+    };
+    (histogram, $name:literal) => {
+        $crate::telemetry::kept!(@metrics::Histogram, metrics::histogram!($name))
+    };
+    (@$handle:ty, $register:expr) => {{
+        static HANDLE: $crate::telemetry::Handles<(), $handle> = $crate::telemetry::Handles::new();
+        HANDLE.get((), || $register)
+    }};
+}
+pub(crate) use kept;
+
 impl<K: Copy + PartialEq, T: Clone> Default for Handles<K, T> {
     fn default() -> Self {
         Self::new()

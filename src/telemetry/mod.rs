@@ -9,4 +9,5 @@ pub mod propagation;
 pub mod traces;
 
 pub use handles::Handles;
+pub(crate) use handles::kept;
 pub use prometheus::*;

@@ -9,8 +9,7 @@
 
 use super::records::Records;
 use crate::store::{StoreError, StoreResult};
-use crate::telemetry::Handles;
-use metrics::{Counter, Histogram};
+use crate::telemetry::kept;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -70,20 +69,9 @@ fn run(store: Records, queue: mpsc::Receiver<Job>) {
         }
         let started = Instant::now();
         let flushed = backend.flush();
-        static FLUSH_SECONDS: Handles<(), Histogram> = Handles::new();
-        static FLUSHES: Handles<(), Counter> = Handles::new();
-        static WAITERS: Handles<(), Counter> = Handles::new();
-        FLUSH_SECONDS
-            .get((), || metrics::histogram!("colloquy_store_flush_seconds"))
-            .record(started.elapsed());
-        FLUSHES
-            .get((), || metrics::counter!("colloquy_store_flushes_total"))
-            .increment(1);
-        WAITERS
-            .get((), || {
-                metrics::counter!("colloquy_store_flush_waiters_total")
-            })
-            .increment(completions.len() as u64);
+        kept!(histogram, "colloquy_store_flush_seconds").record(started.elapsed());
+        kept!(counter, "colloquy_store_flushes_total").increment(1);
+        kept!(counter, "colloquy_store_flush_waiters_total").increment(completions.len() as u64);
         for complete in completions {
             complete(&flushed);
         }

@@ -17,7 +17,7 @@ use crate::model::{Message, Task, TaskState, TaskStatus};
 use crate::store::{
     BeginTurn, ConversationKey, ConversationMark, FinishTurn, Lease, StoreError, TurnBegun,
 };
-use crate::telemetry::Handles;
+use crate::telemetry::kept;
 use tokio_postgres::Row;
 
 /// Takes each free conversation of the group (no holder at all: an expired lease goes the
@@ -322,10 +322,7 @@ impl Ops {
             reply_seq: taken.next_seq,
         };
         self.started.lock().insert((key, taken.token), started);
-        static TAKEN: Handles<(), metrics::Counter> = Handles::new();
-        TAKEN
-            .get((), || metrics::counter!("colloquy_leases_taken_total"))
-            .increment(1);
+        kept!(counter, "colloquy_leases_taken_total").increment(1);
         TurnBegun {
             lease: Lease {
                 key,

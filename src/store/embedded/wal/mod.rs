@@ -26,7 +26,7 @@ mod memtable;
 use super::kv::{KvBackend, KvOp, KvPair};
 use crate::error::chain;
 use crate::store::{StoreError, StoreResult};
-use crate::telemetry::Handles;
+use crate::telemetry::kept;
 use log::SegmentFiles;
 use memtable::Memtable;
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -215,10 +215,7 @@ impl<B: KvBackend> Shared<B> {
         // Under `pending`, as freezing is: the batch lands in the table its cut says.
         self.tables.read().active.insert(ops);
         pending.last_seq = seq;
-        static WRITES: Handles<(), metrics::Counter> = Handles::new();
-        WRITES
-            .get((), || metrics::counter!("colloquy_store_writes_total"))
-            .increment(1);
+        kept!(counter, "colloquy_store_writes_total").increment(1);
         Ok(())
     }
 
