@@ -348,7 +348,8 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
     let mark = begun.mark;
     let (result, mut end) = conclude(begun, outcome, hub.artifacts(), hub.reply_text());
     end.stream = hub.outline_at_end(&result);
-    let reply = end.reply.clone();
+    // What the window keeps of the reply, taken before the store owns it.
+    let reply = end.reply.as_ref().map(HistoryEntry::from);
     let write = shared.store.finish_turn(end);
     let span = tracing::debug_span!("store.finish_turn");
     let result = match crate::telemetry::traces::within(span, write).await {
@@ -358,7 +359,7 @@ pub(super) async fn run(mut turn: Turn, request: TurnRequest) {
                 ..mark
             };
             if let Some(caller) = caller {
-                window.keep_after(&shared, history, caller, reply.as_ref(), stored);
+                window.keep_after(&shared, history, caller, reply, stored);
             }
             result
         }

@@ -14,7 +14,6 @@
 
 use super::shared::Shared;
 use crate::history::HistoryEntry;
-use crate::model::Message;
 use crate::store::ConversationMark;
 use crate::telemetry::kept;
 use parking_lot::Mutex;
@@ -110,13 +109,13 @@ impl Window {
     pub(super) fn after_turn(
         mut entries: Vec<HistoryEntry>,
         message: HistoryEntry,
-        reply: Option<&Message>,
+        reply: Option<HistoryEntry>,
         mark: ConversationMark,
         limit: usize,
         budget: &Arc<WindowBudget>,
     ) -> Option<Window> {
         entries.push(message);
-        entries.extend(reply.map(HistoryEntry::from));
+        entries.extend(reply);
         let excess = entries.len().saturating_sub(limit);
         entries.drain(..excess);
         let bytes = entries.iter().map(entry_bytes).sum::<usize>()
@@ -161,7 +160,7 @@ impl KeptWindow {
         shared: &Shared,
         shown: Arc<Vec<HistoryEntry>>,
         message: HistoryEntry,
-        reply: Option<&Message>,
+        reply: Option<HistoryEntry>,
         mark: ConversationMark,
     ) {
         if !shared.config.window.enabled() {
