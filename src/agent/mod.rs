@@ -2,8 +2,8 @@
 //!
 //! A backend receives an [`AgentRequest`] (the current message, the structured history and the
 //! guarded prompt) and emits [`AgentEvent`]s in order: text chunks, whole artifacts, and at most one
-//! final status. The engine runs each call in its own task, so a panic or a hang in a backend ends
-//! only that task.
+//! final status. The engine catches a call's panic where it polls it and ends a hang at the
+//! turn's timeout, so a panic or a hang in a backend ends only that turn's task.
 
 mod a2a;
 mod echo;

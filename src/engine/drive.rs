@@ -1,7 +1,9 @@
 //! Drives an agent backend through one turn: its events go to the turn's hub as they come.
 //!
-//! The backend runs in a task of its own, so one that panics or hangs fails only its task: the
-//! panic is caught at the task boundary, a hang ends at the timeout, a cancel aborts it.
+//! The backend's future is polled beside the turn's other waits, so one that panics or hangs
+//! fails only its task: its panic is caught where it is polled, a hang ends at the timeout, a
+//! cancel drops it. (It ran as a task of its own until 2026-12-06: a spawn, a join and a wake
+//! between the two tasks every turn.)
 
 use super::hub::TaskHub;
 use crate::agent::{AgentEvent, AgentRequest, AgentSink, SharedAgent};
@@ -9,6 +11,9 @@ use crate::error::chain;
 use crate::model::{Message, TaskState, TaskStatus};
 use crate::store::{Lease, SharedStore, StoreError};
 use crate::telemetry::Handles;
+use futures_util::FutureExt;
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tracing::Instrument;
@@ -185,7 +190,9 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
     let span = tracing::debug_span!("agent.run", backend = kind);
     // Made inside the span too: a backend's own spans, made as it builds its future, are its.
     let running = span.in_scope(|| agent.run(request, sink));
-    let mut run = actix_rt::spawn(running.instrument(span.clone()));
+    let run = AssertUnwindSafe(running.instrument(span.clone())).catch_unwind();
+    tokio::pin!(run);
+    let mut ran = None;
     let mut progress = Progress {
         outcome: TurnOutcome {
             state: TaskState::Completed,
@@ -203,20 +210,9 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
     let mut stopped: Option<(TaskState, String)> = None;
     loop {
         tokio::select! {
-            event = events.recv() => match event {
-                Some(event) => {
-                    let Some(status) = progress.apply(event, hub) else { continue };
-                    let write = store.record_status(lease, status.clone());
-                    let span = tracing::debug_span!("store.record_status");
-                    if let Err(e) = crate::telemetry::traces::within(span, write).await {
-                        tracing::error!(error = %chain(&e), task_id = %lease.task_id, "could not record a status");
-                        stopped = Some((TaskState::Failed, format!("could not record a status: {e}")));
-                        break;
-                    }
-                    hub.status(status);
-                }
-                None => break,
-            },
+            // In this order: a stop or the deadline wins over more of the agent's work, and the
+            // agent's events are taken once it has run as far as it can.
+            biased;
             reason = &mut stop, if stop_open => {
                 stop_open = false;
                 let text = match reason {
@@ -231,6 +227,28 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
                 stopped = Some((state, text.to_owned()));
                 break;
             },
+            _ = &mut deadline => {
+                stopped = Some((
+                    TaskState::Failed,
+                    format!("the agent did not finish within {} s", timeout.as_secs_f64()),
+                ));
+                break;
+            }
+            result = &mut run, if ran.is_none() => ran = Some(result),
+            event = events.recv() => match event {
+                Some(event) => {
+                    let Some(status) = progress.apply(event, hub) else { continue };
+                    let write = store.record_status(lease, status.clone());
+                    let span = tracing::debug_span!("store.record_status");
+                    if let Err(e) = crate::telemetry::traces::within(span, write).await {
+                        tracing::error!(error = %chain(&e), task_id = %lease.task_id, "could not record a status");
+                        stopped = Some((TaskState::Failed, format!("could not record a status: {e}")));
+                        break;
+                    }
+                    hub.status(status);
+                }
+                None => break,
+            },
             _ = renew.tick() => {
                 if let Err(lost) = keep_lease(store, lease, lease_length, &mut renewed_at).await {
                     metrics::counter!("colloquy_leases_lost_total").increment(1);
@@ -239,13 +257,6 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
                     break;
                 }
             },
-            _ = &mut deadline => {
-                stopped = Some((
-                    TaskState::Failed,
-                    format!("the agent did not finish within {} s", timeout.as_secs_f64()),
-                ));
-                break;
-            }
         }
     }
     let rest = progress.utf8.finish();
@@ -256,12 +267,15 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
     }
     let mut outcome = progress.outcome;
     if let Some((state, text)) = stopped {
-        run.abort();
         outcome.state = state;
         outcome.status_text = Some(text);
         outcome.message = None;
     } else {
-        let result = (&mut run).await;
+        // Its events have all come (its sink is gone); its end may not have yet.
+        let result = match ran {
+            Some(result) => result,
+            None => run.await,
+        };
         match result {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -294,11 +308,7 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
     outcome
 }
 
-fn panic_text(error: tokio::task::JoinError) -> String {
-    if !error.is_panic() {
-        return "its task was aborted".into();
-    }
-    let payload = error.into_panic();
+fn panic_text(payload: Box<dyn Any + Send>) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
