@@ -4,8 +4,9 @@
 //! kept here until the next checkpoint, those collapse to their last values, so the inner store
 //! (sled, whose every write rewrites tree pages) sees a fraction of the writes. The index
 //! entries a turn's start creates for a new task and its end deletes leave nothing at all
-//! ([`KvOp::Create`]): 234.3k / 234.5k instructions a turn against 237.1k / 237.7k, checkpoints
-//! included (`CHECKPOINT_MS=1000 TOTAL=1024 benches/callgrind_turns.sh`, 2026-12-06); nor does
+//! ([`KvOp::Create`]): 234.3k / 234.5k instructions a turn against 237.1k / 237.7k, the run's
+//! first checkpoint included (`CHECKPOINT_MS=1000 TOTAL=1024 benches/callgrind_turns.sh`,
+//! 2026-12-06, when the count stopped with the load); nor does
 //! the conversation's index entry that a start moves and its end moves again: 230.2k / 228.4k
 //! against 233.3k / 233.2k (the same command, the same day).
 //!
