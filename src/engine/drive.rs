@@ -190,7 +190,11 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
     let span = tracing::debug_span!("agent.run", backend = kind);
     // Made inside the span too: a backend's own spans, made as it builds its future, are its.
     let running = span.in_scope(|| agent.run(request, sink));
-    let run = AssertUnwindSafe(running.instrument(span.clone())).catch_unwind();
+    // Fused: the agent's future is dropped as soon as it ends, its sink with it, so its events
+    // end too even when it panicked holding the sink (a task's future was dropped so).
+    let run = AssertUnwindSafe(running.instrument(span.clone()))
+        .catch_unwind()
+        .fuse();
     tokio::pin!(run);
     let mut ran = None;
     let mut progress = Progress {

@@ -259,6 +259,64 @@ async fn the_agent_sees_the_guarded_history() {
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
+/// An agent whose future holds its sink in a field of its own and panics when first polled:
+/// unlike an `async` block's, its fields are not dropped by the panic.
+struct PanicsHoldingItsSink;
+
+struct PanickingRun {
+    _sink: colloquy::agent::AgentSink,
+}
+
+impl std::future::Future for PanickingRun {
+    type Output = Result<(), colloquy::agent::AgentError>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        panic!("scripted panic, sink held")
+    }
+}
+
+impl colloquy::agent::Agent for PanicsHoldingItsSink {
+    fn kind(&self) -> &'static str {
+        "panics-holding-its-sink"
+    }
+    fn description(&self) -> String {
+        String::new()
+    }
+    fn run(
+        &self,
+        _: colloquy::agent::AgentRequest,
+        sink: colloquy::agent::AgentSink,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
+        Box::pin(PanickingRun { _sink: sink })
+    }
+}
+
+/// A panic fails the turn at once, not at the agent's timeout, even when the agent's future
+/// keeps its sink alive after panicking.
+#[actix_rt::test]
+async fn an_agent_that_panics_holding_its_sink_fails_its_turn_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig {
+        agent_timeout: Duration::from_secs(60),
+        ..EngineConfig::default()
+    };
+    let engine = engine_in(dir.path(), Arc::new(PanicsHoldingItsSink), config);
+    let task = tokio::time::timeout(Duration::from_secs(10), turn(&engine, "hello", None))
+        .await
+        .expect("the turn ends well before the agent's timeout")
+        .unwrap();
+    assert_eq!(task.status.state, TaskState::Failed);
+    let status = task.status.message.as_ref().map(Message::text);
+    assert_eq!(
+        status.as_deref(),
+        Some("the agent crashed: scripted panic, sink held")
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
 /// Replies with exactly the prompt it was given (for the first turn, the bare text); `fail`
 /// fails and `ask: Q` asks Q (input required).
 struct PromptEcho;
