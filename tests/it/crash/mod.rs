@@ -25,6 +25,10 @@ const NEW_PER_ROUND: usize = 4;
 const CONTINUED_PER_ROUND: usize = 4;
 const MAX_TURNS_PER_ROUND: usize = 30;
 const MAX_TURNS_PER_CONVERSATION: usize = 60;
+/// Each turn's agent takes 2 ms, as any real agent takes longer than the echo agent alone: a
+/// kill then often finds a turn whose start is stored and whose end is not, which the restart
+/// must fail. (With the echo agent answering at once, as few as 1 restart in 21 found one.)
+const AGENT_TAKES_TIME: (&str, &str) = ("COLLOQUY_AGENT__ECHO__DELAY_MS", "2");
 
 /// The first message of each conversation in odd rounds is this large.
 const LARGE_TEXT_BYTES: usize = 150 * 1024;
@@ -378,6 +382,8 @@ async fn crash_rounds(
     let mut cut_off = 0;
     let mut failed_tasks = BTreeSet::new();
     let mut restarts_failing_tasks = 0;
+    let env: Vec<(&str, &str)> = env.iter().copied().chain([AGENT_TAKES_TIME]).collect();
+    let env = env.as_slice();
     for round in 0..ROUNDS {
         let mut server = start(data, log, env, &client).await;
         if check_no_task_left_working(&client, &server.url, &mut failed_tasks).await > 0 {
