@@ -211,8 +211,11 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
     let mut stop_open = true;
+    let mut events_open = true;
     let mut stopped: Option<(TaskState, String)> = None;
-    loop {
+    // Until the agent has ended and its events too: an agent that drops its sink and then
+    // hangs is still under the deadline, a stop and the lease's renewal.
+    while ran.is_none() || events_open {
         tokio::select! {
             // In this order: a stop or the deadline wins over more of the agent's work, and the
             // agent's events are taken once it has run as far as it can.
@@ -239,7 +242,7 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
                 break;
             }
             result = &mut run, if ran.is_none() => ran = Some(result),
-            event = events.recv() => match event {
+            event = events.recv(), if events_open => match event {
                 Some(event) => {
                     let Some(status) = progress.apply(event, hub) else { continue };
                     let write = store.record_status(lease, status.clone());
@@ -251,7 +254,7 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
                     }
                     hub.status(status);
                 }
-                None => break,
+                None => events_open = false,
             },
             _ = renew.tick() => {
                 if let Err(lost) = keep_lease(store, lease, lease_length, &mut renewed_at).await {
@@ -274,12 +277,7 @@ pub async fn drive(agent: &SharedAgent, request: AgentRequest, turn: Drive<'_>) 
         outcome.state = state;
         outcome.status_text = Some(text);
         outcome.message = None;
-    } else {
-        // Its events have all come (its sink is gone); its end may not have yet.
-        let result = match ran {
-            Some(result) => result,
-            None => run.await,
-        };
+    } else if let Some(result) = ran {
         match result {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {

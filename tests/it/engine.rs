@@ -317,6 +317,52 @@ async fn an_agent_that_panics_holding_its_sink_fails_its_turn_at_once() {
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
+/// Answers, drops its sink, then never ends.
+struct HangsAfterItsSink;
+
+impl colloquy::agent::Agent for HangsAfterItsSink {
+    fn kind(&self) -> &'static str {
+        "hangs-after-its-sink"
+    }
+    fn description(&self) -> String {
+        String::new()
+    }
+    fn run(
+        &self,
+        _: colloquy::agent::AgentRequest,
+        sink: colloquy::agent::AgentSink,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
+        Box::pin(async move {
+            sink.text("a reply that never ends").await?;
+            drop(sink);
+            std::future::pending().await
+        })
+    }
+}
+
+/// The agent's deadline holds after its events have ended: a turn whose agent dropped its
+/// sink and hangs fails at the timeout instead of staying "working".
+#[actix_rt::test]
+async fn an_agent_that_hangs_after_dropping_its_sink_fails_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig {
+        agent_timeout: Duration::from_millis(300),
+        ..EngineConfig::default()
+    };
+    let engine = engine_in(dir.path(), Arc::new(HangsAfterItsSink), config);
+    let task = tokio::time::timeout(Duration::from_secs(10), turn(&engine, "hello", None))
+        .await
+        .expect("the turn ends at the agent's deadline")
+        .unwrap();
+    assert_eq!(task.status.state, TaskState::Failed);
+    let status = task.status.message.as_ref().map(Message::text);
+    assert_eq!(
+        status.as_deref(),
+        Some("the agent did not finish within 0.3 s")
+    );
+    engine.shutdown(Duration::from_secs(1)).await;
+}
+
 /// Replies with exactly the prompt it was given (for the first turn, the bare text); `fail`
 /// fails and `ask: Q` asks Q (input required).
 struct PromptEcho;
