@@ -161,7 +161,7 @@ async fn peer_errors_fail_the_task_with_the_peers_message() {
 
 #[actix_rt::test]
 async fn input_required_is_passed_through_and_answered_upstream() {
-    let b = common::start_with(Arc::new(common::Asker), |_| {}).await;
+    let b = common::start_with(common::asker(), |_| {}).await;
     let a = common::start_with(delegating(&b.url, 20), |_| {}).await;
     let asked = a.send_text(V1, "book a table", Some("booking"), None).await;
     let task = task_of(&asked);

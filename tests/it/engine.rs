@@ -243,7 +243,7 @@ async fn a_restarted_engine_continues_the_thread() {
 #[actix_rt::test]
 async fn the_agent_sees_the_guarded_history() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine_in(dir.path(), Arc::new(PromptEcho), EngineConfig::default());
+    let engine = engine_in(dir.path(), prompt_echo(), EngineConfig::default());
     turn(
         &engine,
         "What time is the meeting tomorrow?",
@@ -259,10 +259,8 @@ async fn the_agent_sees_the_guarded_history() {
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
-/// An agent whose future holds its sink in a field of its own and panics when first polled:
-/// unlike an `async` block's, its fields are not dropped by the panic.
-struct PanicsHoldingItsSink;
-
+/// A future that holds its sink in a field of its own and panics when first polled: unlike
+/// an `async` block's, its fields are not dropped by the panic.
 struct PanickingRun {
     _sink: colloquy::agent::AgentSink,
 }
@@ -278,22 +276,6 @@ impl std::future::Future for PanickingRun {
     }
 }
 
-impl colloquy::agent::Agent for PanicsHoldingItsSink {
-    fn kind(&self) -> &'static str {
-        "panics-holding-its-sink"
-    }
-    fn description(&self) -> String {
-        String::new()
-    }
-    fn run(
-        &self,
-        _: colloquy::agent::AgentRequest,
-        sink: colloquy::agent::AgentSink,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
-        Box::pin(PanickingRun { _sink: sink })
-    }
-}
-
 /// A panic fails the turn at once, not at the agent's timeout, even when the agent's future
 /// keeps its sink alive after panicking.
 #[actix_rt::test]
@@ -303,7 +285,13 @@ async fn an_agent_that_panics_holding_its_sink_fails_its_turn_at_once() {
         agent_timeout: Duration::from_secs(60),
         ..EngineConfig::default()
     };
-    let engine = engine_in(dir.path(), Arc::new(PanicsHoldingItsSink), config);
+    let engine = engine_in(
+        dir.path(),
+        common::agent_from("panics-holding-its-sink", |_, sink| {
+            Box::pin(PanickingRun { _sink: sink })
+        }),
+        config,
+    );
     let task = tokio::time::timeout(Duration::from_secs(10), turn(&engine, "hello", None))
         .await
         .expect("the turn ends well before the agent's timeout")
@@ -317,29 +305,6 @@ async fn an_agent_that_panics_holding_its_sink_fails_its_turn_at_once() {
     engine.shutdown(Duration::from_secs(1)).await;
 }
 
-/// Answers, drops its sink, then never ends.
-struct HangsAfterItsSink;
-
-impl colloquy::agent::Agent for HangsAfterItsSink {
-    fn kind(&self) -> &'static str {
-        "hangs-after-its-sink"
-    }
-    fn description(&self) -> String {
-        String::new()
-    }
-    fn run(
-        &self,
-        _: colloquy::agent::AgentRequest,
-        sink: colloquy::agent::AgentSink,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
-        Box::pin(async move {
-            sink.text("a reply that never ends").await?;
-            drop(sink);
-            std::future::pending().await
-        })
-    }
-}
-
 /// The agent's deadline holds after its events have ended: a turn whose agent dropped its
 /// sink and hangs fails at the timeout instead of staying "working".
 #[actix_rt::test]
@@ -349,7 +314,18 @@ async fn an_agent_that_hangs_after_dropping_its_sink_fails_at_its_deadline() {
         agent_timeout: Duration::from_millis(300),
         ..EngineConfig::default()
     };
-    let engine = engine_in(dir.path(), Arc::new(HangsAfterItsSink), config);
+    let engine = engine_in(
+        dir.path(),
+        common::agent_from("hangs-after-its-sink", |_, sink| {
+            // Answers, drops its sink, then never ends.
+            Box::pin(async move {
+                sink.text("a reply that never ends").await?;
+                drop(sink);
+                std::future::pending().await
+            })
+        }),
+        config,
+    );
     let task = tokio::time::timeout(Duration::from_secs(10), turn(&engine, "hello", None))
         .await
         .expect("the turn ends at the agent's deadline")
@@ -365,20 +341,8 @@ async fn an_agent_that_hangs_after_dropping_its_sink_fails_at_its_deadline() {
 
 /// Replies with exactly the prompt it was given (for the first turn, the bare text); `fail`
 /// fails and `ask: Q` asks Q (input required).
-struct PromptEcho;
-
-impl colloquy::agent::Agent for PromptEcho {
-    fn kind(&self) -> &'static str {
-        "prompt-echo"
-    }
-    fn description(&self) -> String {
-        String::new()
-    }
-    fn run(
-        &self,
-        request: colloquy::agent::AgentRequest,
-        sink: colloquy::agent::AgentSink,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
+fn prompt_echo() -> SharedAgent {
+    common::agent_from("prompt-echo", |request, sink| {
         use colloquy::agent::{AgentError, AgentEvent};
         Box::pin(async move {
             let text = request.message.text();
@@ -392,7 +356,7 @@ impl colloquy::agent::Agent for PromptEcho {
             }
             sink.text(request.prompt).await
         })
-    }
+    })
 }
 
 /// The window an actor keeps between turns is exactly what the store holds: through failed
@@ -414,7 +378,7 @@ async fn the_kept_history_window_is_the_stored_one() {
         },
         ..EngineConfig::default()
     };
-    let engine = engine_in(dir.path(), Arc::new(PromptEcho), config);
+    let engine = engine_in(dir.path(), prompt_echo(), config);
     let texts = [
         "one",
         "two",

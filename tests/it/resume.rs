@@ -443,7 +443,7 @@ async fn read_reply(stream: &mut Events) -> (String, Vec<(u64, u32)>) {
 
 #[actix_rt::test]
 async fn a_resume_follows_the_task_through_a_wait_for_input_and_replays_every_turn() {
-    let server = start_with(Arc::new(Asker), |_| {}).await;
+    let server = start_with(asker(), |_| {}).await;
     let mut first = events(Binding::JsonRpc(V1).stream(&server, "book a table").await);
     let opened = next(&mut first).await.expect("the task");
     let Seen::Task(task) = seen(&opened.result) else {

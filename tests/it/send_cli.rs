@@ -549,7 +549,7 @@ async fn python_sdk_1x_http_json_only_server_two_turns_and_streaming() {
 
 #[actix_rt::test]
 async fn input_required_prints_the_question_and_how_to_answer() {
-    let server = common::start_with(Arc::new(common::Asker), |_| {}).await;
+    let server = common::start_with(common::asker(), |_| {}).await;
     let cli = Cli::new(&[("booker", &server.url, None)]);
     let asked = cli.run(&["--to", "booker", "book a table"]).await;
     assert_ok(&asked);

@@ -655,23 +655,58 @@ pub fn reply_chunks(events: &[Value]) -> Vec<String> {
         .collect()
 }
 
+/// What a test agent does with a request: [`agent_from`]'s `run`.
+pub trait RunAgent:
+    Fn(
+        colloquy::agent::AgentRequest,
+        colloquy::agent::AgentSink,
+    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>>
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<F> RunAgent for F where
+    F: Fn(
+            colloquy::agent::AgentRequest,
+            colloquy::agent::AgentSink,
+        )
+            -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>>
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// A test agent made of `run`: what the agent does, without the trait's other parts.
+pub fn agent_from(kind: &'static str, run: impl RunAgent) -> SharedAgent {
+    struct FromFn<F> {
+        kind: &'static str,
+        run: F,
+    }
+    impl<F: RunAgent> colloquy::agent::Agent for FromFn<F> {
+        fn kind(&self) -> &'static str {
+            self.kind
+        }
+        fn description(&self) -> String {
+            format!("the {} test agent", self.kind)
+        }
+        fn run(
+            &self,
+            request: colloquy::agent::AgentRequest,
+            sink: colloquy::agent::AgentSink,
+        ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>>
+        {
+            (self.run)(request, sink)
+        }
+    }
+    Arc::new(FromFn { kind, run })
+}
+
 /// Asks "which day?" first, then books for the answer.
-pub struct Asker;
-
-impl colloquy::agent::Agent for Asker {
-    fn kind(&self) -> &'static str {
-        "asker"
-    }
-
-    fn description(&self) -> String {
-        "asks a question first".into()
-    }
-
-    fn run(
-        &self,
-        request: colloquy::agent::AgentRequest,
-        sink: colloquy::agent::AgentSink,
-    ) -> futures_util::future::BoxFuture<'static, Result<(), colloquy::agent::AgentError>> {
+pub fn asker() -> SharedAgent {
+    agent_from("asker", |request, sink| {
         Box::pin(async move {
             let asked = request
                 .history
@@ -688,7 +723,7 @@ impl colloquy::agent::Agent for Asker {
                 .await
             }
         })
-    }
+    })
 }
 
 /// A loopback HTTP server answering GET `path` with the JSON `body()` makes at each request
