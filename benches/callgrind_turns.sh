@@ -75,14 +75,20 @@ if [ -n "${CHECKPOINT_MS:-}" ] && [ -z "${BASELINE:-}" ] && [ -z "${PG:-}" ]; th
     callgrind_control --instr=on "$PID" >/dev/null 2>&1
     sleep 10
   done
+  callgrind_control --instr=off "$PID" >/dev/null 2>&1
   [ "$(checkpoints)" != "$AFTER_LOAD" ] || echo "warning: no checkpoint after the load" >&2
 fi
 callgrind_control --instr=off "$PID" >/dev/null 2>&1
 kill -TERM "$PID"
 wait "$PID" || true
 OK=$(echo "$R" | jq .turns_ok)
+# Summed over the files: one, or one a thread under VALGRIND_OPTS=--separate-threads=yes.
 # (awk stops reading early: the annotator's broken pipe is not a failure.)
-TOTAL_IR=$(callgrind_annotate "$WORK/cg.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}' || true)
+TOTAL_IR=0
+for out in "$WORK"/cg.out*; do
+  IR=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}' || true)
+  if [[ "$IR" =~ ^[0-9]+$ ]]; then TOTAL_IR=$((TOTAL_IR + IR)); fi
+done
 echo "turns: $OK  instructions: $TOTAL_IR  per turn: $((TOTAL_IR / OK))"
 callgrind_annotate --inclusive=yes "$WORK/cg.out" 2>/dev/null \
   | awk -v ok="$OK" '/^ *[0-9,]+ .*\(/ { n = $1; gsub(",", "", n); $1 = ""; printf "%10d /turn %s\n", n / ok, substr($0, 1, 150) }' \
