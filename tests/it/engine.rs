@@ -276,67 +276,55 @@ impl std::future::Future for PanickingRun {
     }
 }
 
+/// The status text of one turn of `agent` under `agent_timeout`: the turn must end within
+/// 10 s, failed.
+async fn failed_turn_status(agent: SharedAgent, agent_timeout: Duration) -> Option<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig {
+        agent_timeout,
+        ..EngineConfig::default()
+    };
+    let engine = engine_in(dir.path(), agent, config);
+    let task = tokio::time::timeout(Duration::from_secs(10), turn(&engine, "hello", None))
+        .await
+        .expect("the turn ends within 10 s")
+        .unwrap();
+    assert_eq!(task.status.state, TaskState::Failed);
+    engine.shutdown(Duration::from_secs(1)).await;
+    task.status.message.as_ref().map(Message::text)
+}
+
 /// A panic fails the turn at once, not at the agent's timeout, even when the agent's future
 /// keeps its sink alive after panicking.
 #[actix_rt::test]
 async fn an_agent_that_panics_holding_its_sink_fails_its_turn_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = EngineConfig {
-        agent_timeout: Duration::from_secs(60),
-        ..EngineConfig::default()
-    };
-    let engine = engine_in(
-        dir.path(),
-        common::agent_from("panics-holding-its-sink", |_, sink| {
-            Box::pin(PanickingRun { _sink: sink })
-        }),
-        config,
-    );
-    let task = tokio::time::timeout(Duration::from_secs(10), turn(&engine, "hello", None))
-        .await
-        .expect("the turn ends well before the agent's timeout")
-        .unwrap();
-    assert_eq!(task.status.state, TaskState::Failed);
-    let status = task.status.message.as_ref().map(Message::text);
+    let agent = common::agent_from("panics-holding-its-sink", |_, sink| {
+        Box::pin(PanickingRun { _sink: sink })
+    });
+    let status = failed_turn_status(agent, Duration::from_secs(60)).await;
     assert_eq!(
         status.as_deref(),
         Some("the agent crashed: scripted panic, sink held")
     );
-    engine.shutdown(Duration::from_secs(1)).await;
 }
 
 /// The agent's deadline holds after its events have ended: a turn whose agent dropped its
 /// sink and hangs fails at the timeout instead of staying "working".
 #[actix_rt::test]
 async fn an_agent_that_hangs_after_dropping_its_sink_fails_at_its_deadline() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = EngineConfig {
-        agent_timeout: Duration::from_millis(300),
-        ..EngineConfig::default()
-    };
-    let engine = engine_in(
-        dir.path(),
-        common::agent_from("hangs-after-its-sink", |_, sink| {
-            // Answers, drops its sink, then never ends.
-            Box::pin(async move {
-                sink.text("a reply that never ends").await?;
-                drop(sink);
-                std::future::pending().await
-            })
-        }),
-        config,
-    );
-    let task = tokio::time::timeout(Duration::from_secs(10), turn(&engine, "hello", None))
-        .await
-        .expect("the turn ends at the agent's deadline")
-        .unwrap();
-    assert_eq!(task.status.state, TaskState::Failed);
-    let status = task.status.message.as_ref().map(Message::text);
+    let agent = common::agent_from("hangs-after-its-sink", |_, sink| {
+        // Answers, drops its sink, then never ends.
+        Box::pin(async move {
+            sink.text("a reply that never ends").await?;
+            drop(sink);
+            std::future::pending().await
+        })
+    });
+    let status = failed_turn_status(agent, Duration::from_millis(300)).await;
     assert_eq!(
         status.as_deref(),
         Some("the agent did not finish within 0.3 s")
     );
-    engine.shutdown(Duration::from_secs(1)).await;
 }
 
 /// Replies with exactly the prompt it was given (for the first turn, the bare text); `fail`
