@@ -3,6 +3,7 @@
 pub mod codec;
 pub mod fields;
 pub mod jsonrpc;
+mod out;
 pub mod params;
 pub mod protojson;
 pub mod push;

@@ -5,10 +5,11 @@
 use super::WireVersion;
 use super::codec;
 use super::fields::{FieldResult, PartError};
+use super::out::{self, PartShape};
 use super::params::{self, Base64, Params, SendRequest, decode_at};
 use crate::model::{
     Artifact, Message, Metadata, Part, PartContent, Role, SendResult, StreamItem, Task, TaskEvent,
-    TaskState, TaskStatus, TaskView, format_time,
+    TaskState, TaskStatus, TaskView,
 };
 use chrono::{DateTime, Utc};
 use serde::de::{self, Deserializer};
@@ -401,124 +402,14 @@ impl<'a> From<&'a Part> for PartOut<'a> {
     }
 }
 
-fn parts_out(parts: &[Part]) -> Vec<PartOut<'_>> {
-    parts.iter().map(PartOut::from).collect()
+impl<'a> PartShape<'a> for PartOut<'a> {
+    const VERSION: WireVersion = WireVersion::V1;
 }
 
-/// `Message`.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct MessageOut<'a> {
-    message_id: &'a str,
-    role: &'static str,
-    parts: Vec<PartOut<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    context_id: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    task_id: Option<&'a str>,
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    reference_task_ids: &'a [String],
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    extensions: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    metadata: Option<&'a Metadata>,
-}
-
-impl<'a> From<&'a Message> for MessageOut<'a> {
-    fn from(message: &'a Message) -> Self {
-        MessageOut {
-            message_id: &message.message_id,
-            role: codec::role_name(WireVersion::V1, message.role),
-            parts: parts_out(&message.parts),
-            context_id: message.context_id.as_deref(),
-            task_id: message.task_id.as_deref(),
-            reference_task_ids: &message.reference_task_ids,
-            extensions: &message.extensions,
-            metadata: message.metadata.as_ref(),
-        }
-    }
-}
-
-/// `TaskStatus`.
-#[derive(Serialize)]
-struct StatusOut<'a> {
-    state: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    message: Option<MessageOut<'a>>,
-    timestamp: String,
-}
-
-impl<'a> From<&'a TaskStatus> for StatusOut<'a> {
-    fn from(status: &'a TaskStatus) -> Self {
-        StatusOut {
-            state: codec::state_name(WireVersion::V1, status.state),
-            message: status.message.as_ref().map(MessageOut::from),
-            timestamp: format_time(&status.timestamp),
-        }
-    }
-}
-
-/// `Artifact`.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ArtifactOut<'a> {
-    artifact_id: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    description: Option<&'a str>,
-    parts: Vec<PartOut<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    metadata: Option<&'a Metadata>,
-}
-
-impl<'a> From<&'a Artifact> for ArtifactOut<'a> {
-    fn from(artifact: &'a Artifact) -> Self {
-        ArtifactOut {
-            artifact_id: &artifact.artifact_id,
-            name: artifact.name.as_deref(),
-            description: artifact.description.as_deref(),
-            parts: parts_out(&artifact.parts),
-            metadata: artifact.metadata.as_ref(),
-        }
-    }
-}
-
-/// `Task`, with what `view` asks for.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct TaskOut<'a> {
-    id: &'a str,
-    context_id: &'a str,
-    status: StatusOut<'a>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    artifacts: Vec<ArtifactOut<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    history: Vec<MessageOut<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    metadata: Option<&'a Metadata>,
-}
-
-impl<'a> TaskOut<'a> {
-    fn new(task: &'a Task, view: TaskView) -> Self {
-        let artifacts = if view.artifacts {
-            task.artifacts.iter().map(ArtifactOut::from).collect()
-        } else {
-            Vec::new()
-        };
-        TaskOut {
-            id: &task.id,
-            context_id: &task.context_id,
-            status: StatusOut::from(&task.status),
-            artifacts,
-            history: codec::history_view(task, view)
-                .iter()
-                .map(MessageOut::from)
-                .collect(),
-            metadata: task.metadata.as_ref(),
-        }
-    }
-}
+type MessageOut<'a> = out::MessageOut<'a, PartOut<'a>>;
+type StatusOut<'a> = out::StatusOut<'a, PartOut<'a>>;
+type ArtifactOut<'a> = out::ArtifactOut<'a, PartOut<'a>>;
+type TaskOut<'a> = out::TaskOut<'a, PartOut<'a>>;
 
 /// `TaskStatusUpdateEvent` (v1.0 has no `final`: the state says).
 #[derive(Serialize)]
