@@ -11,7 +11,9 @@
 # Runs `colloquy serve` under callgrind on a fresh data folder, warms up with one turn per
 # conversation, zeroes the counters, runs TOTAL conversations x TURNS turns with the load
 # generator (outside callgrind), stops the server and prints instructions per turn, in all and
-# for the heaviest functions (inclusive).
+# for the heaviest functions (inclusive; TOP=N of them). With
+# VALGRIND_OPTS=--separate-threads=yes callgrind writes a file a thread: the count is their sum,
+# followed by each thread's share and, for each thread with 5% or more, its heaviest functions.
 #
 # Checkpoints (the memtable moving into sled: each second once it holds 8 MiB, as at full speed)
 # are left out by default (CHECKPOINT_MS=3600000): whether one lands in the measured window makes
@@ -84,12 +86,33 @@ wait "$PID" || true
 OK=$(echo "$R" | jq .turns_ok)
 # Summed over the files: one, or one a thread under VALGRIND_OPTS=--separate-threads=yes.
 # (awk stops reading early: the annotator's broken pipe is not a failure.)
-TOTAL_IR=0
+total_ir() {
+  callgrind_annotate "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}' || true
+}
+# The heaviest functions of a file, inclusive, per turn.
+heaviest() {
+  callgrind_annotate --inclusive=yes "$1" 2>/dev/null \
+    | awk -v ok="$OK" '/^ *[0-9,]+ .*\(/ { n = $1; gsub(",", "", n); $1 = ""; printf "%10d /turn %s\n", n / ok, substr($0, 1, 150) }' \
+    | head -"$2" || true
+}
+TOTAL_IR=0; BY_THREAD=""
 for out in "$WORK"/cg.out*; do
-  IR=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}' || true)
-  if [[ "$IR" =~ ^[0-9]+$ ]]; then TOTAL_IR=$((TOTAL_IR + IR)); fi
+  IR=$(total_ir "$out")
+  if [[ "$IR" =~ ^[0-9]+$ ]]; then
+    TOTAL_IR=$((TOTAL_IR + IR))
+    BY_THREAD+="$IR $out"$'\n'
+  fi
 done
 echo "turns: $OK  instructions: $TOTAL_IR  per turn: $((TOTAL_IR / OK))"
-callgrind_annotate --inclusive=yes "$WORK/cg.out" 2>/dev/null \
-  | awk -v ok="$OK" '/^ *[0-9,]+ .*\(/ { n = $1; gsub(",", "", n); $1 = ""; printf "%10d /turn %s\n", n / ok, substr($0, 1, 150) }' \
-  | head -"${TOP:-40}" || true
+if compgen -G "$WORK/cg.out-*" >/dev/null; then
+  # A file a thread: each thread's share, and the heaviest functions of those with 5% or more.
+  # (callgrind numbers threads as they start: the heaviest are the HTTP worker, the arbiter,
+  # the store thread and, with checkpoints, the checkpoint thread; the tables tell which.)
+  printf '%s' "$BY_THREAD" | sort -rn | while read -r IR out; do
+    [ $((IR * 20)) -ge "$TOTAL_IR" ] || continue
+    echo "thread ${out##*cg.out-}: $((IR / OK)) a turn ($((IR * 100 / TOTAL_IR))%)"
+    heaviest "$out" "${TOP:-20}"
+  done
+else
+  heaviest "$WORK/cg.out" "${TOP:-40}"
+fi
