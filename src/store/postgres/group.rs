@@ -6,8 +6,11 @@
 //! is a group of one.
 //!
 //! One group is in flight at a time (`IN_FLIGHT`); the steps that arrive while it is wait and
-//! leave together as the next group, so groups grow with load and never wait for a timer. A group holds each conversation once (a node runs one turn per conversation at a
-//! time, but a step for a key already in the group goes in a later one, whatever sent it). A
+//! leave together as the next group, so groups grow with load. Only a group that follows one
+//! carrying starts waits for a timer, a millisecond at most, for those starts' ends
+//! ([`Gathered::wait_for_ends`]). A group holds each conversation once (a node runs one turn
+//! per conversation at a time, but a step for a key already in the group goes in a later one,
+//! whatever sent it). A
 //! group the database refuses (a deadlock with another node's group, one step's conflict) is
 //! run again step by step, so each step gets its own answer; a connection lost mid-commit
 //! answers every step of the group with it, as it would have answered each alone.
@@ -18,8 +21,10 @@ use deadpool_postgres::Pool;
 use metrics::Counter;
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -29,6 +34,10 @@ use tokio_postgres::types::ToSql;
 /// is that a group waiting on a row lock (another node's turn of one of its conversations, held
 /// for a few round trips) holds back the node's next group until it is granted.
 const IN_FLIGHT: usize = 1;
+
+/// The longest a group waits for the ends of the turns the group before it started
+/// ([`Gathered::wait_for_ends`]); tokio's timer counts whole milliseconds.
+const WAVE_WAIT: Duration = Duration::from_millis(1);
 
 /// A parameter of a group's statement: one array per column.
 pub(super) type Column<'a> = Box<dyn ToSql + Sync + Send + 'a>;
@@ -151,31 +160,94 @@ async fn collect<S: Step, E: Step>(
     mut waiting: mpsc::UnboundedReceiver<Pending<S, E>>,
 ) {
     let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    // The starts the group last back carried: their turns' ends are on their way.
+    let started = Arc::new(AtomicUsize::new(0));
     while let Some(first) = waiting.recv().await {
         // Waiting for a slot is what lets the next group gather.
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let (mut starts, mut ends) = (Vec::new(), Vec::new());
-        let mut next = Some(first);
-        while let Some(pending) = next.take() {
-            match pending {
-                Pending::Start(start) => starts.push(start),
-                Pending::End(end) => ends.push(end),
-            }
-            if starts.len() < most && ends.len() < most {
-                next = waiting.try_recv().ok();
-            }
-        }
+        let mut group = Gathered::new(most);
+        group.push(first);
+        group.take_ready(&mut waiting);
+        group
+            .wait_for_ends(started.swap(0, Ordering::Relaxed), &mut waiting)
+            .await;
         let database = database.clone();
+        let started = started.clone();
         tokio::spawn(async move {
-            let (mut starts, mut ends) = (distinct_rounds(starts), distinct_rounds(ends));
+            let starts_carried = group.starts.len();
+            let (mut starts, mut ends) =
+                (distinct_rounds(group.starts), distinct_rounds(group.ends));
             while !starts.is_empty() || !ends.is_empty() {
                 let (starts, ends) = (first_round(&mut starts), first_round(&mut ends));
                 commit_round(&database, starts, ends).await;
             }
+            started.store(starts_carried, Ordering::Relaxed);
             drop(slot);
         });
+    }
+}
+
+/// The steps of the group being gathered.
+struct Gathered<S, E> {
+    starts: Vec<Waiting<S>>,
+    ends: Vec<Waiting<E>>,
+    most: usize,
+}
+
+impl<S, E> Gathered<S, E> {
+    fn new(most: usize) -> Self {
+        Gathered {
+            starts: Vec::new(),
+            ends: Vec::new(),
+            most,
+        }
+    }
+
+    fn push(&mut self, pending: Pending<S, E>) {
+        match pending {
+            Pending::Start(start) => self.starts.push(start),
+            Pending::End(end) => self.ends.push(end),
+        }
+    }
+
+    /// Takes the steps already waiting, while the group has room.
+    fn take_ready(&mut self, waiting: &mut mpsc::UnboundedReceiver<Pending<S, E>>) {
+        while !self.full() {
+            match waiting.try_recv() {
+                Ok(pending) => self.push(pending),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Waits, [`WAVE_WAIT`] at most, until the group holds as many ends as the group before it
+    /// carried starts. The steps a group answers come back together, and their turns' next
+    /// steps follow within a moment (an echo's end a fraction of a millisecond after its
+    /// start): left to leave at once, the next group took the first of them and the rest
+    /// waited a whole round trip for the one after, so a turn's two steps took about four
+    /// round trips (docs/performance.md, "where a turn's time goes"). An agent slower than the
+    /// wait costs each group the wait, in which more steps gather.
+    async fn wait_for_ends(
+        &mut self,
+        expected: usize,
+        waiting: &mut mpsc::UnboundedReceiver<Pending<S, E>>,
+    ) {
+        let until = Instant::now() + WAVE_WAIT;
+        while self.ends.len() < expected && !self.full() {
+            match tokio::time::timeout_at(until, waiting.recv()).await {
+                Ok(Some(pending)) => {
+                    self.push(pending);
+                    self.take_ready(waiting);
+                }
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.starts.len() >= self.most || self.ends.len() >= self.most
     }
 }
 
@@ -343,5 +415,58 @@ impl<'a> Statement<'a> {
             .map(|column| column.as_ref() as &(dyn ToSql + Sync))
             .collect();
         Ok(client.query(prepared, &params).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn end() -> Pending<(), ()> {
+        Pending::End(Waiting {
+            step: (),
+            answer: oneshot::channel().0,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_group_waits_for_the_ends_of_the_starts_before_it_and_no_longer() {
+        let (queue, mut waiting) = mpsc::unbounded_channel();
+        let late = queue.clone();
+        // A thread of its own: tokio's timer would round the 200 µs up to the wait's millisecond.
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_micros(200));
+            let _ = late.send(end());
+            let _ = late.send(end());
+        });
+        let mut group = Gathered::new(64);
+        group.wait_for_ends(2, &mut waiting).await;
+        assert_eq!(
+            group.ends.len(),
+            2,
+            "the two ends that came within the wait board"
+        );
+
+        // An end that never comes costs the wait, not more.
+        let mut group = Gathered::new(64);
+        let started = std::time::Instant::now();
+        group.wait_for_ends(1, &mut waiting).await;
+        assert!(group.ends.is_empty());
+        assert!(started.elapsed() >= WAVE_WAIT);
+        assert!(
+            started.elapsed() < WAVE_WAIT * 50,
+            "{:?}",
+            started.elapsed()
+        );
+        drop(queue);
+    }
+
+    #[tokio::test]
+    async fn a_group_after_no_starts_leaves_at_once() {
+        let (_queue, mut waiting) = mpsc::unbounded_channel::<Pending<(), ()>>();
+        let mut group = Gathered::new(64);
+        let started = std::time::Instant::now();
+        group.wait_for_ends(0, &mut waiting).await;
+        assert!(started.elapsed() < WAVE_WAIT);
     }
 }
