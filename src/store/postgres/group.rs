@@ -226,9 +226,10 @@ impl<S, E> Gathered<S, E> {
     /// carried starts. The steps a group answers come back together, and their turns' next
     /// steps follow within a moment (an echo's end a fraction of a millisecond after its
     /// start): left to leave at once, the next group took the first of them and the rest
-    /// waited a whole round trip for the one after, so a turn's two steps took about four
-    /// round trips (docs/performance.md, "where a turn's time goes"). An agent slower than the
-    /// wait costs each group the wait, in which more steps gather.
+    /// waited a whole round trip for the one after: with the database far away a turn's two
+    /// steps took about four group round trips (docs/performance.md, "where a turn's time
+    /// goes"). An agent slower than the wait costs each group the wait, in which more steps
+    /// gather.
     async fn wait_for_ends(
         &mut self,
         expected: usize,
