@@ -10,10 +10,10 @@
 //! carrying starts waits for a timer, a millisecond at most, for those starts' ends
 //! ([`Gathered::wait_for_ends`]). A group holds each conversation once (a node runs one turn
 //! per conversation at a time, but a step for a key already in the group goes in a later one,
-//! whatever sent it). A
-//! group the database refuses (a deadlock with another node's group, one step's conflict) is
-//! run again step by step, so each step gets its own answer; a connection lost mid-commit
-//! answers every step of the group with it, as it would have answered each alone.
+//! whatever sent it). A group the database refuses (a deadlock with another node's group, one
+//! step's conflict) is run again step by step, so each step gets its own answer; a connection
+//! lost mid-commit answers every step of the group with it, as it would have answered each
+//! alone.
 
 use super::Failure;
 use crate::telemetry::Handles;
