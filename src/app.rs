@@ -6,7 +6,7 @@
 use crate::agent::{A2aAgent, AgentBuildError, EchoAgent, ExecAgent, OpenAiAgent, SharedAgent};
 use crate::config::{Config, StoreConfig};
 use crate::engine::MessageLimits;
-use crate::engine::{Engine, EngineConfig, ResumeLimits, WindowLimits};
+use crate::engine::{Arbiters, Engine, EngineConfig, ResumeLimits, WindowLimits};
 use crate::error::chain;
 use crate::history::HistoryLimits;
 use crate::http::{
@@ -68,7 +68,9 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let auth = load_auth(&config)?;
     check_cluster_secret(&config)?;
     let proxies = crate::http::TrustedProxies::new(config.trusted_proxies()?);
-    let opened = open_store_async(&config).await?;
+    // The arbiters come first: a store that can run on the only one does (`Arbiters`).
+    let arbiters = Arbiters::start(engine_config(&config).arbiters);
+    let opened = open_store_async(&config, &arbiters).await?;
     let store = opened.store;
     if opened.database.is_some() {
         actix_rt::spawn(sweep_expired_leases(
@@ -115,7 +117,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         )),
         _ => None,
     };
-    let engine = start_engine(store, agent, &config)
+    let engine = start_engine(store, agent, &config, arbiters)
         .await
         .map_err(|source| StartError::Store {
             path: store_location(&config),
@@ -412,17 +414,19 @@ struct OpenedStore {
     database: Option<PgStore>,
 }
 
-/// The configured store: PostgreSQL when `store.url` is set, else sled in `data` (opened off
-/// the async threads).
-async fn open_store_async(config: &Config) -> Result<OpenedStore, StartError> {
+/// The configured store: PostgreSQL when `store.url` is set (its work on the only one of
+/// `arbiters`, if there is one), else sled in `data` (opened off the async threads).
+async fn open_store_async(config: &Config, arbiters: &Arbiters) -> Result<OpenedStore, StartError> {
     let failed = |source: StoreStartError| StartError::Store {
         path: store_location(config),
         source,
     };
     if let Some(options) = postgres_options(config) {
-        let store = PgStore::connect(&options)
-            .await
-            .map_err(|e| failed(e.into()))?;
+        let connected = match arbiters.sole_runtime().await {
+            Some(runtime) => PgStore::connect_on(&options, runtime).await,
+            None => PgStore::connect(&options).await,
+        };
+        let store = connected.map_err(|e| failed(e.into()))?;
         if config.cluster.secret().is_none() {
             tracing::warn!(
                 "cluster.secret is not set: streams, live reads and cancels of a task another \
@@ -456,6 +460,7 @@ async fn start_engine(
     store: SharedStore,
     agent: SharedAgent,
     config: &Config,
+    arbiters: Arbiters,
 ) -> Result<Engine, StoreStartError> {
     let engine_config = engine_config(config);
     if let Some(limit) = crate::container::memory_limit() {
@@ -475,7 +480,7 @@ async fn start_engine(
             "memory budgets, each at most its share of the container's memory limit"
         );
     }
-    let engine = Engine::start(store, agent, engine_config);
+    let engine = Engine::start_on(store, agent, engine_config, arbiters);
     let interrupted = engine
         .fail_interrupted_turns()
         .await

@@ -11,6 +11,7 @@
 //! stopping comes back undelivered (`MailboxError::Closed`) and is sent again to a fresh actor:
 //! it was never handled, so nothing ran twice and nothing is lost.
 
+use super::arbiters::Arbiters;
 use super::context::{ContextActor, StopIfIdle};
 use super::error::{EngineError, EngineResult};
 use super::shared::Shared;
@@ -59,16 +60,15 @@ pub struct Directory {
 }
 
 impl Directory {
-    /// Starts `arbiters` arbiter threads. Needs a running actix System.
-    pub fn start(shared: Arc<Shared>, arbiters: usize) -> Arc<Self> {
-        let threads: Vec<Arbiter> = (0..arbiters.max(1)).map(|_| Arbiter::new()).collect();
+    /// Places actors on `arbiters`, which it stops and joins on shutdown.
+    pub fn start(shared: Arc<Shared>, arbiters: Arbiters) -> Arc<Self> {
         Arc::new(Directory {
             shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
             hasher: RandomState::new(),
-            arbiters: threads.iter().map(Arbiter::handle).collect(),
+            arbiters: arbiters.handles(),
             shared,
             generations: AtomicU64::new(0),
-            threads: Mutex::new(threads),
+            threads: Mutex::new(arbiters.into_threads()),
             resident: AtomicUsize::new(0),
             next_eviction_shard: AtomicUsize::new(0),
         })

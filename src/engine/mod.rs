@@ -4,6 +4,7 @@
 //! The engine knows nothing of HTTP or wire versions: [`Engine`] is the one door the front uses.
 //! The path of one turn: `docs/architecture.md`.
 
+mod arbiters;
 mod context;
 mod directory;
 mod drive;
@@ -18,6 +19,7 @@ mod turn;
 mod validate;
 mod window;
 
+pub use arbiters::Arbiters;
 pub use drive::StopReason;
 pub use error::{EngineError, EngineResult};
 pub use hub::{StreamItem, Subscription, TaskHub};
@@ -69,8 +71,19 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Starts the engine on `config.arbiters` arbiter threads of its own.
     pub fn start(store: SharedStore, agent: SharedAgent, config: EngineConfig) -> Engine {
-        let arbiters = config.arbiters;
+        let arbiters = Arbiters::start(config.arbiters);
+        Engine::start_on(store, agent, config, arbiters)
+    }
+
+    /// Starts the engine on `arbiters`, started before the store (`app.rs`).
+    pub fn start_on(
+        store: SharedStore,
+        agent: SharedAgent,
+        config: EngineConfig,
+        arbiters: Arbiters,
+    ) -> Engine {
         let shared = Arc::new(Shared {
             store,
             agent,

@@ -528,6 +528,52 @@ async fn send_until_accepted(server: &TestServer, text: &str, context_id: &str) 
     }
 }
 
+/// The names of a process's threads.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the process's threads")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .collect()
+}
+
+/// On a node with one arbiter the store's work runs on it (no thread of the store's own, so a
+/// turn's steps reach the database and come back without a thread crossing); with more, on a
+/// runtime of its own. Either way the node serves a conversation's turns.
+#[actix_rt::test]
+async fn a_node_with_one_arbiter_runs_its_store_on_it() {
+    let Some(url) = pg::database("cluster::store_on_the_arbiter") else {
+        return;
+    };
+    let arbiters = |n: &'static str| [("COLLOQUY_CONTEXTS__ARBITERS", n)];
+    let one = ChildNode::start_with_env(&url, 30, 0, &arbiters("1")).await;
+    let two = ChildNode::start_with_env(&url, 30, 0, &arbiters("2")).await;
+    let client = reqwest::Client::new();
+    for (node, context_id) in [(&one, "on-one-arbiter"), (&two, "on-two-arbiters")] {
+        for text in ["first", "second"] {
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+                "message": user_message(V1, text, Some(context_id), None),
+            }});
+            let response = post_rpc(&client, &node.url, V1, &body).await;
+            let task = task_of(&response);
+            assert_eq!(state_of(task), "TASK_STATE_COMPLETED", "{response}");
+            assert_eq!(task["contextId"], json!(context_id), "{response}");
+        }
+    }
+    let store_threads = |node: &ChildNode| {
+        thread_names(node.child.id())
+            .iter()
+            .filter(|name| name.starts_with("colloquy-pg"))
+            .count()
+    };
+    assert_eq!(store_threads(&one), 0, "{:?}", thread_names(one.child.id()));
+    assert!(
+        store_threads(&two) > 0,
+        "{:?}",
+        thread_names(two.child.id())
+    );
+}
+
 #[actix_rt::test]
 async fn a_node_killed_mid_turn_leaves_a_task_failed_once_its_lease_expires() {
     let Some(url) = pg::database("cluster::a_node_killed_mid_turn") else {

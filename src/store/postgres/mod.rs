@@ -112,7 +112,7 @@ const OUTBOX_REPAIR_PERIOD: Duration = Duration::from_secs(30);
 #[derive(Clone)]
 pub struct PgStore {
     ops: Arc<Ops>,
-    runtime: Arc<OwnedRuntime>,
+    runtime: Arc<StoreRuntime>,
 }
 
 /// The connection pool and the lease settings every operation uses.
@@ -141,19 +141,33 @@ pub(crate) struct Ops {
 
 /// The store's runtime, shut down without blocking when the last handle goes (which may be
 /// inside another runtime).
-struct OwnedRuntime(Option<tokio::runtime::Runtime>);
+/// Where the store's work runs: its statements, its connections, its group commit.
+enum StoreRuntime {
+    /// A runtime of its own ([`store_threads`] threads), shut down with the store.
+    Own(Option<tokio::runtime::Runtime>),
+    /// A node's only conversation arbiter (`engine::Arbiters::sole_runtime`): a turn's steps
+    /// go to the database and their answers come back to the turn on the thread that runs it,
+    /// without waking a thread of the store's. It stops with the arbiters, at the end of the
+    /// engine's shutdown; the store is closed from then on.
+    Borrowed(tokio::runtime::Handle),
+}
 
-impl Drop for OwnedRuntime {
+impl Drop for StoreRuntime {
     fn drop(&mut self) {
-        if let Some(runtime) = self.0.take() {
+        if let StoreRuntime::Own(runtime) = self
+            && let Some(runtime) = runtime.take()
+        {
             runtime.shutdown_background();
         }
     }
 }
 
-impl OwnedRuntime {
+impl StoreRuntime {
     fn handle(&self) -> Option<tokio::runtime::Handle> {
-        self.0.as_ref().map(|r| r.handle().clone())
+        match self {
+            StoreRuntime::Own(runtime) => runtime.as_ref().map(|r| r.handle().clone()),
+            StoreRuntime::Borrowed(handle) => Some(handle.clone()),
+        }
     }
 }
 
@@ -278,7 +292,23 @@ impl PgStore {
     /// Connects, applies the migrations the database lacks and refuses a schema newer than
     /// this build knows.
     pub async fn connect(options: &PgOptions) -> StoreResult<PgStore> {
-        let store = PgStore::pool(options)?;
+        PgStore::open(options, None).await
+    }
+
+    /// [`PgStore::connect`], the store's work running on `runtime` (a node's only arbiter,
+    /// see [`StoreRuntime::Borrowed`]) instead of a runtime of its own.
+    pub async fn connect_on(
+        options: &PgOptions,
+        runtime: tokio::runtime::Handle,
+    ) -> StoreResult<PgStore> {
+        PgStore::open(options, Some(runtime)).await
+    }
+
+    async fn open(
+        options: &PgOptions,
+        runtime: Option<tokio::runtime::Handle>,
+    ) -> StoreResult<PgStore> {
+        let store = PgStore::pool(options, runtime)?;
         store
             .run(|ops| async move { ops.migrate(SCHEMA_VERSION).await })
             .await?;
@@ -296,13 +326,13 @@ impl PgStore {
     /// Applies the migrations the database lacks up to version `to` only: an older schema, as
     /// an older build left it, for tests of an upgrade.
     pub async fn migrate_to(options: &PgOptions, to: i64) -> StoreResult<Migrated> {
-        let store = PgStore::pool(options)?;
+        let store = PgStore::pool(options, None)?;
         store
             .run(move |ops| async move { ops.migrate(to).await })
             .await
     }
 
-    fn pool(options: &PgOptions) -> StoreResult<PgStore> {
+    fn pool(options: &PgOptions, borrowed: Option<tokio::runtime::Handle>) -> StoreResult<PgStore> {
         let mut config: tokio_postgres::Config = options
             .url
             .parse()
@@ -315,12 +345,19 @@ impl PgStore {
             Some(tls) => Manager::from_config(config, tls, manager_config()),
             None => Manager::from_config(config, tokio_postgres::NoTls, manager_config()),
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(store_threads())
-            .thread_name("colloquy-pg")
-            .enable_all()
-            .build()
-            .map_err(|e| StoreError::backend("the store's runtime", e))?;
+        let (runtime, handle) = match borrowed {
+            Some(handle) => (StoreRuntime::Borrowed(handle.clone()), handle),
+            None => {
+                let own = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(store_threads())
+                    .thread_name("colloquy-pg")
+                    .enable_all()
+                    .build()
+                    .map_err(|e| StoreError::backend("the store's runtime", e))?;
+                let handle = own.handle().clone();
+                (StoreRuntime::Own(Some(own)), handle)
+            }
+        };
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
             .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -328,7 +365,7 @@ impl PgStore {
             .create_timeout(Some(Duration::from_secs(10)))
             .build()
             .map_err(|e| StoreError::backend("connection pool", e))?;
-        runtime.spawn(report_pool_use(pool.clone()));
+        handle.spawn(report_pool_use(pool.clone()));
         let generic_plans = group::GenericPlans::default();
         Ok(PgStore {
             ops: Arc::new(Ops {
@@ -342,12 +379,12 @@ impl PgStore {
                     pool,
                     options.group_steps,
                     generic_plans.clone(),
-                    runtime.handle(),
+                    &handle,
                 ),
                 generic_plans,
                 outbox: Arc::new(tokio::sync::Notify::new()),
             }),
-            runtime: Arc::new(OwnedRuntime(Some(runtime))),
+            runtime: Arc::new(runtime),
         })
     }
 
@@ -396,7 +433,8 @@ impl PgStore {
     }
 }
 
-/// The store runtime's threads: a quarter of the cores, at least one. Its work is a small
+/// The store runtime's threads, when it has its own ([`StoreRuntime::Own`]): a quarter of the
+/// cores, at least one. Its work is a small
 /// part of a turn's (building statements, reading rows: about a third of a node's CPU on two
 /// cores), and each thread more is one more to wake: on two cores, two threads cost the node 5%
 /// more CPU a turn than one (`NODES=2 benches/pg_ab.sh`, docs/performance.md).
