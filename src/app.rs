@@ -401,6 +401,7 @@ async fn sweep_expired_leases(store: std::sync::Weak<dyn ConversationStore>, per
                 tasks = failed,
                 "marked failed the tasks whose nodes stopped renewing their leases"
             ),
+            Err(StoreError::Closed) => {}
             Err(e) => tracing::warn!(error = %chain(&e), "sweeping expired leases"),
         }
     }

@@ -48,6 +48,7 @@ impl From<StoreError> for EngineError {
                 EngineError::TaskNotCancelable { task_id, state }
             }
             e @ StoreError::Unavailable { .. } => EngineError::StoreUnavailable(e),
+            StoreError::Closed => EngineError::ShuttingDown,
             other @ (StoreError::Backend { .. }
             | StoreError::Corrupt { .. }
             | StoreError::ImportRefused(_)

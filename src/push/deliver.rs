@@ -19,7 +19,7 @@ use super::target::{CheckedResolver, TargetError, TargetPolicy};
 use crate::error::chain;
 use crate::model::now;
 use crate::protocol::WireVersion;
-use crate::store::{Notification, PushStore};
+use crate::store::{Notification, PushStore, StoreError};
 use crate::telemetry::traces;
 use chrono::{DateTime, Utc};
 use rand::Rng;
@@ -173,6 +173,7 @@ impl Worker {
                 (counted, changed) = (Some(scanned), false);
                 match store.pending_count().await {
                     Ok(pending) => metrics::gauge!("colloquy_push_pending").set(pending as f64),
+                    Err(StoreError::Closed) => {}
                     Err(e) => {
                         tracing::error!(error = %chain(&e), "counting the push-notification outbox")
                     }
@@ -223,6 +224,8 @@ impl Worker {
                 });
                 (wait, read)
             }
+            // The server is stopping: the worker ends once the store is dropped.
+            Err(StoreError::Closed) => (IDLE_POLL, 0),
             Err(e) => {
                 tracing::error!(error = %chain(&e), "reading the push-notification outbox");
                 (IDLE_POLL, 0)

@@ -66,6 +66,10 @@ pub enum StoreError {
     /// Imported records that would break the store's invariants (nothing was stored).
     #[error("import refused: {0}")]
     ImportRefused(String),
+    /// The store has stopped (the server is stopping): what was asked did not run, or was cut
+    /// off with it.
+    #[error("the store is closed")]
+    Closed,
 }
 
 impl StoreError {

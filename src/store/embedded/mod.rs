@@ -169,11 +169,10 @@ impl EmbeddedStore {
         });
         let submitted = self.writer.submit(job);
         Box::pin(async move {
-            let closed = || StoreError::backend_msg("the store is closed");
             if !submitted {
-                return Err(closed());
+                return Err(StoreError::Closed);
             }
-            answered.await.unwrap_or_else(|_| Err(closed()))
+            answered.await.unwrap_or(Err(StoreError::Closed))
         })
     }
 

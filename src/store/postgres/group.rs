@@ -137,7 +137,7 @@ impl<S: Step, E: Step> Group<S, E> {
 }
 
 fn closed() -> Failure {
-    Failure::Store(crate::store::StoreError::backend_msg("the store is closed"))
+    Failure::Store(crate::store::StoreError::Closed)
 }
 
 fn no_row() -> Failure {

@@ -424,11 +424,15 @@ impl PgStore {
         let ops = self.ops.clone();
         let handle = self.runtime.handle();
         Box::pin(async move {
-            let handle = handle.ok_or_else(|| StoreError::backend_msg("the store is closed"))?;
+            let handle = handle.ok_or(StoreError::Closed)?;
             handle
                 .spawn(Box::pin(op(ops)))
                 .await
-                .map_err(|e| StoreError::backend("store operation", e))?
+                .map_err(|e| match e.is_cancelled() {
+                    // Its runtime stopped: a borrowed one stops with the arbiters.
+                    true => StoreError::Closed,
+                    false => StoreError::backend("store operation", e),
+                })?
         })
     }
 }
