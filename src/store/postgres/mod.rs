@@ -139,11 +139,10 @@ pub(crate) struct Ops {
     outbox: Arc<tokio::sync::Notify>,
 }
 
-/// The store's runtime, shut down without blocking when the last handle goes (which may be
-/// inside another runtime).
 /// Where the store's work runs: its statements, its connections, its group commit.
 enum StoreRuntime {
-    /// A runtime of its own ([`store_threads`] threads), shut down with the store.
+    /// A runtime of its own ([`store_threads`] threads), shut down without blocking when the
+    /// last handle goes (which may be inside another runtime).
     Own(Option<tokio::runtime::Runtime>),
     /// A node's only conversation arbiter (`engine::Arbiters::sole_runtime`): a turn's steps
     /// go to the database and their answers come back to the turn on the thread that runs it,
