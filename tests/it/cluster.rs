@@ -574,6 +574,30 @@ async fn a_node_with_one_arbiter_runs_its_store_on_it() {
     );
 }
 
+/// A store running on an arbiter's runtime (as on a node with one arbiter) is closed once the
+/// arbiter stops: its operations then fail as `StoreError::Closed`, which a stopping server
+/// answers with -32013 and its background work passes over, not as a backend error.
+#[actix_rt::test]
+async fn a_store_on_a_stopped_arbiter_is_closed() {
+    let Some(url) = pg::database("cluster::store_on_a_stopped_arbiter") else {
+        return;
+    };
+    let arbiter = actix_rt::Arbiter::new();
+    let (sender, runtime) = tokio::sync::oneshot::channel();
+    arbiter.spawn(async move {
+        let _ = sender.send(tokio::runtime::Handle::current());
+    });
+    let runtime = runtime.await.expect("the arbiter's runtime");
+    let store = PgStore::connect_on(&options(&url, Duration::from_secs(30), "a"), runtime)
+        .await
+        .expect("the store opens on the arbiter");
+    assert_eq!(store.fail_interrupted_turns().await.expect("it serves"), 0);
+    arbiter.stop();
+    arbiter.join().expect("the arbiter stops");
+    let closed = store.fail_interrupted_turns().await;
+    assert!(matches!(closed, Err(StoreError::Closed)), "{closed:?}");
+}
+
 #[actix_rt::test]
 async fn a_node_killed_mid_turn_leaves_a_task_failed_once_its_lease_expires() {
     let Some(url) = pg::database("cluster::a_node_killed_mid_turn") else {
