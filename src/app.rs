@@ -68,8 +68,9 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
     let auth = load_auth(&config)?;
     check_cluster_secret(&config)?;
     let proxies = crate::http::TrustedProxies::new(config.trusted_proxies()?);
+    let engine_config = engine_config(&config);
     // The arbiters come first: a store that can run on the only one does (`Arbiters`).
-    let arbiters = Arbiters::start(engine_config(&config).arbiters);
+    let arbiters = Arbiters::start(engine_config.arbiters);
     let opened = open_store_async(&config, &arbiters).await?;
     let store = opened.store;
     if opened.database.is_some() {
@@ -117,7 +118,7 @@ pub async fn start(config: Config, agent: SharedAgent) -> Result<RunningServer, 
         )),
         _ => None,
     };
-    let engine = start_engine(store, agent, &config, arbiters)
+    let engine = start_engine(store, agent, &config, engine_config, arbiters)
         .await
         .map_err(|source| StartError::Store {
             path: store_location(&config),
@@ -461,9 +462,9 @@ async fn start_engine(
     store: SharedStore,
     agent: SharedAgent,
     config: &Config,
+    engine_config: EngineConfig,
     arbiters: Arbiters,
 ) -> Result<Engine, StoreStartError> {
-    let engine_config = engine_config(config);
     if let Some(limit) = crate::container::memory_limit() {
         // The embedded store's, as it is given them (`sled_options`); none on PostgreSQL.
         let sled = config

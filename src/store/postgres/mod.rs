@@ -437,10 +437,10 @@ impl PgStore {
 }
 
 /// The store runtime's threads, when it has its own ([`StoreRuntime::Own`]): a quarter of the
-/// cores, at least one. Its work is a small
-/// part of a turn's (building statements, reading rows: about a third of a node's CPU on two
-/// cores), and each thread more is one more to wake: on two cores, two threads cost the node 5%
-/// more CPU a turn than one (`NODES=2 benches/pg_ab.sh`, docs/performance.md).
+/// cores, at least one. Its work is a small part of a turn's (building statements, reading
+/// rows: about a third of a node's CPU on two cores), and each thread more is one more to
+/// wake: on two cores, two threads cost the node 5% more CPU a turn than one (`NODES=2
+/// benches/pg_ab.sh`, docs/performance.md).
 fn store_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().div_ceil(4))
 }
