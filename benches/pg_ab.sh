@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two builds against each other on PostgreSQL, alternating, each run on a fresh database: turns/s,
 # p99, and CPU per turn of PostgreSQL's processes and of the nodes (/proc/PID/stat), with the
-# statements a turn (pg_stat_statements). Quicker than benches/cluster_compare.sh (no sled
+# statements a turn (pg_stat_statements), the groups of turn starts a turn (the nodes'
+# colloquy_store_groups_total) and the nodes' voluntary context switches a turn. Quicker than benches/cluster_compare.sh (no sled
 # node, one binary per run), for A/B of a change to the PostgreSQL path.
 #
 #   benches/pg_ab.sh OLD_BINARY NEW_BINARY          # 1 node, 3 rounds
@@ -27,6 +28,18 @@ source benches/ab.sh
 ticks() { # the summed utime + stime of the PIDs given (comma or space separated)
   for pid in ${1//,/ }; do awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null; done |
     awk '{s += $1} END {print s + 0}'
+}
+
+switches() { # the voluntary context switches of every thread of the PIDs given
+  for pid in $1; do cat /proc/"$pid"/task/*/status 2>/dev/null; done |
+    awk '/^voluntary_ctxt_switches/ {s += $2} END {print s + 0}'
+}
+
+start_groups() { # the groups of turn starts the nodes on ports PORT-1 .. PORT-NODES committed
+  for i in $(seq 1 "$NODES"); do
+    curl -sf "http://127.0.0.1:$((PORT - i))/metrics" |
+      awk '/^colloquy_store_groups_total\{step="start"\}/ {print $2}'
+  done | awk '{s += $1} END {print s + 0}'
 }
 
 # A run's nodes and database, stopped however the run ends (it runs in a subshell of its
@@ -60,26 +73,30 @@ one_run() { # which label -> one result line
   # Warm: connections, plans, the tables' first statistics.
   "$bin" loadgen --url "$urls" --conversations "$CONVERSATIONS" --turns 5 --total 1024 \
     --text-bytes 200 --version 1.0 --json >/dev/null
-  local pg0 n0 pg1 n1
+  local pg0 n0 s0 g0 pg1 n1 s1 g1
   psql -c "SELECT pg_stat_statements_reset()" >/dev/null
-  pg0=$(pg_cpu_ticks "$work") n0=$(ticks "$nodes")
+  pg0=$(pg_cpu_ticks "$work") n0=$(ticks "$nodes") s0=$(switches "$nodes") g0=$(start_groups)
   "$bin" loadgen --url "$urls" --conversations "$CONVERSATIONS" --turns 5 --total "$TOTAL" \
     --text-bytes 200 --version 1.0 --json >"$work/loadgen.out"
-  pg1=$(pg_cpu_ticks "$work") n1=$(ticks "$nodes")
+  pg1=$(pg_cpu_ticks "$work") n1=$(ticks "$nodes") s1=$(switches "$nodes") g1=$(start_groups)
   local statements
   statements=$(psql -c "SELECT round(sum(calls)::numeric / $((TOTAL * 5)), 2) FROM pg_stat_statements \
     WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT IN ('BEGIN', 'COMMIT') AND query NOT LIKE 'SET %'")
   tail -1 "$work/loadgen.out" | jq -c --arg build "$label" --argjson hz "$(getconf CLK_TCK)" \
     --argjson pg "$((pg1 - pg0))" --argjson nodes "$((n1 - n0))" --arg statements "$statements" \
+    --argjson switches "$((s1 - s0))" --argjson groups "$((g1 - g0))" \
     '{label: $build, turns_per_s, p99: .latency_ms.p99, errors: (.errors | add // 0),
       pg_us: (1e6 * $pg / $hz / .turns_ok), node_us: (1e6 * $nodes / $hz / .turns_ok),
-      statements: $statements}'
+      statements: $statements, groups: ($groups / .turns_ok), switches: ($switches / .turns_ok)}'
 }
 
 echo "nodes=$NODES rounds=$ROUNDS load=$(cut -d' ' -f1-3 /proc/loadavg)" >&2
 RESULTS=$(mktemp)
 ab_rounds
-printf '%-4s %9s %8s %7s %16s %12s %20s\n' build turns/s "p99 ms" errors "PostgreSQL us" "node us" "statements a turn"
-jq -r '[.label, (.turns_per_s | floor), .p99, .errors, (.pg_us | floor), (.node_us | floor), .statements] | @tsv' \
-  "$RESULTS" | sort -s -k1,1r | awk -F'\t' '{printf "%-4s %9s %8s %7s %16s %12s %20s\n", $1, $2, $3, $4, $5, $6, $7}'
+printf '%-4s %9s %8s %7s %16s %12s %20s %14s %16s\n' build turns/s "p99 ms" errors "PostgreSQL us" "node us" \
+  "statements a turn" "groups a turn" "switches a turn"
+jq -r '[.label, (.turns_per_s | floor), .p99, .errors, (.pg_us | floor), (.node_us | floor), .statements,
+    (.groups * 1000 | round / 1000), (.switches * 100 | round / 100)] | @tsv' "$RESULTS" |
+  sort -s -k1,1r |
+  awk -F'\t' '{printf "%-4s %9s %8s %7s %16s %12s %20s %14s %16s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9}'
 rm -f "$RESULTS"
