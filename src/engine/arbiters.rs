@@ -35,12 +35,20 @@ impl Arbiters {
         self.threads.iter().map(Arbiter::handle).collect()
     }
 
-    pub(super) fn into_threads(mut self) -> Vec<Arbiter> {
-        std::mem::take(&mut self.threads)
+    /// Stops every arbiter and waits for its thread to end, so that every actor on it (and
+    /// whatever it held of the store) is gone. Blocks: call it off the async threads.
+    pub fn stop(mut self) {
+        let threads = std::mem::take(&mut self.threads);
+        for arbiter in &threads {
+            arbiter.stop();
+        }
+        for arbiter in threads {
+            let _ = arbiter.join();
+        }
     }
 }
 
-/// Arbiters no directory took (the node failed to start) stop with their owner.
+/// Arbiters dropped unstopped (a node that failed to start) stop with their owner, unjoined.
 impl Drop for Arbiters {
     fn drop(&mut self) {
         for arbiter in &self.threads {

@@ -43,9 +43,6 @@ impl Resident {
 
 type Shard = HashTable<Resident>;
 
-/// The arbiter threads, joined on shutdown so every actor (and its store handle) is gone after.
-type Threads = Mutex<Vec<Arbiter>>;
-
 pub struct Directory {
     shards: Box<[Mutex<Shard>]>,
     /// SipHash with a per-process key: the ids are the callers', so their hashes must not be
@@ -54,7 +51,8 @@ pub struct Directory {
     arbiters: Vec<ArbiterHandle>,
     shared: Arc<Shared>,
     generations: AtomicU64,
-    threads: Threads,
+    /// Stopped and joined on shutdown (taken then).
+    threads: Mutex<Option<Arbiters>>,
     resident: AtomicUsize,
     next_eviction_shard: AtomicUsize,
 }
@@ -68,7 +66,7 @@ impl Directory {
             arbiters: arbiters.handles(),
             shared,
             generations: AtomicU64::new(0),
-            threads: Mutex::new(arbiters.into_threads()),
+            threads: Mutex::new(Some(arbiters)),
             resident: AtomicUsize::new(0),
             next_eviction_shard: AtomicUsize::new(0),
         })
@@ -237,16 +235,12 @@ impl Directory {
 
     /// Stops the arbiters and waits for their threads (off the async thread).
     pub async fn stop_arbiters(&self) {
-        for arbiter in &self.arbiters {
-            arbiter.stop();
-        }
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
-        let joined = actix_rt::task::spawn_blocking(move || {
-            for thread in threads {
-                let _ = thread.join();
-            }
-        })
-        .await;
+        let arbiters = self
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let joined = actix_rt::task::spawn_blocking(move || arbiters.map(Arbiters::stop)).await;
         if let Err(e) = joined {
             tracing::warn!(error = %e, "joining the arbiter threads failed");
         }

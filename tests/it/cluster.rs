@@ -6,6 +6,7 @@
 use crate::common;
 use crate::store_conformance::{begin_request, finish_request, recent_texts};
 
+use colloquy::engine::Arbiters;
 use colloquy::model::{TaskState, TaskStatus};
 use colloquy::store::postgres::{ABANDONED_TASK_TEXT, PgOptions, PgStore};
 use colloquy::store::{ConversationStore, StoreError};
@@ -582,18 +583,16 @@ async fn a_store_on_a_stopped_arbiter_is_closed() {
     let Some(url) = pg::database("cluster::store_on_a_stopped_arbiter") else {
         return;
     };
-    let arbiter = actix_rt::Arbiter::new();
-    let (sender, runtime) = tokio::sync::oneshot::channel();
-    arbiter.spawn(async move {
-        let _ = sender.send(tokio::runtime::Handle::current());
-    });
-    let runtime = runtime.await.expect("the arbiter's runtime");
+    let arbiters = Arbiters::start(1);
+    let runtime = arbiters
+        .sole_runtime()
+        .await
+        .expect("the arbiter's runtime");
     let store = PgStore::connect_on(&options(&url, Duration::from_secs(30), "a"), runtime)
         .await
         .expect("the store opens on the arbiter");
     assert_eq!(store.fail_interrupted_turns().await.expect("it serves"), 0);
-    arbiter.stop();
-    arbiter.join().expect("the arbiter stops");
+    arbiters.stop();
     let closed = store.fail_interrupted_turns().await;
     assert!(matches!(closed, Err(StoreError::Closed)), "{closed:?}");
 }
