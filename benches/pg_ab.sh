@@ -2,8 +2,9 @@
 # Two builds against each other on PostgreSQL, alternating, each run on a fresh database: turns/s,
 # p99, and CPU per turn of PostgreSQL's processes and of the nodes (/proc/PID/stat), with the
 # statements a turn (pg_stat_statements), the groups of turn starts a turn (the nodes'
-# colloquy_store_groups_total) and the nodes' voluntary context switches a turn. Quicker than benches/cluster_compare.sh (no sled
-# node, one binary per run), for A/B of a change to the PostgreSQL path.
+# colloquy_store_groups_total) and the nodes' voluntary context switches a turn. Quicker than
+# benches/cluster_compare.sh (no sled node, one binary per run), for A/B of a change to the
+# PostgreSQL path.
 #
 #   benches/pg_ab.sh OLD_BINARY NEW_BINARY          # 1 node, 3 rounds
 #   NODES=2 ROUNDS=5 benches/pg_ab.sh OLD NEW        # 2 nodes on the one database

@@ -51,8 +51,9 @@ pub struct Directory {
     arbiters: Vec<ArbiterHandle>,
     shared: Arc<Shared>,
     generations: AtomicU64,
-    /// Stopped and joined on shutdown (taken then).
-    threads: Mutex<Option<Arbiters>>,
+    /// The arbiters' threads, stopped and joined on shutdown (taken then), so that every actor
+    /// (and its store handle) is gone after.
+    arbiter_threads: Mutex<Option<Arbiters>>,
     resident: AtomicUsize,
     next_eviction_shard: AtomicUsize,
 }
@@ -66,7 +67,7 @@ impl Directory {
             arbiters: arbiters.handles(),
             shared,
             generations: AtomicU64::new(0),
-            threads: Mutex::new(Some(arbiters)),
+            arbiter_threads: Mutex::new(Some(arbiters)),
             resident: AtomicUsize::new(0),
             next_eviction_shard: AtomicUsize::new(0),
         })
@@ -236,7 +237,7 @@ impl Directory {
     /// Stops the arbiters and waits for their threads (off the async thread).
     pub async fn stop_arbiters(&self) {
         let arbiters = self
-            .threads
+            .arbiter_threads
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
