@@ -398,12 +398,13 @@ pub struct StoreConfig {
     /// A PostgreSQL database shared by every node (`postgres://…` or `postgresql://…`); empty:
     /// the embedded sled store in `data`.
     pub url: String,
-    /// PostgreSQL: connections this node keeps open at most.
+    /// PostgreSQL: connections this node keeps open at most, besides the few of its grouped
+    /// turn steps.
     pub pool_size: usize,
     /// PostgreSQL: hash partitions of the tables keyed by conversation, when colloquy creates
     /// the schema (0: plain tables; set before the first start, later it changes nothing).
     pub partitions: u32,
-    /// PostgreSQL: the most turn starts (or ends) committed together in one transaction when
+    /// PostgreSQL: the most turn starts (or ends) committed together in one statement when
     /// they wait at the same time (1: each in its own).
     pub group_steps: usize,
     /// PostgreSQL: PEM file of the authorities the database's certificate may come from

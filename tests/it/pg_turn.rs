@@ -159,6 +159,66 @@ async fn an_end_and_starts_that_wait_together_commit_in_one_transaction() {
     assert_eq!(writers(&url, &contexts).await, 1);
 }
 
+/// With groups of one, an end and a start that wait together still commit apart: each
+/// statement holds one conversation's rows (one shard's, on a sharded database).
+#[actix_rt::test]
+async fn with_groups_of_one_an_end_and_a_start_commit_apart() {
+    let Some(url) = crate::common::pg::database("pg_turn::groups_of_one_end_and_start") else {
+        return;
+    };
+    let store = pg_store_grouping(&url, "a", 1);
+    let begun = store
+        .begin_turn(begin_request("alice", "ending", "question"))
+        .await
+        .expect("begins");
+    let (other, held) = hold_the_starts(&store, &url).await;
+    let contexts = vec!["starting".to_owned()];
+    let waiting = start_each(&store, &contexts);
+    let end = store.finish_turn(finish_request(&begun, Some("answer"), TaskState::Completed));
+    let end = tokio::spawn(end);
+    release(other, held, waiting).await;
+    end.await.expect("no panic").expect("ends");
+    let all: Vec<String> = contexts.iter().cloned().chain(["ending".into()]).collect();
+    // The ending conversation's start, its end, and the other start: three transactions.
+    assert_eq!(writers(&url, &all).await, 3);
+}
+
+/// A conversation's end and its next start that wait together: one statement writes a row
+/// once, so the start goes in the next one, and finds the conversation released, with the
+/// reply in its window.
+#[actix_rt::test]
+async fn a_start_waiting_beside_its_conversations_end_follows_it() {
+    let Some(url) = crate::common::pg::database("pg_turn::start_beside_its_end") else {
+        return;
+    };
+    let store = pg_store_grouping(&url, "a", 64);
+    let begun = store
+        .begin_turn(begin_request("alice", "c", "question"))
+        .await
+        .expect("begins");
+    let (other, held) = hold_the_starts(&store, &url).await;
+    let end = tokio::spawn(store.finish_turn(finish_request(
+        &begun,
+        Some("answer"),
+        TaskState::Completed,
+    )));
+    let next = start_each(&store, &["c".to_owned()]);
+    tokio::time::sleep(WAIT).await;
+    other.batch_execute("COMMIT").await.expect("commits");
+    for start in held {
+        start.await.expect("no panic").expect("begins");
+    }
+    end.await.expect("no panic").expect("ends");
+    let mut next = next;
+    let next = next
+        .pop()
+        .expect("one start")
+        .await
+        .expect("no panic")
+        .expect("begins after the end, not busy");
+    assert_eq!(recent_texts(&next), ["question", "answer"]);
+}
+
 #[actix_rt::test]
 async fn a_group_with_a_refused_step_commits_the_others() {
     let Some(url) = crate::common::pg::database("pg_turn::a_refused_step") else {

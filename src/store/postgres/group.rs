@@ -1,9 +1,9 @@
 //! Group commit for the one-trip turn steps (`turn.rs`): the starts and the ends that wait at
-//! the same time go to the database as one statement over arrays for each kind, both in one
-//! transaction. A durable commit costs the database about as much as the rows a turn writes
-//! (the WAL flush, the wake-ups, the executor's set-up), so sharing it among the turns that
-//! wait together is what brings the database's CPU per turn down as load grows; alone, a step
-//! is a group of one.
+//! the same time go to the database as one statement over arrays, one for each column of each
+//! kind, which commits on its own. A durable commit costs the database about as much as the
+//! rows a turn writes (the WAL flush, the wake-ups, the executor's set-up), so sharing it among
+//! the turns that wait together is what brings the database's CPU per turn down as load grows;
+//! alone, a step is a group of one.
 //!
 //! One group is in flight at a time (`IN_FLIGHT`); the steps that arrive while it is wait and
 //! leave together as the next group, so groups grow with load. Only a group that follows one
@@ -14,14 +14,19 @@
 //! step's conflict) is run again step by step, so each step gets its own answer; a connection
 //! lost mid-commit answers every step of the group with it, as it would have answered each
 //! alone.
+//!
+//! Groups go over connections of their own ([`group_pool`]), set up once for the group's
+//! statement: a statement alone in its round trip (one `Sync`) is its own transaction, so a
+//! group is one statement to parse, run and answer, with no `BEGIN`, settings or `COMMIT`
+//! around it (docs/performance.md, "A group as one statement").
 
 use super::Failure;
 use crate::telemetry::Handles;
-use deadpool_postgres::Pool;
+use deadpool_postgres::{Hook, HookError, Manager, Pool};
 use metrics::Counter;
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
@@ -54,9 +59,6 @@ where
 pub(super) trait Step: Send + Sync + 'static {
     /// The `step` label of the group metrics.
     const NAME: &'static str;
-    /// The statement: its parameters are [`Step::columns`], its rows are keyed by their first
-    /// column, the conversation key.
-    const SQL: &'static str;
     fn conversation(&self) -> &[u8];
     fn columns<'a>(steps: &[&'a Self]) -> Vec<Column<'a>>;
 }
@@ -73,43 +75,78 @@ enum Pending<S, E> {
 }
 
 /// Where a node's turn steps wait for their group: its starts (`S`) and its ends (`E`) go to
-/// the database together, in one transaction.
+/// the database together, in one statement.
 pub(super) struct Group<S: Step, E: Step> {
     queue: mpsc::UnboundedSender<Pending<S, E>>,
 }
+
+/// Connections a node's groups use at most: one group is in flight at a time, and a group the
+/// database refused runs its steps again side by side, a few at a time.
+const GROUP_CONNECTIONS: usize = 4;
 
 /// Every statement of a group reaches each conversation's rows by its key: its plan is nested
 /// loops over index lookups, whatever the tables' statistics say. Left to them, a plan made
 /// while a table was nearly empty (a generic plan is kept until the next analyze) joins it
 /// whole by hash, and scans all of it at every group once it has grown.
-macro_rules! keyed_plans {
-    () => {
-        "SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; \
-         SET LOCAL enable_mergejoin = off"
-    };
-}
+const KEYED_PLANS: &str =
+    "SET enable_seqscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off";
 
-/// Whether the database takes `plan_cache_mode` (PostgreSQL 12 and later; learnt at connect).
-/// A group's statement is then planned once per connection, not at each execution: left to
-/// choose, PostgreSQL plans it anew every time, because a plan for the group's own number of
-/// rows always looks cheaper than one for any number, and planning these statements costs
-/// about as much as running them.
-pub(super) type GenericPlans = Arc<AtomicBool>;
+/// On PostgreSQL 12 and later the group's statement is planned once per connection, not at each
+/// execution: left to choose, PostgreSQL plans it anew every time, because a plan for the
+/// group's own number of rows always looks cheaper than one for any number, and planning the
+/// statement costs about as much as running it. Other engines that speak its protocol plan
+/// their own way.
+const GENERIC_PLANS: &str = "SET plan_cache_mode = force_generic_plan";
+
+/// The pool of the groups' connections ([`GROUP_CONNECTIONS`]), each set up for the group's
+/// statement when it connects ([`KEYED_PLANS`], [`GENERIC_PLANS`]): settings that hold for the
+/// connection's life, which the store's other statements (listings, exports) do not share.
+pub(super) fn group_pool(manager: Manager) -> Result<Pool, deadpool_postgres::BuildError> {
+    Pool::builder(manager)
+        .max_size(GROUP_CONNECTIONS)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(30)))
+        .create_timeout(Some(Duration::from_secs(10)))
+        .post_create(Hook::async_fn(|client, _| {
+            Box::pin(async move {
+                let row = client
+                    .query_one(
+                        "SELECT version(), current_setting('server_version_num')",
+                        &[],
+                    )
+                    .await
+                    .map_err(HookError::Backend)?;
+                let version: String = row.try_get(0).map_err(HookError::Backend)?;
+                let number: String = row.try_get(1).map_err(HookError::Backend)?;
+                let generic = version.starts_with("PostgreSQL ")
+                    && number.parse::<u32>().is_ok_and(|n| n >= 120_000);
+                let settings = match generic {
+                    true => format!("{KEYED_PLANS}; {GENERIC_PLANS}"),
+                    false => KEYED_PLANS.to_owned(),
+                };
+                client
+                    .batch_execute(&settings)
+                    .await
+                    .map_err(HookError::Backend)
+            })
+        }))
+        .build()
+}
 
 impl<S: Step, E: Step> Group<S, E> {
     /// Starts the group's collector on `runtime`, for groups of at most `most` steps of each
-    /// kind; it stops when the group is dropped.
+    /// kind, committed by `sql` over connections of `pool` ([`group_pool`]); it stops when the
+    /// group is dropped. `sql` takes [`Step::columns`] of the starts, then of the ends, and
+    /// answers a row a step, keyed by its first column, the conversation key, with `is_end`
+    /// telling the ends' rows.
     pub(super) fn spawn(
         pool: Pool,
+        sql: &'static str,
         most: usize,
-        generic_plans: GenericPlans,
         runtime: &tokio::runtime::Handle,
     ) -> Group<S, E> {
         let (queue, waiting) = mpsc::unbounded_channel();
-        let database = Database {
-            pool,
-            generic_plans,
-        };
+        let database = Database { pool, sql };
         runtime.spawn(collect(database, most.max(1), waiting));
         Group { queue }
     }
@@ -146,11 +183,11 @@ fn no_row() -> Failure {
     ))
 }
 
-/// Where groups are committed.
+/// Where groups are committed, and by which statement.
 #[derive(Clone)]
 struct Database {
     pool: Pool,
-    generic_plans: GenericPlans,
+    sql: &'static str,
 }
 
 /// Takes the waiting steps as groups, one group in flight at a time.
@@ -180,7 +217,8 @@ async fn collect<S: Step, E: Step>(
             let (mut starts, mut ends) =
                 (distinct_rounds(group.starts), distinct_rounds(group.ends));
             while !starts.is_empty() || !ends.is_empty() {
-                let (starts, ends) = (first_round(&mut starts), first_round(&mut ends));
+                let ends = first_round(&mut ends);
+                let starts = starts_beside(&ends, &mut starts);
                 commit_round(&database, starts, ends).await;
             }
             started.store(starts_carried, Ordering::Relaxed);
@@ -274,6 +312,24 @@ fn first_round<S>(rounds: &mut Vec<Vec<Waiting<S>>>) -> Vec<Waiting<S>> {
     }
 }
 
+/// The next round's starts, less those of a conversation one of `ends` ends: one statement
+/// writes a row once, so such a start waits for the next round (on one node a turn's next
+/// start follows its end, so this is for a step sent some other way).
+fn starts_beside<S: Step, E: Step>(
+    ends: &[Waiting<E>],
+    rounds: &mut Vec<Vec<Waiting<S>>>,
+) -> Vec<Waiting<S>> {
+    let round = first_round(rounds);
+    let ending: HashSet<&[u8]> = ends.iter().map(|w| w.step.conversation()).collect();
+    let (beside, later): (Vec<_>, Vec<_>) = round
+        .into_iter()
+        .partition(|w| !ending.contains(w.step.conversation()));
+    if !later.is_empty() {
+        rounds.insert(0, later);
+    }
+    beside
+}
+
 async fn commit_round<S: Step, E: Step>(
     database: &Database,
     starts: Vec<Waiting<S>>,
@@ -333,90 +389,53 @@ fn answer_by_conversation<S: Step>(round: Vec<Waiting<S>>, mut rows: Vec<Row>) {
     }
 }
 
-/// One transaction in one round trip: `BEGIN`, the ends' statement, the starts' and `COMMIT`
-/// leave together (each request goes out on its first poll, in order; the statements are
-/// prepared first, once per connection, so they do not wait for their parse). The ends go
-/// first, so a start never waits on a lease an end of the same transaction releases. The
-/// first error is the outcome: a statement the database refused aborted the transaction,
-/// which `COMMIT` then rolls back.
+/// A round in one round trip: the group's statement, alone before its `Sync`, so that it is
+/// its own transaction (the connection's settings were made when it connected). A statement
+/// the database refused wrote nothing.
 async fn execute<S: Step, E: Step>(
     database: &Database,
     starts: &[&S],
     ends: &[&E],
 ) -> Result<(Vec<Row>, Vec<Row>), Failure> {
     let client = database.pool.get().await.map_err(Failure::Pool)?;
-    let (start, end) = (
-        Statement::of(&client, starts).await?,
-        Statement::of(&client, ends).await?,
-    );
-    let begin = match database.generic_plans.load(Ordering::Relaxed) {
-        true => concat!(
-            "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; ",
-            keyed_plans!()
-        ),
-        false => concat!("BEGIN; ", keyed_plans!()),
-    };
-    let (began, ended, started, committed) = futures_util::join!(
-        client.batch_execute(begin),
-        end.rows(&client),
-        start.rows(&client),
-        client.batch_execute("COMMIT"),
-    );
-    began?;
-    let ended = ended?;
-    let started = started?;
-    committed?;
+    let statement = client.prepare_cached(database.sql).await?;
+    count_group::<S>(starts.len());
+    count_group::<E>(ends.len());
+    let mut columns = S::columns(starts);
+    columns.extend(E::columns(ends));
+    let params: Vec<&(dyn ToSql + Sync)> = columns
+        .iter()
+        .map(|column| column.as_ref() as &(dyn ToSql + Sync))
+        .collect();
+    let (mut started, mut ended) = (Vec::new(), Vec::new());
+    for row in client.query(&statement, &params).await? {
+        match row.try_get::<_, bool>("is_end")? {
+            true => ended.push(row),
+            false => started.push(row),
+        }
+    }
     Ok((started, ended))
 }
 
-/// A group's statement for one kind of step, prepared, with its parameters; none without steps.
-struct Statement<'a> {
-    prepared: Option<tokio_postgres::Statement>,
-    columns: Vec<Column<'a>>,
-}
-
-impl<'a> Statement<'a> {
-    async fn of<S: Step>(
-        client: &deadpool_postgres::Client,
-        steps: &[&'a S],
-    ) -> Result<Statement<'a>, Failure> {
-        if steps.is_empty() {
-            return Ok(Statement {
-                prepared: None,
-                columns: Vec::new(),
-            });
-        }
-        static GROUPS: Handles<&str, Counter> = Handles::new();
-        static STEPS: Handles<&str, Counter> = Handles::new();
-        GROUPS
-            .get(
-                S::NAME,
-                || metrics::counter!("colloquy_store_groups_total", "step" => S::NAME),
-            )
-            .increment(1);
-        STEPS
-            .get(
-                S::NAME,
-                || metrics::counter!("colloquy_store_grouped_steps_total", "step" => S::NAME),
-            )
-            .increment(steps.len() as u64);
-        Ok(Statement {
-            prepared: Some(client.prepare_cached(S::SQL).await?),
-            columns: S::columns(steps),
-        })
+/// Counts a group's steps of one kind (nothing when it carries none).
+fn count_group<S: Step>(steps: usize) {
+    static GROUPS: Handles<&str, Counter> = Handles::new();
+    static STEPS: Handles<&str, Counter> = Handles::new();
+    if steps == 0 {
+        return;
     }
-
-    async fn rows(&self, client: &deadpool_postgres::Client) -> Result<Vec<Row>, Failure> {
-        let Some(prepared) = &self.prepared else {
-            return Ok(Vec::new());
-        };
-        let params: Vec<&(dyn ToSql + Sync)> = self
-            .columns
-            .iter()
-            .map(|column| column.as_ref() as &(dyn ToSql + Sync))
-            .collect();
-        Ok(client.query(prepared, &params).await?)
-    }
+    GROUPS
+        .get(
+            S::NAME,
+            || metrics::counter!("colloquy_store_groups_total", "step" => S::NAME),
+        )
+        .increment(1);
+    STEPS
+        .get(
+            S::NAME,
+            || metrics::counter!("colloquy_store_grouped_steps_total", "step" => S::NAME),
+        )
+        .increment(steps as u64);
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ pub struct PgOptions {
     /// Hash partitions of the conversation-keyed tables when this node creates the schema (0:
     /// plain tables). Read only then.
     pub partitions: u32,
-    /// The most turn starts (or ends) one transaction commits together (`group.rs`; 1: each
+    /// The most turn starts (or ends) one statement commits together (`group.rs`; 1: each
     /// alone).
     pub group_steps: usize,
 }
@@ -129,7 +129,6 @@ pub(crate) struct Ops {
     /// their end writes without reading it first (`turn.rs`).
     started:
         parking_lot::Mutex<std::collections::HashMap<(ConversationKey, u64), turn::StartedTurn>>,
-    generic_plans: group::GenericPlans,
     /// Where the usual starts and ends wait to be committed together (`group.rs`).
     steps: group::Group<turn::StartStep, turn::EndStep>,
     /// Told when this node committed a status change that may have added notifications: its
@@ -311,9 +310,6 @@ impl PgStore {
         store
             .run(|ops| async move { ops.migrate(SCHEMA_VERSION).await })
             .await?;
-        store
-            .run(|ops| async move { ops.learn_planning().await.map_err(Failure::into_store) })
-            .await?;
         Ok(store)
     }
 
@@ -337,12 +333,15 @@ impl PgStore {
             .parse()
             .map_err(|e| StoreError::backend("store.url", e))?;
         failover::bound_dead_hosts(&mut config);
-        let manager_config = || ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        };
-        let manager = match tls_connector(&config, options.tls_ca_file.as_deref())? {
-            Some(tls) => Manager::from_config(config, tls, manager_config()),
-            None => Manager::from_config(config, tokio_postgres::NoTls, manager_config()),
+        let tls = tls_connector(&config, options.tls_ca_file.as_deref())?;
+        let manager = || {
+            let manager_config = ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            };
+            match tls.clone() {
+                Some(tls) => Manager::from_config(config.clone(), tls, manager_config),
+                None => Manager::from_config(config.clone(), tokio_postgres::NoTls, manager_config),
+            }
         };
         let (runtime, handle) = match borrowed {
             Some(handle) => (StoreRuntime::Borrowed(handle.clone()), handle),
@@ -357,7 +356,7 @@ impl PgStore {
                 (StoreRuntime::Own(Some(own)), handle)
             }
         };
-        let pool = Pool::builder(manager)
+        let pool = Pool::builder(manager())
             .max_size(options.pool_size.max(1))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .wait_timeout(Some(Duration::from_secs(30)))
@@ -365,7 +364,8 @@ impl PgStore {
             .build()
             .map_err(|e| StoreError::backend("connection pool", e))?;
         handle.spawn(report_pool_use(pool.clone()));
-        let generic_plans = group::GenericPlans::default();
+        let group_pool =
+            group::group_pool(manager()).map_err(|e| StoreError::backend("connection pool", e))?;
         Ok(PgStore {
             ops: Arc::new(Ops {
                 pool: pool.clone(),
@@ -375,12 +375,11 @@ impl PgStore {
                 outbox_repaired: parking_lot::Mutex::new(std::time::Instant::now()),
                 started: parking_lot::Mutex::default(),
                 steps: group::Group::spawn(
-                    pool,
+                    group_pool,
+                    turn::GROUP_SQL,
                     options.group_steps,
-                    generic_plans.clone(),
                     &handle,
                 ),
-                generic_plans,
                 outbox: Arc::new(tokio::sync::Notify::new()),
             }),
             runtime: Arc::new(runtime),

@@ -363,25 +363,6 @@ impl Ops {
         tx.commit().await?;
         Ok(())
     }
-
-    /// Learns whether the database is PostgreSQL 12 or later, which takes `plan_cache_mode`
-    /// (see `group::GenericPlans`); other engines that speak its protocol plan their own way.
-    pub(super) async fn learn_planning(&self) -> Result<(), Failure> {
-        let client = self.client().await?;
-        let row = client
-            .query_one(
-                "SELECT version(), current_setting('server_version_num')",
-                &[],
-            )
-            .await?;
-        let version: String = row.try_get(0)?;
-        let number: String = row.try_get(1)?;
-        let takes_it =
-            version.starts_with("PostgreSQL ") && number.parse::<u32>().is_ok_and(|n| n >= 120_000);
-        self.generic_plans
-            .store(takes_it, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
-    }
 }
 
 /// Migration 6's data step: the notifications waiting in the outbox as it was, each with its

@@ -1,6 +1,6 @@
-//! A turn's start and end in one round trip each, on the usual path: `BEGIN`, one statement
-//! whose data-modifying CTEs write what the turn writes, and `COMMIT`, sent together
-//! (pipelined). The checks the general path (`ops.rs`) makes in Rust between its round trips
+//! A turn's start and end in one round trip each, on the usual path: one statement whose
+//! data-modifying CTEs write what the turn writes, committed on its own, with the starts and
+//! the ends waiting beside it (`group.rs`). The checks the general path (`ops.rs`) makes in Rust between its round trips
 //! are the statement's own conditions, so a refused step writes nothing. What the usual path
 //! does not cover goes the general way: a continued task or a send that registers a push
 //! config (start), an expired lease to take over (start), a task with push configs (end: its
@@ -20,93 +20,138 @@ use crate::store::{
 use crate::telemetry::kept;
 use tokio_postgres::Row;
 
-/// Takes each free conversation of the group (no holder at all: an expired lease goes the
+/// The starts' part of [`GROUP_SQL`] (parameters 1 to 16, [`StartStep`]'s columns). Takes each
+/// free conversation of the group (no holder at all: an expired lease goes the
 /// general way, which fails its task), stores the caller's message at the next sequence number
 /// and the new task with it, and returns the history window as it was before: one row per
 /// step, keyed by the conversation. The window comes from the statement's snapshot (the main
 /// query does not see what its CTEs write): `seen_seq` (the conversation's `next_seq` in it)
 /// tells whether a turn ended between that snapshot and the take, and the window is then read
 /// again. The snapshot's row is a `LATERAL` lookup by key, which PostgreSQL may flatten into a
-/// join: the group's transaction keeps that join an index lookup per row (`keyed_plans` in
+/// join: the group's connections keep that join an index lookup per row (`KEYED_PLANS` in
 /// `group.rs`). Rows are taken in key order, as every group does, so two groups wait rather
 /// than deadlock where they can.
-const START_SQL: &str = concat!(
-    "WITH input AS (SELECT * FROM unnest($1::BYTEA[], $2::BYTEA[], $3::BYTEA[], \
-         $4::BYTEA[], $5::TIMESTAMPTZ[], $6::BIGINT[], $7::BYTEA[], $8::FLOAT8[], $9::TEXT[], \
-         $10::TEXT[], $11::SMALLINT[], $12::BIGINT[], $13::TEXT[], $14::TEXT[], $15::BIGINT[], $16::BIGINT[]) \
-         AS i(conv_key, principal_key, principal, context_id, at, at_ms, task_id, lease_secs, \
-             holder, message, state, status_ms, record_prefix, record_suffix, window_len, \
-             token)), \
-     taken AS (",
-    take_sql!(
-        "SELECT conv_key, principal_key, principal, context_id, at, at, at_ms, 1, 1, token, \
-             task_id, now() + lease_secs * INTERVAL '1 second', holder, NULL::TEXT \
-         FROM input ORDER BY conv_key",
-        "colloquy_conversations.running_task IS NULL"
-    ),
-    "), \
-     message AS (INSERT INTO colloquy_messages (conv_key, seq, body) \
-         SELECT taken.conv_key, taken.next_seq - 1, input.message \
-         FROM taken JOIN input ON input.conv_key = taken.conv_key), \
-     task AS (INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, principal, state, \
-             status_ms, record, has_push) \
-         SELECT taken.conv_key, input.task_id, input.principal_key, input.principal, \
-             input.state, input.status_ms, \
-             input.record_prefix || (taken.next_seq - 1)::TEXT || input.record_suffix, FALSE \
-         FROM taken JOIN input ON input.conv_key = taken.conv_key) \
-     SELECT input.conv_key, taken.turns, taken.next_seq, taken.token, taken.agent_state, \
-         seen.next_seq AS seen_seq, seen.token AS seen_token, seen.running_task, \
-         seen.lease_expires <= now() AS expired, \
+macro_rules! start_ctes {
+    () => {
+        concat!(
+            "start_input AS (SELECT * FROM unnest($1::BYTEA[], $2::BYTEA[], $3::BYTEA[], \
+                 $4::BYTEA[], $5::TIMESTAMPTZ[], $6::BIGINT[], $7::BYTEA[], $8::FLOAT8[], \
+                 $9::TEXT[], $10::TEXT[], $11::SMALLINT[], $12::BIGINT[], $13::TEXT[], \
+                 $14::TEXT[], $15::BIGINT[], $16::BIGINT[]) \
+                 AS i(conv_key, principal_key, principal, context_id, at, at_ms, task_id, \
+                     lease_secs, holder, message, state, status_ms, record_prefix, \
+                     record_suffix, window_len, token)), \
+             taken AS (",
+            take_sql!(
+                "SELECT conv_key, principal_key, principal, context_id, at, at, at_ms, 1, 1, \
+                     token, task_id, now() + lease_secs * INTERVAL '1 second', holder, NULL::TEXT \
+                 FROM start_input ORDER BY conv_key",
+                "colloquy_conversations.running_task IS NULL"
+            ),
+            "), \
+             message AS (INSERT INTO colloquy_messages (conv_key, seq, body) \
+                 SELECT taken.conv_key, taken.next_seq - 1, start_input.message \
+                 FROM taken JOIN start_input ON start_input.conv_key = taken.conv_key), \
+             new_task AS (INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, \
+                     principal, state, status_ms, record, has_push) \
+                 SELECT taken.conv_key, start_input.task_id, start_input.principal_key, \
+                     start_input.principal, start_input.state, start_input.status_ms, \
+                     start_input.record_prefix || (taken.next_seq - 1)::TEXT \
+                         || start_input.record_suffix, FALSE \
+                 FROM taken JOIN start_input ON start_input.conv_key = taken.conv_key)"
+        )
+    };
+}
+
+/// The starts' rows of [`GROUP_SQL`].
+macro_rules! start_rows {
+    () => {
+        "SELECT start_input.conv_key, FALSE AS is_end, taken.turns, \
+         taken.next_seq, taken.token, taken.agent_state, seen.next_seq AS seen_seq, \
+         seen.token AS seen_token, seen.running_task, seen.lease_expires <= now() AS expired, \
          ARRAY(SELECT body FROM colloquy_messages \
-             WHERE conv_key = input.conv_key \
-                 AND seq >= taken.next_seq - 1 - input.window_len ORDER BY seq) AS recent \
-     FROM input LEFT JOIN taken ON taken.conv_key = input.conv_key \
+             WHERE conv_key = start_input.conv_key \
+                 AND seq >= taken.next_seq - 1 - start_input.window_len ORDER BY seq) AS recent, \
+         NULL::BIGINT AS ended \
+     FROM start_input LEFT JOIN taken ON taken.conv_key = start_input.conv_key \
          LEFT JOIN LATERAL (SELECT next_seq, token, running_task, lease_expires \
-             FROM colloquy_conversations WHERE conv_key = input.conv_key) AS seen ON TRUE"
+             FROM colloquy_conversations WHERE conv_key = start_input.conv_key) AS seen ON TRUE"
+    };
+}
+
+/// The ends' part of [`GROUP_SQL`] (parameters 17 to 28, [`EndStep`]'s columns). For each
+/// step of the group: stores the reply, the task's final record and releases the
+/// conversation, if the lease still holds it at the expected sequence number and the task has
+/// no push configs; else nothing (`ended` 0). `has_push` is read twice: by `held` from the
+/// snapshot (the usual refusal), and by the task's update from the row it locked, in case a
+/// config was added in between; then the statement fails (a cast error), so that what `held`
+/// wrote goes too.
+macro_rules! end_ctes {
+    () => {
+        "end_input AS (SELECT * FROM unnest($17::BYTEA[], $18::BIGINT[], $19::BYTEA[], \
+             $20::BIGINT[], $21::TIMESTAMPTZ[], $22::BIGINT[], $23::TEXT[], $24::BIGINT[], \
+             $25::TEXT[], $26::SMALLINT[], $27::BIGINT[], $28::TEXT[]) \
+             AS i(conv_key, token, task_id, next_seq, at, at_ms, agent_state, reply_seq, reply, \
+                 state, status_ms, record)), \
+         held AS (UPDATE colloquy_conversations AS c SET running_task = NULL, \
+                 lease_expires = NULL, lease_holder = NULL, next_seq = end_input.next_seq, \
+                 updated_at = end_input.at, updated_ms = end_input.at_ms, \
+                 agent_state = COALESCE(end_input.agent_state, c.agent_state) \
+             FROM end_input \
+             WHERE c.conv_key = end_input.conv_key AND c.token = end_input.token \
+                 AND c.running_task = end_input.task_id AND c.next_seq = end_input.reply_seq \
+                 AND NOT EXISTS (SELECT 1 FROM colloquy_tasks \
+                     WHERE conv_key = end_input.conv_key AND task_id = end_input.task_id \
+                         AND has_push) \
+             RETURNING c.conv_key), \
+         ended_task AS (UPDATE colloquy_tasks AS t SET state = end_input.state, \
+                 status_ms = end_input.status_ms, record = end_input.record \
+             FROM end_input \
+             WHERE t.conv_key = end_input.conv_key AND t.task_id = end_input.task_id \
+                 AND NOT t.has_push AND end_input.conv_key IN (SELECT conv_key FROM held) \
+             RETURNING t.conv_key), \
+         reply AS (INSERT INTO colloquy_messages (conv_key, seq, body) \
+             SELECT conv_key, reply_seq, reply FROM end_input \
+             WHERE reply IS NOT NULL AND conv_key IN (SELECT conv_key FROM held))"
+    };
+}
+
+/// The ends' rows of [`GROUP_SQL`].
+macro_rules! end_rows {
+    () => {
+        "SELECT end_input.conv_key, TRUE, NULL, NULL, NULL, NULL, NULL, NULL, \
+         NULL, NULL, NULL, \
+         CAST(CASE WHEN (SELECT count(*) FROM held) = (SELECT count(*) FROM ended_task) \
+             THEN (end_input.conv_key IN (SELECT conv_key FROM ended_task))::INT::TEXT \
+             ELSE 'push config added' END AS BIGINT) \
+         FROM end_input"
+    };
+}
+
+/// A group's starts and ends in one statement. Its CTEs write rows of different conversations
+/// (`group.rs` keeps a conversation's start out of a round that ends it) and all read the
+/// snapshot the statement began with.
+pub(super) const GROUP_SQL: &str = concat!(
+    "WITH ",
+    start_ctes!(),
+    ", ",
+    end_ctes!(),
+    " ",
+    "(",
+    start_rows!(),
+    ") UNION ALL (",
+    end_rows!(),
+    ")"
 );
 
 /// The `$3` messages before sequence number `$2`, oldest first.
 const WINDOW_BEFORE_SQL: &str = "SELECT body FROM colloquy_messages \
      WHERE conv_key = $1 AND seq >= $2::BIGINT - $3::BIGINT AND seq < $2 ORDER BY seq";
 
-/// For each step of the group: stores the reply, the task's final record and releases the
-/// conversation, if the lease still holds it at the expected sequence number and the task has
-/// no push configs; else nothing (`ended` 0). `has_push` is read twice: by `held` from the
-/// snapshot (the usual refusal), and by the task's update from the row it locked, in case a
-/// config was added in between; then the statement fails (a cast error), so that what `held`
-/// wrote goes too.
-const END_SQL: &str = "WITH input AS (SELECT * FROM unnest($1::BYTEA[], $2::BIGINT[], \
-         $3::BYTEA[], $4::BIGINT[], $5::TIMESTAMPTZ[], $6::BIGINT[], $7::TEXT[], $8::BIGINT[], \
-         $9::TEXT[], $10::SMALLINT[], $11::BIGINT[], $12::TEXT[]) \
-         AS i(conv_key, token, task_id, next_seq, at, at_ms, agent_state, reply_seq, reply, \
-             state, status_ms, record)), \
- held AS (UPDATE colloquy_conversations AS c SET running_task = NULL, lease_expires = NULL, \
-         lease_holder = NULL, next_seq = input.next_seq, updated_at = input.at, \
-         updated_ms = input.at_ms, agent_state = COALESCE(input.agent_state, c.agent_state) \
-     FROM input \
-     WHERE c.conv_key = input.conv_key AND c.token = input.token \
-         AND c.running_task = input.task_id AND c.next_seq = input.reply_seq \
-         AND NOT EXISTS (SELECT 1 FROM colloquy_tasks \
-             WHERE conv_key = input.conv_key AND task_id = input.task_id AND has_push) \
-     RETURNING c.conv_key), \
- task AS (UPDATE colloquy_tasks AS t SET state = input.state, status_ms = input.status_ms, \
-         record = input.record \
-     FROM input \
-     WHERE t.conv_key = input.conv_key AND t.task_id = input.task_id AND NOT t.has_push \
-         AND input.conv_key IN (SELECT conv_key FROM held) \
-     RETURNING t.conv_key), \
- reply AS (INSERT INTO colloquy_messages (conv_key, seq, body) \
-     SELECT conv_key, reply_seq, reply FROM input \
-     WHERE reply IS NOT NULL AND conv_key IN (SELECT conv_key FROM held)) \
- SELECT input.conv_key, CAST(CASE WHEN (SELECT count(*) FROM held) = (SELECT count(*) FROM task) \
-     THEN (input.conv_key IN (SELECT conv_key FROM task))::INT::TEXT \
-     ELSE 'push config added' END AS BIGINT) AS ended \
- FROM input";
-
-/// The SQLSTATE of [`END_SQL`]'s refusal when a push config came between its reads.
+/// The SQLSTATE of [`GROUP_SQL`]'s refusal when a push config came between its reads.
 const PUSH_CONFIG_ADDED: &str = "22P02";
 
-/// A start the usual way ([`START_SQL`]'s columns).
+/// A start the usual way ([`GROUP_SQL`]'s first columns).
 pub(super) struct StartStep {
     take: TakeValues,
     message: String,
@@ -119,7 +164,6 @@ pub(super) struct StartStep {
 
 impl Step for StartStep {
     const NAME: &'static str = "start";
-    const SQL: &'static str = START_SQL;
 
     fn conversation(&self) -> &[u8] {
         &self.take.key
@@ -147,7 +191,7 @@ impl Step for StartStep {
     }
 }
 
-/// An end the usual way ([`END_SQL`]'s columns).
+/// An end the usual way ([`GROUP_SQL`]'s last columns).
 pub(super) struct EndStep {
     key: Vec<u8>,
     token: i64,
@@ -165,7 +209,6 @@ pub(super) struct EndStep {
 
 impl Step for EndStep {
     const NAME: &'static str = "end";
-    const SQL: &'static str = END_SQL;
 
     fn conversation(&self) -> &[u8] {
         &self.key
