@@ -94,8 +94,8 @@ const KEYED_PLANS: &str =
 /// On PostgreSQL 12 and later the group's statement is planned once per connection, not at each
 /// execution: left to choose, PostgreSQL plans it anew every time, because a plan for the
 /// group's own number of rows always looks cheaper than one for any number, and planning the
-/// statement costs about as much as running it. Other engines that speak its protocol plan
-/// their own way.
+/// statement costs about as much as running it. Both settings are PostgreSQL's planner's:
+/// other engines that speak its protocol plan their own way and get neither.
 const GENERIC_PLANS: &str = "SET plan_cache_mode = force_generic_plan";
 
 /// The pool of the groups' connections ([`GROUP_CONNECTIONS`]), each set up for the group's
@@ -118,9 +118,10 @@ pub(super) fn group_pool(manager: Manager) -> Result<Pool, deadpool_postgres::Bu
                     .map_err(HookError::Backend)?;
                 let version: String = row.try_get(0).map_err(HookError::Backend)?;
                 let number: String = row.try_get(1).map_err(HookError::Backend)?;
-                let generic = version.starts_with("PostgreSQL ")
-                    && number.parse::<u32>().is_ok_and(|n| n >= 120_000);
-                let settings = match generic {
+                if !version.starts_with("PostgreSQL ") {
+                    return Ok(());
+                }
+                let settings = match number.parse::<u32>().is_ok_and(|n| n >= 120_000) {
                     true => format!("{KEYED_PLANS}; {GENERIC_PLANS}"),
                     false => KEYED_PLANS.to_owned(),
                 };

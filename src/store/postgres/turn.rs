@@ -1,7 +1,8 @@
 //! A turn's start and end in one round trip each, on the usual path: one statement whose
 //! data-modifying CTEs write what the turn writes, committed on its own, with the starts and
-//! the ends waiting beside it (`group.rs`). The checks the general path (`ops.rs`) makes in Rust between its round trips
-//! are the statement's own conditions, so a refused step writes nothing. What the usual path
+//! the ends waiting beside it (`group.rs`). The checks the general path (`ops.rs`) makes in
+//! Rust between its round trips are the statement's own conditions, so a refused step writes
+//! nothing. What the usual path
 //! does not cover goes the general way: a continued task or a send that registers a push
 //! config (start), an expired lease to take over (start), a task with push configs (end: its
 //! notifications are built in Rust).
@@ -21,9 +22,9 @@ use crate::telemetry::kept;
 use tokio_postgres::Row;
 
 /// The starts' part of [`GROUP_SQL`] (parameters 1 to 16, [`StartStep`]'s columns). Takes each
-/// free conversation of the group (no holder at all: an expired lease goes the
-/// general way, which fails its task), stores the caller's message at the next sequence number
-/// and the new task with it, and returns the history window as it was before: one row per
+/// free conversation of the group (no holder at all: an expired lease goes the general way,
+/// which fails its task), stores the caller's message at the next sequence number and the new
+/// task with it, and returns the history window as it was before: one row per
 /// step, keyed by the conversation. The window comes from the statement's snapshot (the main
 /// query does not see what its CTEs write): `seen_seq` (the conversation's `next_seq` in it)
 /// tells whether a turn ended between that snapshot and the take, and the window is then read
