@@ -141,21 +141,9 @@ async fn an_end_and_starts_that_wait_together_commit_in_one_transaction() {
     let Some(url) = crate::common::pg::database("pg_turn::end_and_starts_together") else {
         return;
     };
-    let store = pg_store_grouping(&url, "a", 64);
-    let begun = store
-        .begin_turn(begin_request("alice", "ending", "question"))
-        .await
-        .expect("begins");
-    let (other, held) = hold_the_starts(&store, &url).await;
     let contexts: Vec<String> = (0..4).map(|n| format!("starting-{n}")).collect();
-    let waiting = start_each(&store, &contexts);
-    let end = store.finish_turn(finish_request(&begun, Some("answer"), TaskState::Completed));
-    let end = tokio::spawn(end);
-    release(other, held, waiting).await;
-    end.await.expect("no panic").expect("ends");
-    let all: Vec<String> = contexts.iter().cloned().chain(["ending".into()]).collect();
     // The ending conversation's first message was written by its own start, before.
-    assert_eq!(writers(&url, &all).await, 2);
+    assert_eq!(an_end_beside_starts(&url, 64, &contexts).await, 2);
     assert_eq!(writers(&url, &contexts).await, 1);
 }
 
@@ -166,21 +154,29 @@ async fn with_groups_of_one_an_end_and_a_start_commit_apart() {
     let Some(url) = crate::common::pg::database("pg_turn::groups_of_one_end_and_start") else {
         return;
     };
-    let store = pg_store_grouping(&url, "a", 1);
+    // The ending conversation's start, its end, and the other start: three transactions.
+    assert_eq!(
+        an_end_beside_starts(&url, 1, &["starting".to_owned()]).await,
+        3
+    );
+}
+
+/// A turn of "ending" begun, then its end and a start in each of `contexts` made while the
+/// store's groups are held: the transactions that wrote the messages of all of them.
+async fn an_end_beside_starts(url: &str, group_steps: usize, contexts: &[String]) -> usize {
+    let store = pg_store_grouping(url, "a", group_steps);
     let begun = store
         .begin_turn(begin_request("alice", "ending", "question"))
         .await
         .expect("begins");
-    let (other, held) = hold_the_starts(&store, &url).await;
-    let contexts = vec!["starting".to_owned()];
-    let waiting = start_each(&store, &contexts);
+    let (other, held) = hold_the_starts(&store, url).await;
+    let waiting = start_each(&store, contexts);
     let end = store.finish_turn(finish_request(&begun, Some("answer"), TaskState::Completed));
     let end = tokio::spawn(end);
     release(other, held, waiting).await;
     end.await.expect("no panic").expect("ends");
     let all: Vec<String> = contexts.iter().cloned().chain(["ending".into()]).collect();
-    // The ending conversation's start, its end, and the other start: three transactions.
-    assert_eq!(writers(&url, &all).await, 3);
+    writers(url, &all).await
 }
 
 /// A conversation's end and its next start that wait together: one statement writes a row
