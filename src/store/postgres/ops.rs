@@ -22,6 +22,10 @@ use tokio_postgres::types::ToSql;
 /// database's clock). Moves the token.
 macro_rules! take_sql {
     ($rows:literal, $free:literal) => {
+        take_sql!($rows, $free, "")
+    };
+    // `$more`: further `RETURNING` columns, a comma first.
+    ($rows:literal, $free:literal, $more:literal) => {
         concat!(
             "INSERT INTO colloquy_conversations (conv_key, principal_key, principal, \
                  context_id, created_at, updated_at, updated_ms, turns, next_seq, token, \
@@ -37,7 +41,8 @@ macro_rules! take_sql {
                  lease_holder = excluded.lease_holder \
              WHERE ",
             $free,
-            " RETURNING conv_key, turns, next_seq, token, agent_state"
+            " RETURNING conv_key, turns, next_seq, token, agent_state",
+            $more
         )
     };
 }

@@ -24,14 +24,12 @@ use tokio_postgres::Row;
 /// The starts' part of [`GROUP_SQL`] (parameters 1 to 16, [`StartStep`]'s columns). Takes each
 /// free conversation of the group (no holder at all: an expired lease goes the general way,
 /// which fails its task), stores the caller's message at the next sequence number and the new
-/// task with it, and returns the history window as it was before: one row per
-/// step, keyed by the conversation. The window comes from the statement's snapshot (the main
-/// query does not see what its CTEs write): `seen_seq` (the conversation's `next_seq` in it)
-/// tells whether a turn ended between that snapshot and the take, and the window is then read
-/// again. The snapshot's row is a `LATERAL` lookup by key, which PostgreSQL may flatten into a
-/// join: the group's connections keep that join an index lookup per row (`KEYED_PLANS` in
-/// `group.rs`). Rows are taken in key order, as every group does, so two groups wait rather
-/// than deadlock where they can.
+/// task with it. Rows are taken in key order, as every group does, so two groups wait rather
+/// than deadlock where they can. A taken row carries its step's place in the parameters' arrays
+/// (`n`: a group holds a conversation once), so the writes after the take read their values
+/// from the arrays by it rather than joining the take back to its input: a join of two CTEs is
+/// a nested loop over both (the planner has no index for either), its cost the square of the
+/// group's size (docs/performance.md, "Joins without a square").
 macro_rules! start_ctes {
     () => {
         concat!(
@@ -47,46 +45,72 @@ macro_rules! start_ctes {
                 "SELECT conv_key, principal_key, principal, context_id, at, at, at_ms, 1, 1, \
                      token, task_id, now() + lease_secs * INTERVAL '1 second', holder, NULL::TEXT \
                  FROM start_input ORDER BY conv_key",
-                "colloquy_conversations.running_task IS NULL"
+                "colloquy_conversations.running_task IS NULL",
+                ", array_position($1::BYTEA[], conv_key) AS n"
             ),
             "), \
              message AS (INSERT INTO colloquy_messages (conv_key, seq, body) \
-                 SELECT taken.conv_key, taken.next_seq - 1, start_input.message \
-                 FROM taken JOIN start_input ON start_input.conv_key = taken.conv_key), \
+                 SELECT conv_key, next_seq - 1, ($10::TEXT[])[n] FROM taken), \
              new_task AS (INSERT INTO colloquy_tasks (conv_key, task_id, principal_key, \
                      principal, state, status_ms, record, has_push) \
-                 SELECT taken.conv_key, start_input.task_id, start_input.principal_key, \
-                     start_input.principal, start_input.state, start_input.status_ms, \
-                     start_input.record_prefix || (taken.next_seq - 1)::TEXT \
-                         || start_input.record_suffix, FALSE \
-                 FROM taken JOIN start_input ON start_input.conv_key = taken.conv_key)"
+                 SELECT conv_key, ($7::BYTEA[])[n], ($2::BYTEA[])[n], ($3::BYTEA[])[n], \
+                     ($11::SMALLINT[])[n], ($12::BIGINT[])[n], \
+                     ($13::TEXT[])[n] || (next_seq - 1)::TEXT || ($14::TEXT[])[n], FALSE \
+                 FROM taken)"
         )
     };
 }
 
-/// The starts' rows of [`GROUP_SQL`].
+/// The snapshot's row of the conversation keyed by `$key` (a column of the row it joins).
+macro_rules! seen {
+    ($key:literal) => {
+        concat!(
+            " LEFT JOIN LATERAL (SELECT next_seq, token, running_task, lease_expires \
+                 FROM colloquy_conversations WHERE conv_key = ",
+            $key,
+            ") AS seen ON TRUE"
+        )
+    };
+}
+
+/// The starts' rows of [`GROUP_SQL`]: one per step, keyed by the conversation, the taken ones
+/// with the history window as it was before. The window comes from the statement's snapshot
+/// (the main query does not see what its CTEs write): `seen_seq` (the conversation's
+/// `next_seq` in it) tells whether a turn ended between that snapshot and the take, and the
+/// window is then read again. The snapshot's row is a `LATERAL` lookup by key, which
+/// PostgreSQL may flatten into a join: the group's connections keep that join an index lookup
+/// per row (`KEYED_PLANS` in `group.rs`). The refused steps are those not taken (a hashed
+/// lookup, not a join).
 macro_rules! start_rows {
     () => {
-        "SELECT start_input.conv_key, FALSE AS is_end, taken.turns, \
-         taken.next_seq, taken.token, taken.agent_state, seen.next_seq AS seen_seq, \
-         seen.token AS seen_token, seen.running_task, seen.lease_expires <= now() AS expired, \
-         ARRAY(SELECT body FROM colloquy_messages \
-             WHERE conv_key = start_input.conv_key \
-                 AND seq >= taken.next_seq - 1 - start_input.window_len ORDER BY seq) AS recent, \
-         NULL::BIGINT AS ended \
-     FROM start_input LEFT JOIN taken ON taken.conv_key = start_input.conv_key \
-         LEFT JOIN LATERAL (SELECT next_seq, token, running_task, lease_expires \
-             FROM colloquy_conversations WHERE conv_key = start_input.conv_key) AS seen ON TRUE"
+        concat!(
+            "(SELECT taken.conv_key, FALSE AS is_end, taken.turns, taken.next_seq, taken.token, \
+                 taken.agent_state, seen.next_seq AS seen_seq, seen.token AS seen_token, \
+                 seen.running_task, seen.lease_expires <= now() AS expired, \
+                 ARRAY(SELECT body FROM colloquy_messages WHERE conv_key = taken.conv_key \
+                     AND seq >= taken.next_seq - 1 - ($15::BIGINT[])[taken.n] ORDER BY seq) \
+                     AS recent, \
+                 NULL::BIGINT AS ended \
+             FROM taken",
+            seen!("taken.conv_key"),
+            ") UNION ALL (SELECT start_input.conv_key, FALSE, NULL, NULL, NULL, NULL, \
+                 seen.next_seq, seen.token, seen.running_task, seen.lease_expires <= now(), \
+                 NULL, NULL \
+             FROM start_input",
+            seen!("start_input.conv_key"),
+            " WHERE start_input.conv_key NOT IN (SELECT conv_key FROM taken))"
+        )
     };
 }
 
 /// The ends' part of [`GROUP_SQL`] (parameters 17 to 28, [`EndStep`]'s columns). For each
 /// step of the group: stores the reply, the task's final record and releases the
 /// conversation, if the lease still holds it at the expected sequence number and the task has
-/// no push configs; else nothing (`ended` 0). `has_push` is read twice: by `held` from the
-/// snapshot (the usual refusal), and by the task's update from the row it locked, in case a
-/// config was added in between; then the statement fails (a cast error), so that what `held`
-/// wrote goes too.
+/// no push configs; else nothing (`ended` 0). The release returns its step's values, so the
+/// task's update and the reply read them from its rows (no join of two CTEs: see
+/// [`start_ctes`]). `has_push` is read twice: by `held` from the snapshot (the usual refusal),
+/// and by the task's update from the row it locked, in case a config was added in between;
+/// then the statement fails (a cast error), so that what `held` wrote goes too.
 macro_rules! end_ctes {
     () => {
         "end_input AS (SELECT * FROM unnest($17::BYTEA[], $18::BIGINT[], $19::BYTEA[], \
@@ -104,16 +128,15 @@ macro_rules! end_ctes {
                  AND NOT EXISTS (SELECT 1 FROM colloquy_tasks \
                      WHERE conv_key = end_input.conv_key AND task_id = end_input.task_id \
                          AND has_push) \
-             RETURNING c.conv_key), \
-         ended_task AS (UPDATE colloquy_tasks AS t SET state = end_input.state, \
-                 status_ms = end_input.status_ms, record = end_input.record \
-             FROM end_input \
-             WHERE t.conv_key = end_input.conv_key AND t.task_id = end_input.task_id \
-                 AND NOT t.has_push AND end_input.conv_key IN (SELECT conv_key FROM held) \
+             RETURNING c.conv_key, end_input.task_id, end_input.reply_seq, end_input.reply, \
+                 end_input.state, end_input.status_ms, end_input.record), \
+         ended_task AS (UPDATE colloquy_tasks AS t SET state = held.state, \
+                 status_ms = held.status_ms, record = held.record \
+             FROM held \
+             WHERE t.task_id = held.task_id AND t.conv_key = held.conv_key AND NOT t.has_push \
              RETURNING t.conv_key), \
          reply AS (INSERT INTO colloquy_messages (conv_key, seq, body) \
-             SELECT conv_key, reply_seq, reply FROM end_input \
-             WHERE reply IS NOT NULL AND conv_key IN (SELECT conv_key FROM held))"
+             SELECT conv_key, reply_seq, reply FROM held WHERE reply IS NOT NULL)"
     };
 }
 
