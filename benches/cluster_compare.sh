@@ -10,8 +10,8 @@
 #   PARTITIONS=8 benches/cluster_compare.sh        # tables hash-partitioned by conversation key
 #   PREFILL=200000 ROUNDS=6 benches/cluster_compare.sh  # a database in service: that many turns
 #                                                  # stored first, then vacuumed and checkpointed
-#   TRIAL_SQL="DROP INDEX ..." benches/cluster_compare.sh  # SQL run once the nodes made the schema
-#                                                  # (a schema change tried before it is coded)
+#   EXTRA_SQL="DROP INDEX ..." benches/cluster_compare.sh  # a schema change to try, once the
+#                                                  # nodes migrated (as benches/pg_wal.sh)
 #
 # Builds release (unless COLLOQUY names a binary); starts its own throwaway PostgreSQL (Debian's
 # initdb/pg_ctl, as nobody when run as root; durable defaults: fsync and synchronous_commit on;
@@ -85,7 +85,7 @@ for port in "$SLED_PORT" "$PG_A_PORT" "$PG_B_PORT"; do
   curl -sf -o /dev/null "http://127.0.0.1:$port/readyz" || { echo "node on $port not ready" >&2; exit 1; }
 done
 
-[ -z "${TRIAL_SQL:-}" ] || psql -c "$TRIAL_SQL" >/dev/null
+[ -z "${EXTRA_SQL:-}" ] || psql -c "$EXTRA_SQL" >/dev/null
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 # Every PostgreSQL process as "kind ticks": the postmaster and its children, by process title.
