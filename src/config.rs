@@ -424,7 +424,7 @@ pub struct StoreConfig {
     /// sled's log written between two recovery snapshots (at least eight times the last
     /// snapshot's size): a restart replays at most about this much.
     pub snapshot_log_bytes: u64,
-    /// 0: sled's pages are stored uncompressed; 1-22: with zstd at that level (default 3).
+    /// 0: sled's pages are stored uncompressed; 1-22: with zstd at that level (default 1).
     /// Applies to data folders created with it (sled refuses to change it later).
     pub compression_level: u8,
     /// Entries a leaf of sled's tree holds before it splits (at least 8). Larger: fewer pages,

@@ -35,7 +35,7 @@ pub struct ServeArgs {
     /// Characters of each earlier message shown [default: 4000].
     #[arg(long)]
     history_max_chars: Option<usize>,
-    /// Seconds before an idle conversation's actor stops [default: 300].
+    /// Seconds before an idle conversation's actor stops [default: 30].
     #[arg(long)]
     idle_timeout_secs: Option<u64>,
     /// Echo backend: characters per streamed chunk (0 = one chunk).

@@ -29,17 +29,17 @@ use tokio_postgres::Row;
 /// (`n`: a group holds a conversation once), so the writes after the take read their values
 /// from the arrays by it rather than joining the take back to its input: a join of two CTEs is
 /// a nested loop over both (the planner has no index for either), its cost the square of the
-/// group's size (docs/performance.md, "Joins without a square").
+/// group's size (docs/performance.md, "Joins without a square"). So `start_input` unnests only
+/// the arrays the take and the refused rows read; a CTE copies each row it yields, and the
+/// message and the record were copied there for nothing.
 macro_rules! start_ctes {
     () => {
         concat!(
             "start_input AS (SELECT * FROM unnest($1::BYTEA[], $2::BYTEA[], $3::BYTEA[], \
                  $4::BYTEA[], $5::TIMESTAMPTZ[], $6::BIGINT[], $7::BYTEA[], $8::FLOAT8[], \
-                 $9::TEXT[], $10::TEXT[], $11::SMALLINT[], $12::BIGINT[], $13::TEXT[], \
-                 $14::TEXT[], $15::BIGINT[], $16::BIGINT[]) \
+                 $9::TEXT[], $16::BIGINT[]) \
                  AS i(conv_key, principal_key, principal, context_id, at, at_ms, task_id, \
-                     lease_secs, holder, message, state, status_ms, record_prefix, \
-                     record_suffix, window_len, token)), \
+                     lease_secs, holder, token)), \
              taken AS (",
             take_sql!(
                 "SELECT conv_key, principal_key, principal, context_id, at, at, at_ms, 1, 1, \
