@@ -261,8 +261,9 @@ pub(crate) fn u32_to_arr(number: u32) -> [u8; 4] {
 
 #[cfg(feature = "compression")]
 thread_local! {
-    static DECOMPRESSOR: std::cell::RefCell<zstd::block::Decompressor> =
-        std::cell::RefCell::new(zstd::block::Decompressor::new());
+    /// colloquy: None when zstd could not make the context (then frames are read the old way).
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        std::cell::RefCell::new(zstd::bulk::Decompressor::new().ok());
 }
 
 #[allow(clippy::needless_pass_by_value)]
@@ -278,12 +279,17 @@ pub(crate) fn maybe_decompress(in_buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
         // colloquy: a reused per-thread context when the frame says its size (frames written
         // by `Compressor` do), instead of a stream decoder set up for every page read.
         let frame: &[u8] = scootable_in_buf;
-        let size = zstd::zstd_safe::get_frame_content_size(frame);
-        if size < 1 << 32 {
-            if let Ok(out_buf) = DECOMPRESSOR.with(|decompressor| {
-                decompressor.borrow_mut().decompress(frame, size as usize)
-            }) {
-                return Ok(out_buf);
+        if let Ok(Some(size)) = zstd::zstd_safe::get_frame_content_size(frame) {
+            if size < 1 << 32 {
+                let read = DECOMPRESSOR.with(|decompressor| {
+                    decompressor
+                        .borrow_mut()
+                        .as_mut()
+                        .map(|d| d.decompress(frame, size as usize))
+                });
+                if let Some(Ok(out_buf)) = read {
+                    return Ok(out_buf);
+                }
             }
         }
         let out_buf = decode_all(frame).expect(
