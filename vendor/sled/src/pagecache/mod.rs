@@ -261,7 +261,8 @@ pub(crate) fn u32_to_arr(number: u32) -> [u8; 4] {
 
 #[cfg(feature = "compression")]
 thread_local! {
-    /// colloquy: None when zstd could not make the context (then frames are read the old way).
+    /// colloquy change 16: None if zstd refused to set the context up (its empty dictionary);
+    /// frames are then read by the stream decoder, as those without a size are.
     static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
         std::cell::RefCell::new(zstd::bulk::Decompressor::new().ok());
 }

@@ -1,4 +1,5 @@
 #[cfg(feature = "zstd")]
+// colloquy change 16: zstd 0.13 calls it `bulk` (0.9: `block`).
 use zstd::bulk::{compress, decompress};
 
 use crate::*;
