@@ -174,6 +174,10 @@ impl Tree {
     /// leaf is written as that leaf's new state: one page write, where each
     /// would have linked a change to the page, and every tenth link rewritten
     /// the whole page. A crash keeps a prefix of the runs.
+    ///
+    /// colloquy change 17: the parents of the leaves these writes split learn
+    /// of them in batches (`ParentSplits`), each parent rewritten once a batch
+    /// rather than once a split.
     #[doc(hidden)]
     pub fn apply_sorted<I>(&self, ops: I) -> Result<()>
     where
@@ -183,22 +187,96 @@ impl Tree {
             ops.into_iter().collect();
         let mut guard = pin();
         let _cc = concurrency_control::read();
+        let mut splits = ParentSplits::default();
         while !pending.is_empty() {
-            match self.write_leaf_run(&pending, &mut guard)? {
+            match self.write_leaf_run(&pending, &mut splits, &mut guard)? {
                 LeafRun::Written(written) => {
                     drop(pending.drain(..written));
                 }
                 LeafRun::OneByOne(count) => {
                     for (key, value) in pending.drain(..count) {
                         while self
-                            .insert_inner(&key, value.clone(), &mut guard)?
+                            .insert_inner_with(
+                                &key,
+                                value.clone(),
+                                &mut guard,
+                                Some(&mut splits),
+                            )?
                             .is_err()
                         {}
                     }
                 }
             }
+            if splits.pending.len() >= PARENT_SPLITS_BATCH {
+                self.complete_parent_splits(&mut splits, &guard)?;
+            }
+        }
+        self.complete_parent_splits(&mut splits, &guard)
+    }
+
+    /// colloquy change 17: tells each parent in `splits` of its new children
+    /// with one page write, skipping any that a look-up completed meanwhile,
+    /// that the parent no longer covers, or that is no longer the live node
+    /// it was; what is skipped stays reachable from its left sibling, and the
+    /// next look-up that passes it completes it as sled always did.
+    fn complete_parent_splits(
+        &self,
+        splits: &mut ParentSplits,
+        guard: &Guard,
+    ) -> Result<()> {
+        let mut pending = std::mem::take(&mut splits.pending);
+        pending.sort_by_key(|split| split.parent);
+        for group in pending.chunk_by(|a, b| a.parent == b.parent) {
+            let parent_pid = group[0].parent;
+            let parent = match self.view_for_pid(parent_pid, guard)? {
+                Some(view) => view,
+                None => continue,
+            };
+            if !parent.data.is_index()
+                || parent.merging
+                || parent.merging_child.is_some()
+            {
+                continue;
+            }
+            let mut node: Node = parent.deref().clone();
+            let mut told = 0;
+            for split in group {
+                if split.lo.as_ref() > parent.lo.as_ref()
+                    && parent.holds_key(&split.lo)
+                    && self.is_live_child(split, guard)?
+                    && node.parent_split(&split.lo, split.child)
+                {
+                    M.tree_parent_split_attempt();
+                    told += 1;
+                }
+            }
+            if told > 0
+                && self
+                    .context
+                    .pagecache
+                    .replace(parent_pid, parent.node_view.0, node, guard)?
+                    .is_ok()
+            {
+                M.tree_parent_split_success();
+                #[cfg(test)]
+                if told > 1 {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    PARENTS_TOLD_OF_SEVERAL.fetch_add(1, Relaxed);
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Whether the page `split.child` is still the node a look-up found: a
+    /// page freed by a merge (possible once a look-up outside the batch
+    /// told its parent of it) must not be pointed to again.
+    fn is_live_child(&self, split: &ParentSplit, guard: &Guard) -> Result<bool> {
+        Ok(self.view_for_pid(split.child, guard)?.map_or(false, |child| {
+            child.lo == split.lo
+                && child.data.is_index() == split.child_is_index
+                && !child.merging
+        }))
     }
 
     /// Writes the leading ops of `pending` that go to the first one's leaf as
@@ -207,13 +285,15 @@ impl Tree {
     fn write_leaf_run(
         &self,
         pending: &std::collections::VecDeque<(IVec, Option<IVec>)>,
+        splits: &mut ParentSplits,
         guard: &mut Guard,
     ) -> Result<LeafRun> {
         let first = match pending.front() {
             Some((key, _)) => key,
             None => return Ok(LeafRun::Written(0)),
         };
-        let View { node_view, pid, .. } = self.view_for_key(first, guard)?;
+        let View { node_view, pid, .. } =
+            self.view_for_key_with(first, guard, Some(splits))?;
         let run =
             pending.iter().take_while(|(key, _)| node_view.holds_key(key)).count();
         if run < LEAF_RUN
@@ -275,8 +355,20 @@ impl Tree {
     pub(crate) fn insert_inner(
         &self,
         key: &[u8],
+        value: Option<IVec>,
+        guard: &mut Guard,
+    ) -> Result<Conflictable<Option<IVec>>> {
+        self.insert_inner_with(key, value, guard, None)
+    }
+
+    /// `insert_inner`, its look-up leaving parents' updates to `splits` when
+    /// given (colloquy change 17).
+    fn insert_inner_with(
+        &self,
+        key: &[u8],
         mut value: Option<IVec>,
         guard: &mut Guard,
+        splits: Option<&mut ParentSplits>,
     ) -> Result<Conflictable<Option<IVec>>> {
         let _measure = if value.is_some() {
             Measure::new(&M.tree_set)
@@ -285,7 +377,7 @@ impl Tree {
         };
 
         let View { node_view, pid, .. } =
-            self.view_for_key(key.as_ref(), guard)?;
+            self.view_for_key_with(key.as_ref(), guard, splits)?;
 
         let mut subscriber_reservation = self.subscribers.reserve(&key);
 
@@ -1579,6 +1671,7 @@ impl Tree {
         root_pid: PageId,
         key: &[u8],
         guard: &'g Guard,
+        splits: Option<&mut ParentSplits>,
     ) -> Result<()> {
         trace!("splitting node {}", view.pid);
         let (rhs_lo, rhs_pid) = match self.install_split(
@@ -1595,7 +1688,15 @@ impl Tree {
         };
 
         // either install parent split or hoist root
-        if let Some(parent_view) = parent_view {
+        if let (Some(parent_view), Some(splits)) = (parent_view, splits) {
+            // colloquy change 17: the parent learns of it with its batch.
+            splits.pending.push(ParentSplit {
+                parent: parent_view.pid,
+                lo: rhs_lo,
+                child: rhs_pid,
+                child_is_index: view.data.is_index(),
+            });
+        } else if let Some(parent_view) = parent_view {
             M.tree_parent_split_attempt();
             let mut parent: Node = parent_view.deref().clone();
             let split_applied = parent.parent_split(&rhs_lo, rhs_pid);
@@ -1746,11 +1847,26 @@ impl Tree {
     // high because attempts to split it up have made
     // the inherent complexity of the operation more
     // challenging to understand.
-    #[allow(clippy::cognitive_complexity)]
     pub(crate) fn view_for_key<'g, K>(
         &self,
         key: K,
         guard: &'g Guard,
+    ) -> Result<View<'g>>
+    where
+        K: AsRef<[u8]>,
+    {
+        self.view_for_key_with(key, guard, None)
+    }
+
+    /// `view_for_key`; given `splits` (colloquy change 17), a split it finds
+    /// or makes is recorded there for its parent instead of written to it,
+    /// and a node its parent does not know yet is not merged.
+    #[allow(clippy::cognitive_complexity)]
+    fn view_for_key_with<'g, K>(
+        &self,
+        key: K,
+        guard: &'g Guard,
+        mut splits: Option<&mut ParentSplits>,
     ) -> Result<View<'g>>
     where
         K: AsRef<[u8]>,
@@ -1819,9 +1935,18 @@ impl Tree {
             }
 
             if view.should_split(self.context.leaf_fanout) {
-                self.split_node(&view, &parent_view, root_pid, key.as_ref(), guard)?;
+                self.split_node(
+                    &view,
+                    &parent_view,
+                    root_pid,
+                    key.as_ref(),
+                    guard,
+                    splits.as_deref_mut(),
+                )?;
                 retry!();
             }
+
+            let mut parent_knows_view = true;
 
             if undershot {
                 // half-complete split detect & completion
@@ -1846,6 +1971,12 @@ impl Tree {
                     }
                 }
                 continue;
+            } else if let (Some(unsplit), Some(splits)) =
+                (unsplit_parent.as_ref(), splits.as_deref_mut())
+            {
+                splits.record(unsplit.pid, &view);
+                unsplit_parent = None;
+                parent_knows_view = false;
             } else if let Some(unsplit_parent) = unsplit_parent.take() {
                 // we have found the proper page for
                 // our cooperative parent split
@@ -1880,7 +2011,8 @@ impl Tree {
             // would be merged into a different index, which
             // would add considerable complexity to this already
             // fairly complex implementation.
-            if view.should_merge() && !took_leftmost_branch {
+            if view.should_merge() && !took_leftmost_branch && parent_knows_view
+            {
                 if let Some(ref mut parent) = parent_view {
                     assert!(parent.merging_child.is_none());
                     if parent.can_merge_child() {
@@ -2439,6 +2571,44 @@ const LEAF_RUN: usize = if cfg!(any(test, feature = "lock_free_delays")) {
     4
 };
 
+/// colloquy change 17: how many splits `Tree::apply_sorted` lets wait for
+/// their parents. Each look-up past a waiting split walks its left sibling's
+/// chain, so the wait is bounded; at 64 a parent of 256 children is rewritten
+/// about once per 64 splits under it instead of once per split. Chosen, not
+/// tuned.
+const PARENT_SPLITS_BATCH: usize = 64;
+
+/// A split whose parent has not been told of it yet: `child`, the right side,
+/// holds the keys from `lo`.
+struct ParentSplit {
+    parent: PageId,
+    lo: IVec,
+    child: PageId,
+    child_is_index: bool,
+}
+
+/// The splits `Tree::apply_sorted` has made or found, waiting for their
+/// parents (colloquy change 17).
+#[derive(Default)]
+struct ParentSplits {
+    pending: Vec<ParentSplit>,
+}
+
+impl ParentSplits {
+    /// Records that `parent` does not know `child`, reached from its left
+    /// sibling, unless already recorded (look-ups past it find it again).
+    fn record(&mut self, parent: PageId, child: &View<'_>) {
+        if self.pending.iter().all(|split| split.child != child.pid) {
+            self.pending.push(ParentSplit {
+                parent,
+                lo: child.lo.clone(),
+                child: child.pid,
+                child_is_index: child.data.is_index(),
+            });
+        }
+    }
+}
+
 /// What `Tree::write_leaf_run` did with the leading ops it was given.
 enum LeafRun {
     /// Written as their leaf's new state.
@@ -2456,9 +2626,14 @@ static LEAF_RUNS_WRITTEN: std::sync::atomic::AtomicUsize =
 static LEAF_RUNS_SPLIT: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
+/// Parents told of several splits with one write (change 17).
+#[cfg(test)]
+static PARENTS_TOLD_OF_SEVERAL: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 #[cfg(test)]
 mod colloquy_leaf_runs {
-    use super::{LEAF_RUNS_SPLIT, LEAF_RUNS_WRITTEN};
+    use super::{LEAF_RUNS_SPLIT, LEAF_RUNS_WRITTEN, PARENTS_TOLD_OF_SEVERAL};
     use crate::IVec;
     use std::collections::BTreeMap;
     use std::sync::atomic::Ordering::Relaxed;
@@ -2486,7 +2661,8 @@ mod colloquy_leaf_runs {
 
     /// Sorted batches of sets and removes, scattered over old keys and
     /// appended past the newest as colloquy's checkpoints write them, read
-    /// back as a map given the same ops has them, before and after reopening.
+    /// back as a map given the same ops has them, before and after reopening;
+    /// runs split their leaves, and parents learn of several splits at once.
     #[test]
     fn sorted_batches_match_a_map() {
         let path = std::env::temp_dir()
@@ -2497,6 +2673,7 @@ mod colloquy_leaf_runs {
         let mut state = 0x9E37_79B9_7F4A_7C15_u64;
         let before = LEAF_RUNS_WRITTEN.load(Relaxed);
         let splits_before = LEAF_RUNS_SPLIT.load(Relaxed);
+        let batched_before = PARENTS_TOLD_OF_SEVERAL.load(Relaxed);
         {
             let db = config.open().unwrap();
             let mut newest = 0_u32;
@@ -2536,6 +2713,10 @@ mod colloquy_leaf_runs {
             assert!(
                 LEAF_RUNS_SPLIT.load(Relaxed) > splits_before,
                 "no run split the leaf it filled"
+            );
+            assert!(
+                PARENTS_TOLD_OF_SEVERAL.load(Relaxed) > batched_before,
+                "no parent was told of several splits at once"
             );
             db.flush().unwrap();
         }
@@ -2577,5 +2758,97 @@ mod colloquy_leaf_runs {
             model.insert(key(n), key(n));
         }
         assert_matches(&db, &model);
+    }
+
+    /// A waiting split whose page is no longer the node it was is not told
+    /// to its parent (change 17): here a leaf recorded under a low key it
+    /// does not hold, which would send that key's look-ups to the wrong leaf.
+    #[test]
+    fn a_split_no_longer_live_is_not_told() {
+        let db = crate::Config::new().temporary(true).open().unwrap();
+        let key = |n: u32| n.to_be_bytes().to_vec();
+        let mut model = BTreeMap::new();
+        for n in 0..64_u32 {
+            db.insert(key(n), key(n)).unwrap();
+            model.insert(key(n), key(n));
+        }
+        let guard = crate::pin();
+        let root = db.root.load(Relaxed);
+        let leaf = db.view_for_key(key(40), &guard).unwrap();
+        let mut splits = super::ParentSplits::default();
+        splits.pending.push(super::ParentSplit {
+            parent: root,
+            lo: IVec::from(&[0, 0, 0, 20, 1]),
+            child: leaf.pid,
+            child_is_index: false,
+        });
+        db.complete_parent_splits(&mut splits, &guard).unwrap();
+        drop(guard);
+        assert_matches(&db, &model);
+        for n in 0..64_u32 {
+            assert_eq!(db.get(key(n)).unwrap(), Some(IVec::from(key(n))));
+        }
+    }
+
+    /// Batches whose splits wait for their parents (change 17) while another
+    /// thread inserts and removes keys between theirs: its look-ups tell
+    /// parents of waiting splits first and merge the leaves it empties, so a
+    /// waiting split may be told twice or be of a page merged away. The tree
+    /// reads as the batches wrote it, before and after reopening.
+    #[test]
+    fn waiting_splits_survive_concurrent_merges() {
+        let path = std::env::temp_dir().join(format!(
+            "sled-colloquy-waiting-splits-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        let config = crate::Config::new().path(&path).flush_every_ms(None);
+        let key = |n: u32| n.to_be_bytes().to_vec();
+        let mut model = BTreeMap::new();
+        {
+            let db = config.open().unwrap();
+            let other = {
+                let db = db.clone();
+                std::thread::spawn(move || {
+                    for round in 0..4_u32 {
+                        for n in (1..8_000_u32).step_by(2) {
+                            db.insert(key(n), key(round)).unwrap();
+                        }
+                        for n in (1..8_000_u32).step_by(2) {
+                            db.remove(key(n)).unwrap();
+                        }
+                    }
+                })
+            };
+            let mut state = 0x2545_F491_4F6C_DD1D_u64;
+            for _ in 0..400_u32 {
+                let mut ops = BTreeMap::new();
+                for _ in 0..next(&mut state) % 40 {
+                    let n = 2 * (next(&mut state) % 4_000) as u32;
+                    let value = match next(&mut state) % 3 {
+                        0 => None,
+                        _ => Some(key(n ^ 0x5555)),
+                    };
+                    ops.insert(key(n), value);
+                }
+                for (k, value) in &ops {
+                    match value {
+                        Some(value) => model.insert(k.clone(), value.clone()),
+                        None => model.remove(k),
+                    };
+                }
+                db.apply_sorted(ops.into_iter().map(|(k, value)| {
+                    (IVec::from(k), value.map(IVec::from))
+                }))
+                .unwrap();
+            }
+            other.join().unwrap();
+            assert_matches(&db, &model);
+            db.flush().unwrap();
+        }
+        let db = config.open().unwrap();
+        assert_matches(&db, &model);
+        drop(db);
+        let _ = std::fs::remove_dir_all(&path);
     }
 }
