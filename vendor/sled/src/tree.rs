@@ -280,8 +280,9 @@ impl Tree {
     }
 
     /// Writes the leading ops of `pending` that go to the first one's leaf as
-    /// that leaf's new state, as many as it takes before it is full, when
-    /// they are at least `LEAF_RUN`; else says how many to apply one by one.
+    /// that leaf's new state, as many as it takes before it is full (or a
+    /// watched key), when they are at least `LEAF_RUN`; else says how many to
+    /// apply one by one.
     fn write_leaf_run(
         &self,
         pending: &std::collections::VecDeque<(IVec, Option<IVec>)>,
@@ -294,22 +295,29 @@ impl Tree {
         };
         let View { node_view, pid, .. } =
             self.view_for_key_with(first, guard, Some(splits))?;
-        let run =
-            pending.iter().take_while(|(key, _)| node_view.holds_key(key)).count();
-        if run < LEAF_RUN
-            || node_view.merging
-            || node_view.merging_child.is_some()
-            || pending
-                .iter()
-                .take(run)
-                .any(|(key, _)| self.subscribers.reserve(key).is_some())
-        {
-            return Ok(LeafRun::OneByOne(run.max(1)));
+        // The run is counted only as far as it is written: the leaf at the
+        // end of a key range holds every later key of a checkpoint's slice,
+        // and counting the whole run at each leaf it fills cost the square
+        // of the slice.
+        let in_leaf = |key: &IVec| node_view.holds_key(key);
+        let short =
+            pending.iter().take(LEAF_RUN).take_while(|(key, _)| in_leaf(key)).count();
+        if short < LEAF_RUN {
+            return Ok(LeafRun::OneByOne(short.max(1)));
+        }
+        if node_view.merging || node_view.merging_child.is_some() {
+            let run = pending.iter().take_while(|(key, _)| in_leaf(key)).count();
+            return Ok(LeafRun::OneByOne(run));
         }
         let mut node: Node = node_view.deref().clone();
         let mut applied = 0;
         let mut full = false;
-        for (key, value) in pending.iter().take(run) {
+        for (key, value) in pending.iter() {
+            // A watched key goes on its own, as `insert` would tell its
+            // subscribers.
+            if !in_leaf(key) || self.subscribers.reserve(key).is_some() {
+                break;
+            }
             let (encoded_key, last_value) = node.node_kv_pair(key);
             match value {
                 Some(_) if last_value.is_none()

@@ -54,8 +54,12 @@ pub const DEFAULT_CHECKPOINT_MIN_BYTES: usize = 8 << 20;
 pub const DEFAULT_CHECKPOINT_MAX_WAIT: Duration = Duration::from_secs(60);
 /// The memtable size that makes writers wait for a checkpoint, unless configured.
 pub const DEFAULT_MEMTABLE_BYTES: usize = 256 << 20;
-/// Writes handed to the inner backend at a time when checkpointing.
-const INNER_BATCH_OPS: usize = 128;
+/// Writes handed to the inner backend at a time when checkpointing: a slice's copy, a few MB
+/// at most. sled tells the parents of the leaves a slice splits once per 64 splits and at the
+/// slice's end (vendor/sled/COLLOQUY.md, change 17), and rewrites each parent whole, so slices of
+/// 128 writes rewrote most parents once a slice; at 4,096 the checkpoint counted 42k
+/// instructions a turn against 50k (docs/performance.md).
+const INNER_BATCH_OPS: usize = 4096;
 /// A memtable past this share of [`WalLimits::memtable_bytes`] starts a checkpoint early.
 const EARLY_CHECKPOINT_DIVISOR: usize = 4;
 
