@@ -260,8 +260,7 @@ impl Tree {
                 M.tree_parent_split_success();
                 #[cfg(test)]
                 if told > 1 {
-                    use std::sync::atomic::Ordering::Relaxed;
-                    PARENTS_TOLD_OF_SEVERAL.fetch_add(1, Relaxed);
+                    count(&PARENTS_TOLD_OF_SEVERAL);
                 }
             }
         }
@@ -351,10 +350,9 @@ impl Tree {
         guard.writeset.push(pid);
         #[cfg(test)]
         {
-            use std::sync::atomic::Ordering::Relaxed;
-            LEAF_RUNS_WRITTEN.fetch_add(1, Relaxed);
+            count(&LEAF_RUNS_WRITTEN);
             if full {
-                LEAF_RUNS_SPLIT.fetch_add(1, Relaxed);
+                count(&LEAF_RUNS_SPLIT);
             }
         }
         Ok(LeafRun::Written(applied))
@@ -2583,8 +2581,10 @@ const LEAF_RUN: usize = if cfg!(any(test, feature = "lock_free_delays")) {
 /// their parents. Each look-up past a waiting split walks its left sibling's
 /// chain, so the wait is bounded; at 64 a parent of 256 children is rewritten
 /// about once per 64 splits under it instead of once per split. Chosen, not
-/// tuned.
-const PARENT_SPLITS_BATCH: usize = 64;
+/// tuned. (The tests' batches are small: 4 there, so that batches are told
+/// mid-way too.)
+const PARENT_SPLITS_BATCH: usize =
+    if cfg!(any(test, feature = "lock_free_delays")) { 4 } else { 64 };
 
 /// A split whose parent has not been told of it yet: `child`, the right side,
 /// holds the keys from `lo`.
@@ -2596,7 +2596,11 @@ struct ParentSplit {
 }
 
 /// The splits `Tree::apply_sorted` has made or found, waiting for their
-/// parents (colloquy change 17).
+/// parents (colloquy change 17). Their page ids stay theirs while they wait:
+/// `apply_sorted` holds one guard pinned from the first record to the last
+/// flush, and sled frees a page's id for reuse only once every guard pinned
+/// before the free is dropped. (Re-pinning mid-batch would need the child's
+/// height recorded too: `child_is_index` tells a leaf from an index only.)
 #[derive(Default)]
 struct ParentSplits {
     pending: Vec<ParentSplit>,
@@ -2626,23 +2630,30 @@ enum LeafRun {
 }
 
 #[cfg(test)]
-static LEAF_RUNS_WRITTEN: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
+thread_local! {
+    /// Runs written as their leaf (change 13), runs that split the leaf they
+    /// filled (change 14) and parents told of several splits with one write
+    /// (change 17), counted by the thread that wrote them: the tests that
+    /// read them run beside others that write runs.
+    static LEAF_RUNS_WRITTEN: std::cell::Cell<usize> = std::cell::Cell::new(0);
+    static LEAF_RUNS_SPLIT: std::cell::Cell<usize> = std::cell::Cell::new(0);
+    static PARENTS_TOLD_OF_SEVERAL: std::cell::Cell<usize> =
+        std::cell::Cell::new(0);
+}
 
-/// Runs that filled their leaf and split it (change 14).
+/// Adds one to a test counter of this thread's.
 #[cfg(test)]
-static LEAF_RUNS_SPLIT: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
-
-/// Parents told of several splits with one write (change 17).
-#[cfg(test)]
-static PARENTS_TOLD_OF_SEVERAL: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
+fn count(
+    counter: &'static std::thread::LocalKey<std::cell::Cell<usize>>,
+) {
+    counter.with(|n| n.set(n.get() + 1));
+}
 
 #[cfg(test)]
 mod colloquy_leaf_runs {
     use super::{LEAF_RUNS_SPLIT, LEAF_RUNS_WRITTEN, PARENTS_TOLD_OF_SEVERAL};
     use crate::IVec;
+    use std::cell::Cell;
     use std::collections::BTreeMap;
     use std::sync::atomic::Ordering::Relaxed;
 
@@ -2679,9 +2690,9 @@ mod colloquy_leaf_runs {
         let config = crate::Config::new().path(&path).flush_every_ms(None);
         let mut model = BTreeMap::new();
         let mut state = 0x9E37_79B9_7F4A_7C15_u64;
-        let before = LEAF_RUNS_WRITTEN.load(Relaxed);
-        let splits_before = LEAF_RUNS_SPLIT.load(Relaxed);
-        let batched_before = PARENTS_TOLD_OF_SEVERAL.load(Relaxed);
+        let before = LEAF_RUNS_WRITTEN.with(Cell::get);
+        let splits_before = LEAF_RUNS_SPLIT.with(Cell::get);
+        let batched_before = PARENTS_TOLD_OF_SEVERAL.with(Cell::get);
         {
             let db = config.open().unwrap();
             let mut newest = 0_u32;
@@ -2715,15 +2726,15 @@ mod colloquy_leaf_runs {
                 }
             }
             assert!(
-                LEAF_RUNS_WRITTEN.load(Relaxed) > before,
+                LEAF_RUNS_WRITTEN.with(Cell::get) > before,
                 "no run was written as its leaf"
             );
             assert!(
-                LEAF_RUNS_SPLIT.load(Relaxed) > splits_before,
+                LEAF_RUNS_SPLIT.with(Cell::get) > splits_before,
                 "no run split the leaf it filled"
             );
             assert!(
-                PARENTS_TOLD_OF_SEVERAL.load(Relaxed) > batched_before,
+                PARENTS_TOLD_OF_SEVERAL.with(Cell::get) > batched_before,
                 "no parent was told of several splits at once"
             );
             db.flush().unwrap();
@@ -2782,6 +2793,11 @@ mod colloquy_leaf_runs {
         }
         let guard = crate::pin();
         let root = db.root.load(Relaxed);
+        let children = |db: &crate::Db, guard: &crate::Guard| {
+            let root = db.view_for_pid(root, guard).unwrap().unwrap();
+            root.data.index_ref().unwrap().pointers.clone()
+        };
+        let before = children(&db, &guard);
         let leaf = db.view_for_key(key(40), &guard).unwrap();
         let mut splits = super::ParentSplits::default();
         splits.pending.push(super::ParentSplit {
@@ -2791,6 +2807,7 @@ mod colloquy_leaf_runs {
             child_is_index: false,
         });
         db.complete_parent_splits(&mut splits, &guard).unwrap();
+        assert_eq!(children(&db, &guard), before, "the stale split was told");
         drop(guard);
         assert_matches(&db, &model);
         for n in 0..64_u32 {
