@@ -134,14 +134,26 @@ impl Memtable {
         self.map.read().is_empty()
     }
 
-    /// The next `count` writes in key order after the key `after` (from the first when None),
-    /// to hand to the inner store a slice at a time: the read lock is held for one slice, and
-    /// only one slice is copied out at once.
-    pub(super) fn writes_after(&self, after: Option<&[u8]>, count: usize) -> Vec<KvOp> {
+    /// The next writes in key order after the key `after` (from the first when None), at most
+    /// `count` of them and no more once they hold `bytes` (as [`Memtable::bytes`] counts them;
+    /// at least one write), to hand to the inner store a slice at a time: the read lock is
+    /// held for one slice, and only one slice is copied out at once.
+    pub(super) fn writes_after(
+        &self,
+        after: Option<&[u8]>,
+        count: usize,
+        bytes: usize,
+    ) -> Vec<KvOp> {
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
         let map = self.map.read();
+        let mut held = 0;
         map.range::<[u8], _>((from, Bound::Unbounded))
             .take(count)
+            .take_while(|(key, entry)| {
+                let more = held < bytes;
+                held += entry_bytes(&key.bytes, &entry.slot);
+                more
+            })
             .map(|(key, entry)| match &entry.slot {
                 Some(value) => KvOp::Put(key.bytes.clone(), value.clone()),
                 None => KvOp::Delete(key.bytes.clone()),
@@ -348,7 +360,7 @@ mod tests {
         let mut seen = Vec::new();
         let mut last: Option<Vec<u8>> = None;
         loop {
-            let slice = t.writes_after(last.as_deref(), 2);
+            let slice = t.writes_after(last.as_deref(), 2, usize::MAX);
             let Some(op) = slice.last() else {
                 break;
             };
@@ -366,6 +378,33 @@ mod tests {
             put(b"e"),
         ];
         assert_eq!(seen, expected);
+    }
+
+    #[test]
+    fn a_slice_stops_once_it_holds_its_bytes() {
+        let t = Memtable::default();
+        t.insert(
+            [b"a", b"b", b"c"]
+                .iter()
+                .map(|k| KvOp::Put(k.to_vec(), vec![0; 1000]))
+                .collect(),
+        );
+        let keys = |slice: Vec<KvOp>| slice.iter().map(|op| op.key().to_vec()).collect::<Vec<_>>();
+        let one = entry_bytes(b"a", &Some(vec![0; 1000]));
+        assert_eq!(
+            keys(t.writes_after(None, 10, one + 1)),
+            [b"a".to_vec(), b"b".to_vec()]
+        );
+        assert_eq!(keys(t.writes_after(None, 10, one)), [b"a".to_vec()]);
+        assert_eq!(
+            keys(t.writes_after(None, 10, 1)),
+            [b"a".to_vec()],
+            "at least one"
+        );
+        assert_eq!(
+            keys(t.writes_after(Some(b"a"), 1, usize::MAX)),
+            [b"b".to_vec()]
+        );
     }
 
     #[test]
@@ -388,7 +427,7 @@ mod tests {
             "deleted: the store below may hold it"
         );
         let writes: Vec<(Vec<u8>, Slot)> = t
-            .writes_after(None, 10)
+            .writes_after(None, 10, usize::MAX)
             .into_iter()
             .map(KvOp::into_parts)
             .collect();

@@ -54,12 +54,17 @@ pub const DEFAULT_CHECKPOINT_MIN_BYTES: usize = 8 << 20;
 pub const DEFAULT_CHECKPOINT_MAX_WAIT: Duration = Duration::from_secs(60);
 /// The memtable size that makes writers wait for a checkpoint, unless configured.
 pub const DEFAULT_MEMTABLE_BYTES: usize = 256 << 20;
-/// Writes handed to the inner backend at a time when checkpointing: a slice's copy, a few MB
-/// at most. sled tells the parents of the leaves a slice splits once per 64 splits and at the
-/// slice's end (vendor/sled/COLLOQUY.md, change 17), and rewrites each parent whole, so slices of
-/// 128 writes rewrote most parents once a slice; at 4,096 the checkpoint counted 42k
-/// instructions a turn against 50k (docs/performance.md).
+/// Writes handed to the inner backend at a time when checkpointing. sled tells the parents of
+/// the leaves a slice splits once per 64 splits and at the slice's end (vendor/sled/COLLOQUY.md,
+/// change 17), and rewrites each parent whole, so slices of 128 writes rewrote most parents once
+/// a slice; at 4,096 the checkpoint counted 42k instructions a turn against 50k
+/// (docs/performance.md).
 const INNER_BATCH_OPS: usize = 4096;
+/// A slice also ends once it holds this much ([`Memtable::bytes`]' measure), so that its copy
+/// (and sled's of it) stays a few MB however large the records: at full speed a checkpoint's
+/// 8 MiB held about 50,000 writes, so 4,096 are some 0.7 MB, where 4,096 messages of 1 MiB
+/// would be 4 GiB.
+const INNER_BATCH_BYTES: usize = 4 << 20;
 /// A memtable past this share of [`WalLimits::memtable_bytes`] starts a checkpoint early.
 const EARLY_CHECKPOINT_DIVISOR: usize = 4;
 
@@ -432,7 +437,7 @@ fn move_into<B: KvBackend>(inner: &B, table: &Memtable, covered: u64) -> StoreRe
     // One write at a time: sled's atomic batches lock its readers out. A crash part way
     // leaves the old position, and recovery replays every batch of the cut from the log.
     loop {
-        let slice = table.writes_after(last.as_deref(), INNER_BATCH_OPS);
+        let slice = table.writes_after(last.as_deref(), INNER_BATCH_OPS, INNER_BATCH_BYTES);
         let Some(op) = slice.last() else {
             break;
         };

@@ -287,7 +287,12 @@ fn an_entry_moved_by_delete_and_create_stays_one_entry_across_checkpoints() {
         }
     }
     // i5 was created and moved on within one table: nothing of it is left to write into sled.
-    let pending = backend.shared.tables.read().active.writes_after(None, 16);
+    let pending = backend
+        .shared
+        .tables
+        .read()
+        .active
+        .writes_after(None, 16, usize::MAX);
     let pending: Vec<_> = pending.iter().map(|op| op.key().to_vec()).collect();
     assert_eq!(pending, [b"i4".to_vec(), b"i6".to_vec()]);
     drop(backend);
